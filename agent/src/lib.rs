@@ -1,0 +1,7 @@
+//! tartan-agent: claims MacBuilds, drives tart, keeps the host journal and recovers after a crash.
+
+pub mod journal;
+pub mod lock;
+pub mod machine;
+pub mod record;
+pub mod recovery;

@@ -1,0 +1,236 @@
+//! The shared vocabulary: attempt states, transition reasons, outcomes and condition types.
+//!
+//! These names appear in the host journal, in MacBuild status and in Kubernetes Events, so they
+//! are enums with one spelling each (`as_str`) rather than loose strings.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+macro_rules! vocabulary {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The one spelling used in the journal, in status and in Events.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text,)+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownName { kind: stringify!($name), name: s.to_string() }),
+                }
+            }
+        }
+    };
+}
+
+/// A name that is not part of the vocabulary (e.g. a damaged journal record or a newer agent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {name:?}")]
+pub struct UnknownName {
+    pub kind: &'static str,
+    pub name: String,
+}
+
+vocabulary! {
+    /// The states of one attempt (DESIGN.md "The attempt machine").
+    AttemptState {
+        /// The MacBuild is claimed; no slot is reserved yet.
+        Requested => "Requested",
+        /// A slot is reserved and the host execution deadline is fixed.
+        Admitted => "Admitted",
+        /// `tart clone` / `set` / `run` are in progress; the guest is not answering yet.
+        Booting => "Booting",
+        /// `tart exec` answers; the spec's steps run.
+        Running => "Running",
+        /// Test report and artifacts are being gathered.
+        Collecting => "Collecting",
+        /// The outcome is fixed; the VM is being stopped and deleted.
+        Retiring => "Retiring",
+        /// The VM's deletion is confirmed; the slot is free.
+        Retired => "Retired",
+        /// Deletion failed or the VM cannot be accounted for; the slot stays reserved.
+        Quarantined => "Quarantined",
+    }
+}
+
+impl AttemptState {
+    /// States in which the attempt holds a slot (everything between admission and confirmed deletion).
+    pub fn holds_slot(self) -> bool {
+        !matches!(self, AttemptState::Requested | AttemptState::Retired)
+    }
+
+    /// States in which a VM may exist on the host for this attempt.
+    pub fn may_have_vm(self) -> bool {
+        matches!(
+            self,
+            AttemptState::Admitted
+                | AttemptState::Booting
+                | AttemptState::Running
+                | AttemptState::Collecting
+                | AttemptState::Retiring
+                | AttemptState::Quarantined
+        )
+    }
+}
+
+vocabulary! {
+    /// How an attempt ended. Only `Interrupted` permits a retry.
+    Outcome {
+        /// Build and tests passed and the artifact was published.
+        Succeeded => "Succeeded",
+        /// A build or test step failed, or the deadline passed. Never retried.
+        Failed => "Failed",
+        /// The process running the attempt died (or lost the VM); a retry may follow.
+        Interrupted => "Interrupted",
+        /// Cancel request, MacBuild deletion or owner deletion. Never retried.
+        Cancelled => "Cancelled",
+    }
+}
+
+impl Outcome {
+    /// Only an interrupted attempt may be followed by another one.
+    pub fn permits_retry(self) -> bool {
+        self == Outcome::Interrupted
+    }
+}
+
+vocabulary! {
+    /// Why a transition happened. These are the journal's and the conditions' reasons.
+    Reason {
+        /// A slot was free and the attempt was admitted into it.
+        SlotFree => "SlotFree",
+        /// `tart exec` answered inside the guest.
+        GuestReady => "GuestReady",
+        /// Every step succeeded and the test report (if any) had no failure.
+        TestsPassed => "TestsPassed",
+        /// The test report lists failures.
+        TestsFailed => "TestsFailed",
+        /// A build or test step exited non-zero.
+        StepFailed => "StepFailed",
+        /// `tart clone`, `set` or `run` failed, or the guest never answered.
+        VMStartFailed => "VMStartFailed",
+        /// The artifact could not be published after retries.
+        ArtifactUploadFailed => "ArtifactUploadFailed",
+        /// The agent found the attempt open at start; the process that ran it is gone.
+        AgentRestarted => "AgentRestarted",
+        /// The VM's deletion is confirmed.
+        VMDeleted => "VMDeleted",
+        /// `tart delete` failed or the VM directory is still there.
+        DeleteFailed => "DeleteFailed",
+        /// A quarantined VM is gone at last.
+        Resolved => "Resolved",
+        /// Another agent won the claim; nothing was cloned.
+        ClaimLost => "ClaimLost",
+        /// The watchdog deleted the VM after the host execution deadline.
+        WatchdogDeadline => "WatchdogDeadline",
+        /// The agent found the attempt past its host execution deadline.
+        DeadlinePassed => "DeadlinePassed",
+        /// A VM with the agent's prefix and no open attempt.
+        UnknownVM => "UnknownVM",
+        /// The MacBuild asked for cancellation, or was deleted.
+        CancelRequested => "CancelRequested",
+        /// The MacBuild's owner (the CustomRun) was deleted.
+        OwnerDeleted => "OwnerDeleted",
+    }
+}
+
+vocabulary! {
+    /// Condition types on a MacBuild's status.
+    ConditionType {
+        /// An agent holds the MacBuild (`True/SlotFree`), or lost it (`False/ClaimLost`).
+        Claimed => "Claimed",
+        /// The guest answers `tart exec`.
+        VMReady => "VMReady",
+        /// The current attempt's VM is confirmed gone. Terminal CustomRun status waits for it.
+        VMDeleted => "VMDeleted",
+        /// The build's overall result, once known.
+        Succeeded => "Succeeded",
+    }
+}
+
+/// The API group and version of the MacBuild resource.
+pub const GROUP: &str = "tartan.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "tartan.dev/v1alpha1";
+pub const KIND: &str = "MacBuild";
+
+/// The finalizer the claiming agent adds; removed only once the VM is confirmed gone.
+pub const FINALIZER: &str = "tartan.dev/vm-cleanup";
+
+/// Every VM the agent creates starts with this; it never touches a VM without it.
+pub const VM_PREFIX: &str = "mb-";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_round_trips_through_str_and_serde() {
+        fn check<T>(all: &[T])
+        where
+            T: Copy + fmt::Display + FromStr<Err = UnknownName> + PartialEq + fmt::Debug + Serialize,
+            T: for<'de> Deserialize<'de>,
+        {
+            for v in all {
+                let text = v.to_string();
+                assert_eq!(text.parse::<T>().unwrap(), *v);
+                let json = serde_json::to_string(v).unwrap();
+                assert_eq!(json, format!("\"{text}\""));
+                assert_eq!(serde_json::from_str::<T>(&json).unwrap(), *v);
+            }
+        }
+        check(AttemptState::ALL);
+        check(Outcome::ALL);
+        check(Reason::ALL);
+        check(ConditionType::ALL);
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_kind() {
+        let err = "Sleeping".parse::<AttemptState>().unwrap_err();
+        assert_eq!(err.to_string(), "unknown AttemptState \"Sleeping\"");
+    }
+
+    #[test]
+    fn only_interrupted_permits_retry() {
+        let retryable: Vec<_> = Outcome::ALL.iter().filter(|o| o.permits_retry()).collect();
+        assert_eq!(retryable, vec![&Outcome::Interrupted]);
+    }
+
+    #[test]
+    fn slot_is_held_from_admission_until_retired() {
+        let holding: Vec<_> = AttemptState::ALL.iter().filter(|s| s.holds_slot()).copied().collect();
+        assert_eq!(
+            holding,
+            vec![
+                AttemptState::Admitted,
+                AttemptState::Booting,
+                AttemptState::Running,
+                AttemptState::Collecting,
+                AttemptState::Retiring,
+                AttemptState::Quarantined
+            ]
+        );
+    }
+}
