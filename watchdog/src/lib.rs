@@ -3,3 +3,4 @@
 //! the agent's lock — so it works while the agent is paused, dead or busy.
 
 pub mod plan;
+pub mod record;
