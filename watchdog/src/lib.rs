@@ -4,3 +4,4 @@
 
 pub mod plan;
 pub mod record;
+pub mod scan;
