@@ -1,8 +1,24 @@
 //! Tartan's shared vocabulary: the MacBuild CRD types, condition/reason/outcome names, the
 //! deadline-file format and the label/finalizer/annotation keys.
+//!
+//! Derive only: this crate has no Kubernetes client and no async runtime, so the agent, the
+//! watchdog and the controller can all depend on it.
 
+pub mod condition;
+pub mod crd;
+pub mod deadline;
+pub mod names;
 pub mod vocab;
 
+pub use condition::{Condition, ConditionReason, ConditionStatus, find_condition, set_condition};
+pub use crd::{
+    Artifacts, AttemptRecord, BuildResults, Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, MAX_ATTEMPTS_LIMIT,
+    MacBuild, MacBuildSpec, MacBuildStatus, Phase, Resources, Source, Step,
+};
+pub use names::{
+    AGENT_FIELD_MANAGER, AGENT_LABEL, CONTROLLER_FIELD_MANAGER, CUSTOM_RUN_LABEL, VM_NAME_MAX_LEN, attempt_id,
+    check_vm_name, parse_attempt_id, vm_name,
+};
 pub use vocab::{
     API_VERSION, AttemptState, ConditionType, FINALIZER, GROUP, KIND, Outcome, Reason, UnknownName, VERSION, VM_PREFIX,
 };

@@ -44,6 +44,9 @@ macro_rules! vocabulary {
     };
 }
 
+// Other modules of this crate (condition reasons, phases) declare their vocabularies the same way.
+pub(crate) use vocabulary;
+
 /// A name that is not part of the vocabulary (e.g. a damaged journal record or a newer agent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {kind} {name:?}")]

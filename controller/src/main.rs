@@ -1,1 +1,35 @@
-fn main() {}
+//! `tartan-controller`: the cluster side of Tartan (Tekton CustomRun <-> MacBuild).
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use kube::CustomResourceExt as _;
+use std::io::Write as _;
+use tartan_api::MacBuild;
+
+/// The cluster side of Tartan: turns Tekton CustomRuns into MacBuilds and reports back.
+#[derive(Debug, Parser)]
+#[command(name = "tartan-controller", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the MacBuild CustomResourceDefinition as YAML, for `kubectl apply -f -`.
+    Crd,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Crd => {
+            let yaml = serde_saphyr::to_string(&MacBuild::crd())
+                .context("rendering the MacBuild CRD as YAML failed; nothing was printed")?;
+            std::io::stdout()
+                .lock()
+                .write_all(yaml.as_bytes())
+                .context("writing the MacBuild CRD to stdout failed")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Names derived from a MacBuild: VM names, attempt ids, and the label and field-manager keys.
+
+use crate::vocab::VM_PREFIX;
+
+/// Label on a MacBuild (set by the claiming agent) and on an agent's Lease: the agent's name.
+/// `kubectl get mb -l tartan.dev/agent=mac-mini-07` lists what one host holds.
+pub const AGENT_LABEL: &str = "tartan.dev/agent";
+
+/// Label on a MacBuild (set by the controller at creation): the name of the CustomRun it serves.
+pub const CUSTOM_RUN_LABEL: &str = "tartan.dev/custom-run";
+
+/// Field manager of the controller's writes (spec and labels of MacBuilds, CustomRun status).
+pub const CONTROLLER_FIELD_MANAGER: &str = "tartan-controller";
+
+/// Field manager of the agent's writes (MacBuild status, finalizer, Lease).
+pub const AGENT_FIELD_MANAGER: &str = "tartan-agent";
+
+/// Longest VM name [`vm_name`] produces. 63 keeps a VM name usable as a label value and a host
+/// name; tart itself only needs a valid directory name.
+pub const VM_NAME_MAX_LEN: usize = 63;
+
+/// Length of the `-<8 hex>` suffix that makes each attempt's VM name unique.
+const HASH_SUFFIX_LEN: usize = 9;
+
+/// The tart VM name for one attempt: `mb-<namespace>-<name>-<8 hex>`.
+///
+/// The hex is a stable hash of the MacBuild's uid and the attempt number, so every attempt gets a
+/// fresh name (tart silently overwrites an existing clone, so a name is never reused) and a
+/// recreated MacBuild of the same name gets different ones. Characters outside `[a-z0-9-]` become
+/// `-`, and the readable part is shortened so the whole name fits [`VM_NAME_MAX_LEN`]; the hash
+/// keeps shortened names distinct.
+pub fn vm_name(namespace: &str, name: &str, uid: &str, attempt: u32) -> String {
+    let hash = fnv1a_32(format!("{uid}#{attempt}").as_bytes());
+    let readable: String = format!("{namespace}-{name}")
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .take(VM_NAME_MAX_LEN - VM_PREFIX.len() - HASH_SUFFIX_LEN)
+        .collect();
+    let readable = readable.trim_matches('-');
+    if readable.is_empty() {
+        format!("{VM_PREFIX}{hash:08x}")
+    } else {
+        format!("{VM_PREFIX}{readable}-{hash:08x}")
+    }
+}
+
+/// Checks that `vm` is a name Tartan may create, delete or name a file after: it starts with
+/// [`VM_PREFIX`], is at most [`VM_NAME_MAX_LEN`] long and uses only `[a-z0-9-]` (so no `/`, no
+/// `..`). Returns what is wrong otherwise. Every name [`vm_name`] returns passes.
+pub fn check_vm_name(vm: &str) -> Result<(), &'static str> {
+    if !vm.starts_with(VM_PREFIX) {
+        return Err("does not start with the Tartan prefix \"mb-\"");
+    }
+    if vm.len() == VM_PREFIX.len() {
+        return Err("has nothing after the prefix");
+    }
+    if vm.len() > VM_NAME_MAX_LEN {
+        return Err("is longer than 63 characters");
+    }
+    if !vm.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-')) {
+        return Err("contains characters other than a-z, 0-9 and '-'");
+    }
+    Ok(())
+}
+
+/// The attempt id used outside the journal: `<macbuild>#<n>` (e.g. `build-42#2`), as in
+/// `status.claim.attempt` and the CustomRun's results.
+pub fn attempt_id(macbuild: &str, attempt: u32) -> String {
+    format!("{macbuild}#{attempt}")
+}
+
+/// Splits an attempt id into the MacBuild name and the attempt number (at least 1).
+pub fn parse_attempt_id(id: &str) -> Option<(&str, u32)> {
+    let (name, digits) = id.rsplit_once('#')?;
+    // One spelling per attempt: no sign, no leading zero, no attempt 0.
+    let canonical = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && !digits.starts_with('0');
+    if name.is_empty() || !canonical {
+        return None;
+    }
+    Some((name, digits.parse().ok()?))
+}
+
+/// 32-bit FNV-1a: tiny, stable across releases and platforms (unlike `std`'s hasher), and good
+/// enough to tell attempts apart; it is not a security boundary.
+fn fnv1a_32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn vm_name_has_the_documented_shape() {
+        let vm = vm_name("ci", "build-42-mac-build", "6f1c0e2a-1111-2222-3333-444455556666", 1);
+        let (readable, hex) = vm.rsplit_once('-').unwrap();
+        assert_eq!(readable, "mb-ci-build-42-mac-build");
+        assert_eq!(hex.len(), 8);
+        assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(check_vm_name(&vm), Ok(()));
+    }
+
+    #[test]
+    fn vm_name_is_stable_and_differs_per_attempt_and_uid() {
+        let a1 = vm_name("ci", "b", "uid-1", 1);
+        assert_eq!(a1, vm_name("ci", "b", "uid-1", 1));
+        assert_ne!(a1, vm_name("ci", "b", "uid-1", 2));
+        assert_ne!(a1, vm_name("ci", "b", "uid-2", 1));
+    }
+
+    #[test]
+    fn vm_name_is_pinned_so_a_restarted_agent_finds_its_vms() {
+        // The hash is part of an on-disk contract: a changed algorithm would orphan live VMs.
+        assert_eq!(
+            vm_name("ci", "b", "uid-1", 1),
+            format!("mb-ci-b-{:08x}", fnv1a_32(b"uid-1#1"))
+        );
+        assert_eq!(vm_name("ci", "b", "uid-1", 1), "mb-ci-b-995ab9c3");
+    }
+
+    #[test]
+    fn long_names_are_shortened_to_63_and_stay_distinct() {
+        let name = "x".repeat(253);
+        let a = vm_name("some-long-namespace-name", &name, "uid-a", 1);
+        let b = vm_name("some-long-namespace-name", &name, "uid-b", 1);
+        assert_eq!(a.len(), VM_NAME_MAX_LEN);
+        assert_eq!(b.len(), VM_NAME_MAX_LEN);
+        assert_ne!(a, b);
+        assert_eq!(check_vm_name(&a), Ok(()));
+    }
+
+    #[test]
+    fn dots_slashes_and_capitals_are_sanitized() {
+        let vm = vm_name("Team.A", "app/v1.2", "u", 3);
+        assert!(vm.starts_with("mb-team-a-app-v1-2-"), "{vm}");
+        assert!(!vm.contains('/'));
+        assert_eq!(check_vm_name(&vm), Ok(()));
+    }
+
+    #[test]
+    fn truncation_never_leaves_a_double_dash_before_the_hash() {
+        // 51 readable characters would end on the '-' between namespace and name.
+        let ns = "n".repeat(50);
+        let vm = vm_name(&ns, "name", "u", 1);
+        assert!(!vm.contains("--"), "{vm}");
+        assert_eq!(check_vm_name(&vm), Ok(()));
+    }
+
+    #[test]
+    fn an_all_symbol_name_still_gives_a_valid_vm_name() {
+        let vm = vm_name("...", "___", "u", 1);
+        assert_eq!(vm.len(), VM_PREFIX.len() + 8);
+        assert_eq!(check_vm_name(&vm), Ok(()));
+    }
+
+    #[test]
+    fn check_vm_name_refuses_what_tartan_must_never_touch() {
+        assert!(check_vm_name("ubuntu-base").is_err());
+        assert!(check_vm_name("mb-").is_err());
+        assert!(check_vm_name("mb-../../etc").is_err());
+        assert!(check_vm_name("mb-a/b").is_err());
+        assert!(check_vm_name("mb-UPPER").is_err());
+        assert!(check_vm_name(&format!("mb-{}", "a".repeat(61))).is_err());
+        assert!(check_vm_name(&format!("mb-{}", "a".repeat(60))).is_ok());
+    }
+
+    #[test]
+    fn attempt_ids_round_trip() {
+        assert_eq!(attempt_id("build-42", 2), "build-42#2");
+        assert_eq!(parse_attempt_id("build-42#2"), Some(("build-42", 2)));
+        assert_eq!(parse_attempt_id("a#b#3"), Some(("a#b", 3)));
+        for bad in ["build-42", "#1", "b#0", "b#-1", "b#+1", "b#01", "b#", "b#x"] {
+            assert_eq!(parse_attempt_id(bad), None, "{bad}");
+        }
+    }
+}
