@@ -6,33 +6,55 @@
 //! `pub fn run(args: XArgs) -> anyhow::Result<()>`, a variant in [`Command`], and an arm in
 //! [`dispatch`].
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 mod cli_journal;
 
 #[derive(Parser)]
-#[command(name = "tartan-agent", version, about = "Runs macOS builds for Tekton in throw-away tart VMs")]
+#[command(
+    name = "tartan-agent",
+    version,
+    about = "Runs macOS builds for Tekton in throw-away tart VMs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "TARTAN_LOG_FORMAT")]
+    log_format: tartan_agent::logging::LogFormat,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Print the host journal of a state directory (read-only; safe while the agent runs).
     Journal(cli_journal::JournalArgs),
+    /// Install the agent and watchdog LaunchAgents for this user and (re)start them (macOS).
+    Install(tartan_agent::service::InstallArgs),
+    /// Stop the agent and watchdog LaunchAgents and remove their plists (macOS).
+    Uninstall(tartan_agent::service::UninstallArgs),
+    /// Show what launchd reports for the agent and watchdog LaunchAgents (macOS).
+    ServiceStatus(tartan_agent::service::StatusArgs),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Journal(args) => cli_journal::run(args),
+        Command::Install(args) => tartan_agent::service::install(args),
+        Command::Uninstall(args) => tartan_agent::service::uninstall(args),
+        Command::ServiceStatus(args) => tartan_agent::service::status(args),
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing();
+    let matches = Cli::command().get_matches();
+    // The unified-logging category: the watchdog logs as itself, everything else as the agent.
+    let program = match matches.subcommand_name() {
+        Some("watchdog") => "watchdog",
+        _ => "agent",
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    tartan_agent::logging::init(program, cli.log_format.is_json());
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -41,17 +63,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs go to stderr (filter with `RUST_LOG`, default `info`), and on macOS also to unified logging.
-fn init_tracing() {
-    use tracing_subscriber::{EnvFilter, fmt, layer::SubscriberExt, util::SubscriberInitExt};
-
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt::layer().with_writer(std::io::stderr));
-    #[cfg(target_os = "macos")]
-    let registry = registry.with(tracing_oslog::OsLogger::new("dev.tartan", "agent"));
-    registry.init();
 }

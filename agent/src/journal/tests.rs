@@ -1,0 +1,411 @@
+use super::*;
+use crate::record::BuildRef;
+use std::os::fd::AsRawFd;
+use tartan_api::{AttemptState, Reason};
+
+fn draft(attempt: u32, to: AttemptState, detail: &str) -> Record {
+    Record {
+        version: 0,
+        seq: 0,
+        time: "2026-10-05T02:41:40.304Z".parse().unwrap(),
+        build: Some(BuildRef {
+            namespace: "ci".into(),
+            name: "build-42-mac-build".into(),
+            uid: "u-1".into(),
+        }),
+        attempt: Some(attempt),
+        vm: Some(format!("mb-ci-build-42-mac-build-a{attempt}")),
+        from: None,
+        to,
+        reason: Some(Reason::SlotFree),
+        detail: detail.into(),
+        outcome: None,
+        slot: Some(0),
+        deadline: None,
+        status: None,
+    }
+}
+
+#[derive(Debug)]
+struct Opened {
+    journal: Journal,
+    replay: Replay,
+    _lock: StateLock,
+}
+
+fn open_with(state: &Path, max_file_bytes: u64) -> Result<Opened, JournalError> {
+    let lock = StateLock::acquire(state).unwrap();
+    let (journal, replay) = Journal::open(&lock, JournalOptions { max_file_bytes })?;
+    Ok(Opened {
+        journal,
+        replay,
+        _lock: lock,
+    })
+}
+
+fn open(state: &Path) -> Opened {
+    open_with(state, JournalOptions::default().max_file_bytes).unwrap()
+}
+
+fn append_n(journal: &mut Journal, n: usize, detail: &str) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            journal
+                .append(&mut draft(1, AttemptState::Running, &format!("{detail} {i}")))
+                .unwrap()
+        })
+        .collect()
+}
+
+fn seqs(records: &[Record]) -> Vec<u64> {
+    records.iter().map(|r| r.seq).collect()
+}
+
+fn files(state: &Path) -> Vec<PathBuf> {
+    list_files(&state.join(JOURNAL_DIR))
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+fn damaged_files(state: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(state.join(JOURNAL_DIR).join(DAMAGED_DIR))
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+#[test]
+fn sequence_numbers_continue_across_appends_reopen_and_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    {
+        let mut o = open(state);
+        assert!(o.replay.records.is_empty());
+        assert_eq!(o.journal.next_seq(), 1);
+        assert_eq!(append_n(&mut o.journal, 3, "first run"), vec![1, 2, 3]);
+        assert_eq!(o.journal.next_seq(), 4);
+    }
+    {
+        // Small files: every append after the first in a file rotates quickly.
+        let mut o = open_with(state, 600).unwrap();
+        assert_eq!(seqs(&o.replay.records), vec![1, 2, 3]);
+        assert_eq!(append_n(&mut o.journal, 20, "second run"), (4..24).collect::<Vec<_>>());
+    }
+    let n_files = files(state).len();
+    assert!(n_files >= 5, "rotation should have made several files, got {n_files}");
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), (1..24).collect::<Vec<_>>());
+    assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
+    assert_eq!(o.replay.records[5].detail, "second run 2");
+    assert_eq!(o.replay.records[5].version, RECORD_VERSION);
+    assert_eq!(o.journal.next_seq(), 24);
+}
+
+#[test]
+fn a_torn_last_record_is_cut_off_with_a_warning_naming_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 5, "r"));
+    let path = files(state).pop().unwrap();
+    let full_len = fs::metadata(&path).unwrap().len();
+    // Learn where record #5 starts from a journal holding only #1..#4.
+    let bytes = fs::read(&path).unwrap();
+    let mut pos = HEADER_LEN;
+    for _ in 0..4 {
+        let format::Frame::Record(_, len) = format::decode_frame(&bytes, pos) else {
+            panic!("frame at {pos}")
+        };
+        pos += len;
+    }
+    let cut = full_len - 3;
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+
+    // The read-only reader reports it but changes nothing.
+    let read = read_records(state).unwrap();
+    assert_eq!(seqs(&read.records), vec![1, 2, 3, 4]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), cut);
+
+    let mut o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3, 4]);
+    assert_eq!(o.replay.warnings.len(), 1, "{:?}", o.replay.warnings);
+    let warning = &o.replay.warnings[0];
+    assert!(warning.contains(&path.display().to_string()), "{warning}");
+    assert!(warning.contains(&format!("offset {pos}")), "{warning}");
+    assert_eq!(fs::metadata(&path).unwrap().len(), pos as u64);
+    assert!(damaged_files(state).is_empty());
+    // The unacknowledged number is given out again.
+    assert_eq!(
+        o.journal.append(&mut draft(1, AttemptState::Retired, "after")).unwrap(),
+        5
+    );
+    drop(o);
+    assert_eq!(seqs(&open(state).replay.records), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_bit_flip_in_the_middle_moves_the_file_aside_keeping_every_readable_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 10, "r"));
+    let path = files(state).pop().unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    let original = bytes.clone();
+    // Flip one bit inside record #5's payload.
+    let needle = b"\"seq\":5,";
+    let at = bytes.windows(needle.len()).position(|w| w == needle).unwrap();
+    bytes[at + 3] ^= 0x04;
+    fs::write(&path, &bytes).unwrap();
+
+    let mut o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3, 4, 6, 7, 8, 9, 10]);
+    assert_eq!(o.replay.warnings.len(), 1, "{:?}", o.replay.warnings);
+    assert!(
+        o.replay.warnings[0].contains("cannot be read whole"),
+        "{:?}",
+        o.replay.warnings
+    );
+    assert!(
+        o.replay.warnings[0].contains("checksum mismatch"),
+        "{:?}",
+        o.replay.warnings
+    );
+    let damaged = damaged_files(state);
+    assert_eq!(damaged.len(), 1);
+    assert_eq!(
+        fs::read(&damaged[0]).unwrap(),
+        bytes,
+        "damaged/ keeps the file as it was"
+    );
+    assert_ne!(fs::read(&path).unwrap(), original);
+    assert_eq!(o.journal.next_seq(), 11);
+    assert_eq!(o.journal.append(&mut draft(2, AttemptState::Admitted, "")).unwrap(), 11);
+    drop(o);
+    // The repaired journal reads whole now.
+    let o = open(state);
+    assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3, 4, 6, 7, 8, 9, 10, 11]);
+}
+
+#[test]
+fn a_torn_end_of_a_file_that_is_not_the_last_counts_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 3, "first"));
+    drop(append_n(&mut open(state).journal, 2, "second"));
+    let [first, _second] = files(state).try_into().unwrap();
+    let len = fs::metadata(&first).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 4, 5]);
+    assert_eq!(damaged_files(state).len(), 1);
+    assert!(
+        o.replay.warnings[0].contains("unreadable to the end"),
+        "{:?}",
+        o.replay.warnings
+    );
+}
+
+#[test]
+fn a_newer_record_version_or_file_format_is_refused_and_nothing_is_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 2, "r"));
+    let path = files(state).pop().unwrap();
+    let mut newer = draft(1, AttemptState::Running, "from the future");
+    newer.version = RECORD_VERSION + 1;
+    newer.seq = 3;
+    let mut bytes = fs::read(&path).unwrap();
+    format::encode_frame(&newer, &mut bytes).unwrap();
+    fs::write(&path, &bytes).unwrap();
+    let err = open_with(state, 1 << 20).unwrap_err();
+    assert!(
+        matches!(err, JournalError::NewerRecord { found, seq: Some(3), .. } if found == RECORD_VERSION + 1),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("refusing to start"), "{err}");
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+
+    let mut header = bytes.clone();
+    header[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let crc = crc32fast::hash(&header[0..24]);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&path, &header).unwrap();
+    let err = open_with(state, 1 << 20).unwrap_err();
+    assert!(matches!(err, JournalError::NewerFormat { .. }), "{err:?}");
+    assert!(read_records(state).is_err());
+}
+
+#[test]
+fn a_failed_write_fails_closed_and_the_next_append_goes_to_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut o = open(state);
+    append_n(&mut o.journal, 2, "before");
+    let current = o.journal.current.as_ref().unwrap();
+    let poisoned_path = current.path.clone();
+    // Make the journal's descriptor refer to a read-only open file: the kernel refuses the write.
+    let read_only = File::open(&poisoned_path).unwrap();
+    // SAFETY: both descriptors are open and owned here; dup2 swaps what the journal's one refers to.
+    let rc = unsafe { libc::dup2(read_only.as_raw_fd(), current.file.as_raw_fd()) };
+    assert_eq!(
+        rc,
+        current.file.as_raw_fd(),
+        "dup2 failed: {}",
+        io::Error::last_os_error()
+    );
+    drop(read_only);
+
+    let err = o
+        .journal
+        .append(&mut draft(1, AttemptState::Collecting, "lost"))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, JournalError::Io { .. }), "{err:?}");
+    assert!(message.contains("#3"), "{message}");
+    assert!(message.contains(&poisoned_path.display().to_string()), "{message}");
+    assert!(message.contains("must not be acted on"), "{message}");
+    assert_eq!(o.journal.next_seq(), 3, "a failed append does not use up its number");
+
+    assert_eq!(
+        o.journal
+            .append(&mut draft(1, AttemptState::Collecting, "kept"))
+            .unwrap(),
+        3
+    );
+    let new_path = o.journal.current.as_ref().unwrap().path.clone();
+    assert_ne!(new_path, poisoned_path);
+    append_n(&mut o.journal, 1, "after");
+    drop(o);
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3, 4]);
+    assert_eq!(o.replay.records[2].detail, "kept");
+}
+
+#[test]
+fn a_record_whose_append_failed_is_dropped_when_a_later_file_reused_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 3, "first"));
+    let first = files(state).pop().unwrap();
+    drop(append_n(&mut open(state).journal, 1, "second"));
+    // As if #4's write into the first file had reached the disk though its sync failed.
+    let mut ghost = draft(1, AttemptState::Running, "never acknowledged");
+    ghost.version = RECORD_VERSION;
+    ghost.seq = 4;
+    let mut bytes = fs::read(&first).unwrap();
+    format::encode_frame(&ghost, &mut bytes).unwrap();
+    fs::write(&first, &bytes).unwrap();
+
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3, 4]);
+    assert_eq!(o.replay.records[3].detail, "second 0");
+    assert!(o.replay.warnings[0].contains("record #4"), "{:?}", o.replay.warnings);
+}
+
+#[test]
+fn compaction_keeps_chosen_records_and_their_numbers_and_the_sequence_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut o = open_with(state, 400).unwrap();
+    for attempt in 1..=3 {
+        for to in [AttemptState::Admitted, AttemptState::Running, AttemptState::Retired] {
+            o.journal.append(&mut draft(attempt, to, "")).unwrap();
+        }
+    }
+    assert!(files(state).len() > 2);
+    let report = o.journal.compact(|r| r.attempt == Some(2)).unwrap();
+    assert_eq!((report.kept, report.dropped), (3, 6));
+    assert_eq!(files(state), vec![report.file.clone()]);
+    assert_eq!(o.journal.append(&mut draft(4, AttemptState::Admitted, "")).unwrap(), 10);
+    drop(o);
+
+    let mut o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![4, 5, 6, 10]);
+    // Compacting everything away still keeps the sequence going.
+    o.journal.compact(|_| false).unwrap();
+    drop(o);
+    let mut o = open(state);
+    assert!(o.replay.records.is_empty());
+    assert_eq!(o.journal.next_seq(), 11);
+    assert_eq!(o.journal.append(&mut draft(5, AttemptState::Admitted, "")).unwrap(), 11);
+}
+
+#[test]
+fn a_compaction_cut_short_is_finished_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut o = open(state);
+    append_n(&mut o.journal, 4, "r");
+    let old = files(state).pop().unwrap();
+    let old_bytes = fs::read(&old).unwrap();
+    o.journal.compact(|r| r.seq > 2).unwrap();
+    drop(o);
+    // As if the crash came after the rename but before the old file was removed, and during a
+    // later compaction's write.
+    fs::write(&old, &old_bytes).unwrap();
+    let tmp = state.join(JOURNAL_DIR).join(format!("{:020}{TMP_SUFFIX}", 99));
+    fs::write(&tmp, b"partial").unwrap();
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![3, 4]);
+    assert!(!old.exists() && !tmp.exists());
+    assert_eq!(o.replay.warnings.len(), 2, "{:?}", o.replay.warnings);
+}
+
+#[test]
+fn files_cut_short_in_the_header_are_removed_and_bad_headers_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    drop(append_n(&mut open(state).journal, 2, "r"));
+    let jdir = state.join(JOURNAL_DIR);
+    fs::write(jdir.join(file_name(50)), b"TRTN").unwrap();
+    fs::write(jdir.join(file_name(40)), [7u8; 64]).unwrap();
+    let mut o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2]);
+    assert!(!jdir.join(file_name(50)).exists());
+    assert_eq!(damaged_files(state), vec![jdir.join(DAMAGED_DIR).join(file_name(40))]);
+    assert_eq!(o.journal.append(&mut draft(1, AttemptState::Retired, "")).unwrap(), 3);
+}
+
+#[test]
+fn tail_follows_appends_across_rotation_and_compaction_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut tail = Tail::new(state);
+    assert!(tail.poll().unwrap().is_empty(), "no journal yet reads as empty");
+    let mut o = open_with(state, 500).unwrap();
+    append_n(&mut o.journal, 3, "a");
+    assert_eq!(seqs(&tail.poll().unwrap()), vec![1, 2, 3]);
+    assert!(tail.poll().unwrap().is_empty());
+    append_n(&mut o.journal, 10, "b");
+    assert_eq!(seqs(&tail.poll().unwrap()), (4..14).collect::<Vec<_>>());
+    o.journal.compact(|r| r.seq % 2 == 0).unwrap();
+    append_n(&mut o.journal, 2, "c");
+    assert_eq!(seqs(&tail.poll().unwrap()), vec![14, 15]);
+    // A half-written frame at the end is waited on, not skipped.
+    let path = o.journal.current.as_ref().unwrap().path.clone();
+    let mut frame = Vec::new();
+    let mut next = draft(1, AttemptState::Retired, "slow");
+    next.seq = 16;
+    next.version = RECORD_VERSION;
+    format::encode_frame(&next, &mut frame).unwrap();
+    let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+    file.write_all(&frame[..10]).unwrap();
+    assert!(tail.poll().unwrap().is_empty());
+    file.write_all(&frame[10..]).unwrap();
+    assert_eq!(seqs(&tail.poll().unwrap()), vec![16]);
+    assert_eq!(tail.last_seq(), Some(16));
+}
