@@ -1,0 +1,973 @@
+//! The pure core: given a CustomRun, what we see of its MacBuild and of the holder's Lease, and
+//! `now`, decide the CustomRun's whole status, the one action on the MacBuild, and when to look
+//! again. No I/O and no clock reads here; every rule of TEKTON.md and DESIGN.md "Controller
+//! deadlines" is a branch of [`decide`] and a row in the tests below.
+
+use crate::customrun::{Condition, CustomRun, CustomRunResult, CustomRunStatus, SUCCEEDED, reason};
+use crate::duration::{format_secs, parse_go_duration};
+use crate::params::{SpecError, macbuild_spec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Timing configuration; the defaults are the source's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Applied when `spec.timeout` is unset (Tekton's `default-timeout-minutes`, 60 m).
+    pub default_timeout: Duration,
+    /// How long past the CustomRun deadline (or a cancel request) to wait for `VMDeleted`.
+    pub grace: Duration,
+    /// Lease duration assumed when a Lease does not state `leaseDurationSeconds`.
+    pub lease_duration: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            default_timeout: Duration::from_secs(60 * 60),
+            grace: Duration::from_secs(45),
+            lease_duration: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Condition type shown while the holder's Lease is expired (after `Succeeded`).
+pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+
+/// `Succeeded=False` / `Unknown` reasons of our own (Tekton's constants are in `customrun::reason`).
+pub mod own_reason {
+    pub const RETRIES_NOT_SUPPORTED: &str = "RetriesNotSupported";
+    pub const WORKSPACE_NOT_SUPPORTED: &str = "CustomRunWorkspaceNotSupported";
+    pub const INVALID_TIMEOUT: &str = "InvalidTimeout";
+    pub const MACBUILD_NAME_TAKEN: &str = "MacBuildNameTaken";
+    pub const MACBUILD_DELETED: &str = "MacBuildDeleted";
+    pub const PENDING: &str = "Pending";
+    pub const DELETING_VM: &str = "DeletingVM";
+    pub const CANCELLING: &str = "Cancelling";
+    pub const TIMING_OUT: &str = "TimingOut";
+    pub const LEASE_EXPIRED: &str = "LeaseExpired";
+    pub const LEASE_RENEWED: &str = "LeaseRenewed";
+}
+use own_reason as own;
+
+/// Result names (all values are strings, as Tekton requires).
+pub mod result {
+    pub const ATTEMPT: &str = "attempt";
+    pub const TESTS_PASSED: &str = "testsPassed";
+    pub const TESTS_TOTAL: &str = "testsTotal";
+    pub const ARTIFACT: &str = "artifact";
+    pub const VM_RETIREMENT: &str = "vmRetirement";
+}
+
+/// What is known about the build's VM when the CustomRun ends (`vmRetirement` result).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VmRetirement {
+    /// The holding agent confirmed the VM deleted (or the MacBuild, held by its finalizer, is gone).
+    Deleted,
+    /// Nobody confirmed it; the MacBuild keeps the cancel/deletion request for the agent.
+    Unconfirmed,
+    /// No agent ever claimed the build, so no VM was created.
+    None,
+}
+
+impl VmRetirement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmRetirement::Deleted => "deleted",
+            VmRetirement::Unconfirmed => "unconfirmed",
+            VmRetirement::None => "none",
+        }
+    }
+}
+
+/// Where the MacBuild stands (its `status.phase`; `None` = no status yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Pending,
+    Admitted,
+    Booting,
+    Running,
+    Collecting,
+    Retiring,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Stage {
+    fn is_terminal(self) -> bool {
+        matches!(self, Stage::Succeeded | Stage::Failed | Stage::Cancelled)
+    }
+
+    /// The CustomRun `Unknown` reason while the build is in this stage.
+    fn running_reason(self) -> &'static str {
+        match self {
+            Stage::Pending => own::PENDING,
+            Stage::Admitted => "Admitted",
+            Stage::Booting => "BootingVM",
+            Stage::Running => reason::RUNNING,
+            Stage::Collecting => "Collecting",
+            Stage::Retiring | Stage::Succeeded | Stage::Failed | Stage::Cancelled => own::DELETING_VM,
+        }
+    }
+}
+
+/// What the controller sees of the MacBuild (built from the api crate's type by the I/O layer).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BuildView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// uid in the MacBuild's controller ownerReference, if any.
+    pub controller_uid: Option<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// `spec.cancelRequested`.
+    pub cancel_requested: bool,
+    pub stage: Option<Stage>,
+    pub holder: Option<String>,
+    pub attempt: Option<String>,
+    pub vm: Option<String>,
+    pub journal_seq: Option<u64>,
+    /// The `VMDeleted` condition is `True`.
+    pub vm_deleted: bool,
+    /// Why the build ended (the MacBuild's `Succeeded` condition reason, else its outcome).
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub tests_passed: Option<u32>,
+    pub tests_total: Option<u32>,
+    pub artifact: Option<String>,
+}
+
+impl BuildView {
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The holder's Lease as read from the API.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaseView {
+    pub holder_identity: Option<String>,
+    pub renew_time: Option<Timestamp>,
+    pub duration: Option<Duration>,
+}
+
+/// What the holder's Lease says at `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Live { renewed: Timestamp, expires: Timestamp },
+    Expired { renewed: Option<Timestamp> },
+    Missing,
+}
+
+/// Whether `agent`'s Lease is live at `now`. A Lease held by someone else, or never renewed, is
+/// not evidence of this agent's renewals.
+pub fn liveness(agent: &str, lease: Option<&LeaseView>, default_duration: Duration, now: Timestamp) -> Liveness {
+    let Some(lease) = lease else { return Liveness::Missing };
+    let renewed = lease.renew_time;
+    if lease.holder_identity.as_deref() != Some(agent) {
+        return Liveness::Expired { renewed };
+    }
+    let Some(renewed) = renewed else {
+        return Liveness::Expired { renewed: None };
+    };
+    let duration = lease.duration.unwrap_or(default_duration);
+    let expires = add(renewed, duration);
+    if now < expires {
+        Liveness::Live { renewed, expires }
+    } else {
+        Liveness::Expired { renewed: Some(renewed) }
+    }
+}
+
+/// The one write the plan makes on the MacBuild (the I/O layer does it before the status write).
+#[derive(Clone, Debug, PartialEq)]
+pub enum BuildAction {
+    None,
+    /// Create the MacBuild (named after the CustomRun) with this spec.
+    Create(Value),
+    /// Set `spec.cancelRequested: true`.
+    RequestCancel,
+    /// Delete the MacBuild. With a resourceVersion precondition when it must still be unclaimed
+    /// (so an agent claiming it at that moment makes the delete fail instead of leaking a VM).
+    Delete {
+        precondition_rv: Option<String>,
+    },
+}
+
+/// A Kubernetes Event to publish on the CustomRun.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// How a run ended, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub status: String,
+    pub reason: String,
+    pub vm_retirement: VmRetirement,
+}
+
+/// The decision for one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The whole desired status (write it only if it differs from the current one).
+    pub status: CustomRunStatus,
+    pub action: BuildAction,
+    pub events: Vec<Note>,
+    /// When to reconcile again even if nothing changes (the next deadline).
+    pub requeue_after: Option<Duration>,
+    /// Set when this plan makes the CustomRun terminal.
+    pub finished: Option<Finished>,
+}
+
+/// Controller state kept in `status.extraFields` (the only place Tekton's schema keeps for us).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Extra {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_build: Option<String>,
+    #[serde(default, rename = "macBuildUID", skip_serializing_if = "Option::is_none")]
+    pub mac_build_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_seq: Option<u64>,
+    /// The CustomRun deadline (startTime + timeout), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// When we first saw `spec.status: RunCancelled` and asked the MacBuild to cancel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at: Option<String>,
+}
+
+/// RFC 3339 with whole seconds, as Kubernetes stamps times.
+pub fn rfc3339(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    t.saturating_add(d).unwrap_or(Timestamp::MAX)
+}
+
+fn until(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::try_from(to.duration_since(from)).unwrap_or(Duration::ZERO)
+}
+
+fn parse_time(text: &str) -> Option<Timestamp> {
+    text.parse().ok()
+}
+
+/// The CustomRun's effective timeout: `spec.timeout`, or the default when unset; `0` = none.
+pub fn effective_timeout(run: &CustomRun, timing: &Timing) -> Result<Option<Duration>, String> {
+    match run.spec.timeout.as_deref() {
+        None => Ok(Some(timing.default_timeout).filter(|d| !d.is_zero())),
+        Some(text) => match parse_go_duration(text) {
+            Ok(d) if d.is_zero() => Ok(None),
+            Ok(d) => Ok(Some(d)),
+            Err(e) => Err(format!("spec.timeout: {e}")),
+        },
+    }
+}
+
+fn lease_phrase(agent: &str, live: Liveness) -> String {
+    match live {
+        Liveness::Expired { renewed: Some(t) } => {
+            format!("agent {agent} lease expired (last renewed {})", rfc3339(t))
+        }
+        Liveness::Expired { renewed: None } => format!("agent {agent} lease expired (never renewed)"),
+        Liveness::Missing => format!("agent {agent} lease expired (no Lease found)"),
+        Liveness::Live { renewed, .. } => format!("agent {agent} lease is live (last renewed {})", rfc3339(renewed)),
+    }
+}
+
+/// Builder state for one decision.
+struct Draft {
+    status: CustomRunStatus,
+    extra: Extra,
+    events: Vec<Note>,
+    old_succeeded: Option<Condition>,
+    old_unreachable: Option<Condition>,
+    now: Timestamp,
+}
+
+impl Draft {
+    fn condition(&self, type_: &str, status: &str, why: &str, message: String, old: Option<&Condition>) -> Condition {
+        // lastTransitionTime moves when status or reason changes (knative keeps it otherwise).
+        let keep = old.filter(|o| o.status == status && o.reason.as_deref() == Some(why));
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: Some(why.into()),
+            message: Some(message),
+            severity: old.and_then(|o| o.severity.clone()),
+            last_transition_time: keep
+                .and_then(|o| o.last_transition_time.clone())
+                .or_else(|| Some(rfc3339(self.now))),
+        }
+    }
+
+    fn set_succeeded(&mut self, status: &str, why: &str, message: String) {
+        let cond = self.condition(SUCCEEDED, status, why, message.clone(), self.old_succeeded.as_ref());
+        let changed = self
+            .old_succeeded
+            .as_ref()
+            .map(|o| (o.status.as_str(), o.reason.as_deref()))
+            != Some((status, Some(why)));
+        if changed {
+            self.events.push(Note {
+                warning: status == "False",
+                reason: why.into(),
+                message,
+            });
+        }
+        put_condition(&mut self.status.conditions, cond);
+    }
+
+    /// `HostUnreachable` while the holder's Lease is expired; `False/LeaseRenewed` once it is back.
+    fn set_unreachable(&mut self, holder: Option<&str>, live: Option<Liveness>) {
+        let (Some(agent), Some(live)) = (holder, live) else {
+            return;
+        };
+        let old = self.old_unreachable.clone();
+        let was_true = old.as_ref().is_some_and(|c| c.status == "True");
+        match live {
+            Liveness::Live { renewed, .. } => {
+                if old.is_some() {
+                    let msg = format!("agent {agent} renewed its lease at {}", rfc3339(renewed));
+                    let cond = self.condition(HOST_UNREACHABLE, "False", own::LEASE_RENEWED, msg.clone(), old.as_ref());
+                    if was_true {
+                        self.events.push(Note {
+                            warning: false,
+                            reason: own::LEASE_RENEWED.into(),
+                            message: msg,
+                        });
+                    }
+                    put_condition(&mut self.status.conditions, cond);
+                }
+            }
+            Liveness::Expired { .. } | Liveness::Missing => {
+                let msg = format!(
+                    "{}; the build goes on if the agent comes back",
+                    lease_phrase(agent, live)
+                );
+                let cond = self.condition(HOST_UNREACHABLE, "True", own::LEASE_EXPIRED, msg.clone(), old.as_ref());
+                if !was_true {
+                    self.events.push(Note {
+                        warning: true,
+                        reason: HOST_UNREACHABLE.into(),
+                        message: msg,
+                    });
+                }
+                put_condition(&mut self.status.conditions, cond);
+            }
+        }
+    }
+
+    fn finish(
+        mut self,
+        status: &str,
+        why: &str,
+        message: String,
+        retirement: VmRetirement,
+        build: Option<&BuildView>,
+        action: BuildAction,
+    ) -> Plan {
+        self.set_succeeded(status, why, message);
+        let ltt = self.status.succeeded().and_then(|c| c.last_transition_time.clone());
+        self.status.completion_time = Some(Time(ltt.as_deref().and_then(parse_time).unwrap_or(self.now)));
+        let text = |v: Option<u32>| v.map(|n| n.to_string()).unwrap_or_default();
+        self.status.results = vec![
+            res(
+                result::ATTEMPT,
+                build
+                    .and_then(|b| b.attempt.clone())
+                    .or(self.extra.attempt.clone())
+                    .unwrap_or_default(),
+            ),
+            res(result::TESTS_PASSED, text(build.and_then(|b| b.tests_passed))),
+            res(result::TESTS_TOTAL, text(build.and_then(|b| b.tests_total))),
+            res(
+                result::ARTIFACT,
+                build.and_then(|b| b.artifact.clone()).unwrap_or_default(),
+            ),
+            res(result::VM_RETIREMENT, retirement.as_str().into()),
+        ];
+        let finished = Finished {
+            status: status.into(),
+            reason: why.into(),
+            vm_retirement: retirement,
+        };
+        self.into_plan(action, None, Some(finished))
+    }
+
+    fn into_plan(mut self, action: BuildAction, requeue_after: Option<Duration>, finished: Option<Finished>) -> Plan {
+        self.status.extra_fields = Some(serde_json::to_value(&self.extra).expect("Extra serializes"));
+        Plan {
+            status: self.status,
+            action,
+            events: self.events,
+            requeue_after,
+            finished,
+        }
+    }
+}
+
+fn res(name: &str, value: String) -> CustomRunResult {
+    CustomRunResult {
+        name: name.into(),
+        value,
+    }
+}
+
+/// Replaces the condition of the same type, keeping `Succeeded` first and others after it.
+fn put_condition(conditions: &mut Vec<Condition>, cond: Condition) {
+    if let Some(slot) = conditions.iter_mut().find(|c| c.type_ == cond.type_) {
+        *slot = cond;
+    } else {
+        conditions.push(cond);
+    }
+    if let Some(i) = conditions.iter().position(|c| c.type_ == SUCCEEDED) {
+        let s = conditions.remove(i);
+        conditions.insert(0, s);
+    }
+}
+
+/// Decide everything for one CustomRun at `now`. `build` is the MacBuild named after the run
+/// (if it exists); `lease` is the Lease of `build`'s holder (if it has one and the Lease exists).
+pub fn decide(
+    run: &CustomRun,
+    build: Option<&BuildView>,
+    lease: Option<&LeaseView>,
+    timing: &Timing,
+    now: Timestamp,
+) -> Plan {
+    let current = run.status.clone().unwrap_or_default();
+    let mut status = current.clone();
+    status.observed_generation = run.metadata.generation.or(current.observed_generation);
+
+    // Done runs are never touched again (a cancel patch on a finished run changes nothing).
+    if current.is_done() {
+        return Plan {
+            status,
+            action: BuildAction::None,
+            events: vec![],
+            requeue_after: None,
+            finished: None,
+        };
+    }
+
+    let extra: Extra = current
+        .extra_fields
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let mut d = Draft {
+        old_succeeded: current.succeeded().cloned(),
+        old_unreachable: current.conditions.iter().find(|c| c.type_ == HOST_UNREACHABLE).cloned(),
+        status,
+        extra,
+        events: vec![],
+        now,
+    };
+
+    // Mark started: startTime = now, never before the creation timestamp.
+    let start = match d.status.start_time.as_ref() {
+        Some(t) => t.0,
+        None => {
+            let created = run.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let start = created.map_or(now, |c| c.max(now));
+            d.status.start_time = Some(Time(start));
+            d.set_succeeded("Unknown", reason::STARTED, "CustomRun started".into());
+            start
+        }
+    };
+    let name = run.metadata.name.clone().unwrap_or_default();
+    let ns = run.metadata.namespace.clone().unwrap_or_default();
+    let key = format!("{ns}/{name}");
+
+    let timeout = match effective_timeout(run, timing) {
+        Ok(t) => t,
+        Err(e) => {
+            let action = if build.is_some_and(|b| !b.cancel_requested) {
+                BuildAction::RequestCancel
+            } else {
+                BuildAction::None
+            };
+            return d.finish(
+                "False",
+                own::INVALID_TIMEOUT,
+                e,
+                retirement_without_confirmation(build),
+                build,
+                action,
+            );
+        }
+    };
+    let deadline = timeout.map(|t| add(start, t));
+    d.extra.deadline = deadline.map(rfc3339);
+    let past_deadline = deadline.is_some_and(|dl| now >= dl);
+    let timeout_text = timeout.map(format_secs).unwrap_or_default();
+    let cancelled = run.spec.is_cancelled();
+
+    let Some(b) = build else {
+        return decide_without_build(d, run, &key, &name, timeout, deadline, cancelled, &timeout_text);
+    };
+
+    let run_uid = run.metadata.uid.as_deref().unwrap_or_default();
+    if b.controller_uid.as_deref() != Some(run_uid) {
+        let msg = format!(
+            "MacBuild {} exists but is not controlled by this CustomRun (uid {run_uid}); refusing to adopt it. \
+             Delete or rename it and re-run the pipeline",
+            b.key()
+        );
+        return d.finish(
+            "False",
+            own::MACBUILD_NAME_TAKEN,
+            msg,
+            VmRetirement::None,
+            None,
+            BuildAction::None,
+        );
+    }
+
+    // Record what we see, for `kubectl get customrun -o yaml` and for later reconciles.
+    d.extra.mac_build = Some(b.name.clone());
+    d.extra.mac_build_uid = Some(b.uid.clone());
+    d.extra.phase = b.stage.map(|s| format!("{s:?}"));
+    if b.holder.is_some() {
+        d.extra.holder = b.holder.clone();
+    }
+    if b.attempt.is_some() {
+        d.extra.attempt = b.attempt.clone();
+    }
+    if b.vm.is_some() {
+        d.extra.vm = b.vm.clone();
+    }
+    d.extra.journal_seq = b.journal_seq.or(d.extra.journal_seq);
+
+    let holder = b.holder.as_deref();
+    let live = holder.map(|h| liveness(h, lease, timing.lease_duration, now));
+
+    // Terminal only after VMDeleted=True: the build's own outcome, which wins over a later
+    // cancel or deadline (the first terminal fact wins).
+    if b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted {
+        d.set_unreachable(holder, live);
+        let build_reason = b
+            .reason
+            .clone()
+            .unwrap_or_else(|| format!("{:?}", b.stage.unwrap_or(Stage::Failed)));
+        let detail = b.message.clone().unwrap_or_default();
+        return match b.stage {
+            Some(Stage::Succeeded) => {
+                let msg = format!(
+                    "MacBuild {} succeeded ({}); its VM is deleted. {detail}",
+                    b.key(),
+                    attempt_of(b)
+                );
+                d.finish(
+                    "True",
+                    &build_reason,
+                    msg.trim_end().into(),
+                    VmRetirement::Deleted,
+                    Some(b),
+                    BuildAction::None,
+                )
+            }
+            Some(Stage::Cancelled) if cancelled => {
+                let msg = format!("MacBuild {} cancelled; its VM is deleted", b.key());
+                d.finish(
+                    "False",
+                    reason::CANCELLED,
+                    msg,
+                    VmRetirement::Deleted,
+                    Some(b),
+                    BuildAction::None,
+                )
+            }
+            Some(Stage::Cancelled) if past_deadline => {
+                let msg = format!("MacBuild did not finish within timeout {timeout_text}; its VM is deleted");
+                d.finish(
+                    "False",
+                    reason::TIMED_OUT,
+                    msg,
+                    VmRetirement::Deleted,
+                    Some(b),
+                    BuildAction::None,
+                )
+            }
+            _ => {
+                let msg = format!(
+                    "MacBuild {} failed: {build_reason}; its VM is deleted. {detail}",
+                    b.key()
+                );
+                d.finish(
+                    "False",
+                    &build_reason,
+                    msg.trim_end().into(),
+                    VmRetirement::Deleted,
+                    Some(b),
+                    BuildAction::None,
+                )
+            }
+        };
+    }
+
+    if cancelled {
+        return decide_cancel(d, b, live, timing);
+    }
+
+    if past_deadline {
+        let deadline = deadline.expect("past_deadline implies a deadline");
+        return decide_timeout(d, b, live, timing, deadline, &timeout_text);
+    }
+
+    // Still running.
+    d.set_unreachable(holder, live);
+    let (why, msg) = running_reason(b, live);
+    d.set_succeeded("Unknown", why, msg);
+    let mut wake = deadline.into_iter().collect::<Vec<_>>();
+    if let Some(Liveness::Live { expires, .. }) = live {
+        wake.push(expires);
+    }
+    let requeue = next_wake(now, &wake);
+    d.into_plan(BuildAction::None, requeue, None)
+}
+
+fn attempt_of(b: &BuildView) -> String {
+    b.attempt
+        .clone()
+        .map_or_else(|| "no attempt".into(), |a| format!("attempt {a}"))
+}
+
+fn running_reason(b: &BuildView, live: Option<Liveness>) -> (&'static str, String) {
+    let stage = b.stage.unwrap_or(Stage::Pending);
+    let why = if b.holder.is_none() {
+        own::PENDING
+    } else {
+        stage.running_reason()
+    };
+    let msg = match (&b.holder, why) {
+        (None, _) => format!("MacBuild {} created; waiting for a Mac host to claim it", b.key()),
+        (Some(h), own::DELETING_VM) => {
+            format!(
+                "MacBuild {} finishing on {h} ({}); waiting for its VM to be deleted",
+                b.key(),
+                attempt_of(b)
+            )
+        }
+        (Some(h), _) => {
+            let lease = match live {
+                Some(Liveness::Live { .. }) | None => String::new(),
+                Some(other) => format!("; {}", lease_phrase(h, other)),
+            };
+            format!(
+                "MacBuild {} {} on {h} ({}){lease}",
+                b.key(),
+                why.to_lowercase(),
+                attempt_of(b)
+            )
+        }
+    };
+    let msg = match b.message.as_deref().filter(|m| !m.is_empty()) {
+        Some(m) if b.holder.is_some() => format!("{msg}: {m}"),
+        _ => msg,
+    };
+    (why, msg)
+}
+
+fn next_wake(now: Timestamp, times: &[Timestamp]) -> Option<Duration> {
+    // A little slack so the requeued reconcile sees `now >= deadline`.
+    times
+        .iter()
+        .filter(|t| **t > now)
+        .min()
+        .map(|t| until(now, *t) + Duration::from_millis(100))
+        .or_else(|| times.iter().any(|t| *t <= now).then_some(Duration::from_millis(100)))
+}
+
+fn retirement_without_confirmation(build: Option<&BuildView>) -> VmRetirement {
+    match build {
+        Some(b) if b.holder.is_some() => {
+            if b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted {
+                VmRetirement::Deleted
+            } else {
+                VmRetirement::Unconfirmed
+            }
+        }
+        _ => VmRetirement::None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide_without_build(
+    mut d: Draft,
+    run: &CustomRun,
+    key: &str,
+    name: &str,
+    timeout: Option<Duration>,
+    deadline: Option<Timestamp>,
+    cancelled: bool,
+    timeout_text: &str,
+) -> Plan {
+    let now = d.now;
+    // A MacBuild that once existed and is gone: a claimed one is held by the agent's finalizer
+    // until its VM is gone, so an absent MacBuild means no VM is left.
+    let existed = d.extra.mac_build_uid.is_some();
+    let retirement = if d.extra.holder.is_some() {
+        VmRetirement::Deleted
+    } else {
+        VmRetirement::None
+    };
+    if cancelled {
+        let msg = if existed {
+            format!("CustomRun cancelled; MacBuild {key} is gone")
+        } else {
+            "CustomRun cancelled before a MacBuild was created".to_string()
+        };
+        return d.finish("False", reason::CANCELLED, msg, retirement, None, BuildAction::None);
+    }
+    if deadline.is_some_and(|dl| now >= dl) {
+        let msg = if existed {
+            format!("MacBuild did not finish within timeout {timeout_text}; MacBuild {key} is gone")
+        } else {
+            format!("MacBuild was not created within timeout {timeout_text}")
+        };
+        return d.finish("False", reason::TIMED_OUT, msg, retirement, None, BuildAction::None);
+    }
+    if existed {
+        let msg =
+            format!("MacBuild {key} was deleted outside the controller before it finished; the build is not restarted");
+        return d.finish("False", own::MACBUILD_DELETED, msg, retirement, None, BuildAction::None);
+    }
+    // Validation: only before the MacBuild exists.
+    if let Some(retries) = run.spec.retries.filter(|r| *r > 0) {
+        let msg = format!(
+            "spec.retries is {retries}: Tekton retries are refused because retries belong to the Tartan agent, \
+             which alone knows whether the previous attempt's VM is gone. Remove `retries` from the pipeline task \
+             and set param max-attempts (1-3) instead"
+        );
+        return d.finish(
+            "False",
+            own::RETRIES_NOT_SUPPORTED,
+            msg,
+            VmRetirement::None,
+            None,
+            BuildAction::None,
+        );
+    }
+    if !run.spec.workspaces.is_empty() {
+        let msg = "MacBuild runs in a VM on a Mac host and cannot mount Tekton workspaces; pass sources with \
+                   params git-url/git-revision and publish with artifact-destination"
+            .to_string();
+        return d.finish(
+            "False",
+            own::WORKSPACE_NOT_SUPPORTED,
+            msg,
+            VmRetirement::None,
+            None,
+            BuildAction::None,
+        );
+    }
+    match macbuild_spec(&run.spec, timeout) {
+        Err(e) => invalid(d, &e),
+        Ok(spec) => {
+            let msg = format!("creating MacBuild {key}");
+            d.extra.mac_build = Some(name.to_string());
+            d.set_succeeded("Unknown", own::PENDING, msg);
+            let requeue = next_wake(now, &deadline.into_iter().collect::<Vec<_>>());
+            d.into_plan(BuildAction::Create(spec), requeue, None)
+        }
+    }
+}
+
+fn invalid(d: Draft, e: &SpecError) -> Plan {
+    d.finish(
+        "False",
+        e.reason(),
+        e.to_string(),
+        VmRetirement::None,
+        None,
+        BuildAction::None,
+    )
+}
+
+fn decide_cancel(mut d: Draft, b: &BuildView, live: Option<Liveness>, timing: &Timing) -> Plan {
+    let now = d.now;
+    let Some(agent) = b.holder.clone() else {
+        // Unclaimed: no VM exists. Delete it, fenced on the resourceVersion we saw unclaimed.
+        let msg = format!(
+            "CustomRun cancelled before a Mac host claimed MacBuild {}; no VM was created",
+            b.key()
+        );
+        let action = if b.deleting {
+            BuildAction::None
+        } else {
+            BuildAction::Delete {
+                precondition_rv: Some(b.resource_version.clone()),
+            }
+        };
+        return d.finish("False", reason::CANCELLED, msg, VmRetirement::None, Some(b), action);
+    };
+    let live = live.unwrap_or(Liveness::Missing);
+    d.set_unreachable(Some(&agent), Some(live));
+    let action = if b.cancel_requested {
+        BuildAction::None
+    } else {
+        BuildAction::RequestCancel
+    };
+    let requested_at = d
+        .extra
+        .cancel_requested_at
+        .as_deref()
+        .and_then(parse_time)
+        .unwrap_or(now);
+    d.extra.cancel_requested_at = Some(rfc3339(requested_at));
+
+    if b.vm_deleted && b.cancel_requested {
+        let msg = format!("MacBuild {} cancelled; agent {agent} confirmed its VM deleted", b.key());
+        return d.finish("False", reason::CANCELLED, msg, VmRetirement::Deleted, Some(b), action);
+    }
+    match live {
+        Liveness::Expired { .. } | Liveness::Missing => {
+            let msg = format!(
+                "CustomRun cancelled; VM retirement unconfirmed: {}; the MacBuild keeps the cancel request until the \
+                 agent returns",
+                lease_phrase(&agent, live)
+            );
+            d.finish(
+                "False",
+                reason::CANCELLED,
+                msg,
+                VmRetirement::Unconfirmed,
+                Some(b),
+                action,
+            )
+        }
+        Liveness::Live { expires, .. } => {
+            let give_up = add(requested_at, timing.grace);
+            if now >= give_up {
+                let msg = format!(
+                    "CustomRun cancelled; VM retirement unconfirmed: {} but did not confirm the VM deleted within \
+                     {} of the cancel request; the MacBuild keeps the cancel request",
+                    lease_phrase(&agent, live),
+                    format_secs(timing.grace)
+                );
+                return d.finish(
+                    "False",
+                    reason::CANCELLED,
+                    msg,
+                    VmRetirement::Unconfirmed,
+                    Some(b),
+                    action,
+                );
+            }
+            let msg = format!(
+                "cancel requested on MacBuild {}; waiting for agent {agent} to delete its VM",
+                b.key()
+            );
+            d.set_succeeded("Unknown", own::CANCELLING, msg);
+            let requeue = next_wake(now, &[give_up, expires]);
+            d.into_plan(action, requeue, None)
+        }
+    }
+}
+
+fn decide_timeout(
+    mut d: Draft,
+    b: &BuildView,
+    live: Option<Liveness>,
+    timing: &Timing,
+    deadline: Timestamp,
+    timeout_text: &str,
+) -> Plan {
+    let now = d.now;
+    let Some(agent) = b.holder.clone() else {
+        let msg = format!(
+            "no Mac host claimed MacBuild {} within timeout {timeout_text}; no VM was created and the MacBuild is deleted",
+            b.key()
+        );
+        let action = if b.deleting {
+            BuildAction::None
+        } else {
+            BuildAction::Delete {
+                precondition_rv: Some(b.resource_version.clone()),
+            }
+        };
+        return d.finish("False", reason::TIMED_OUT, msg, VmRetirement::None, Some(b), action);
+    };
+    let live = live.unwrap_or(Liveness::Missing);
+    d.set_unreachable(Some(&agent), Some(live));
+    let grace = format_secs(timing.grace);
+    if b.vm_deleted && b.cancel_requested {
+        let msg = format!(
+            "MacBuild did not finish within timeout {timeout_text}; agent {agent} cancelled it and confirmed its VM deleted"
+        );
+        return d.finish(
+            "False",
+            reason::TIMED_OUT,
+            msg,
+            VmRetirement::Deleted,
+            Some(b),
+            BuildAction::None,
+        );
+    }
+    let give_up = add(deadline, timing.grace);
+    if now >= give_up {
+        let why = match live {
+            Liveness::Live { .. } => format!("{} but has not confirmed the VM deleted", lease_phrase(&agent, live)),
+            other => lease_phrase(&agent, other),
+        };
+        let msg = format!(
+            "MacBuild did not finish within timeout {timeout_text} + {grace} grace; VM retirement unconfirmed: {why}; \
+             the MacBuild is kept until the agent returns"
+        );
+        let action = if b.deleting {
+            BuildAction::None
+        } else {
+            BuildAction::Delete { precondition_rv: None }
+        };
+        return d.finish(
+            "False",
+            reason::TIMED_OUT,
+            msg,
+            VmRetirement::Unconfirmed,
+            Some(b),
+            action,
+        );
+    }
+    let msg = format!(
+        "MacBuild did not finish within timeout {timeout_text}; cancel requested, waiting up to {grace} for agent \
+         {agent} to delete its VM"
+    );
+    d.set_succeeded("Unknown", own::TIMING_OUT, msg);
+    let action = if b.cancel_requested {
+        BuildAction::None
+    } else {
+        BuildAction::RequestCancel
+    };
+    let mut wake = vec![give_up];
+    if let Liveness::Live { expires, .. } = live {
+        wake.push(expires);
+    }
+    let requeue = next_wake(now, &wake);
+    d.into_plan(action, requeue, None)
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -1,0 +1,949 @@
+//! Table-style tests of [`decide`]: arrange a CustomRun, a MacBuild view and a Lease, decide at
+//! `now`, assert the status, the action and the requeue.
+
+use super::*;
+use crate::customrun::{CustomRunSpec, Param};
+use serde_json::json;
+
+const NS: &str = "ci";
+const NAME: &str = "build-42-mac-build";
+const RUN_UID: &str = "run-uid-1";
+const AGENT: &str = "agent-a";
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// CustomRun start of the seed's timeout case: deadline 02:53:40, grace ends 02:54:25.
+fn t0() -> Timestamp {
+    t("2026-10-05T02:52:00Z")
+}
+
+fn secs(n: i64) -> Timestamp {
+    t0() + SignedDuration::from_secs(n)
+}
+
+fn timing() -> Timing {
+    Timing::default()
+}
+
+fn run() -> CustomRun {
+    let spec = CustomRunSpec {
+        custom_ref: Some(crate::customrun::CustomRef {
+            api_version: Some("tartan.dev/v1alpha1".into()),
+            kind: Some("MacBuild".into()),
+            ..Default::default()
+        }),
+        params: vec![
+            Param {
+                name: "image".into(),
+                value: json!("ghcr.io/cirruslabs/macos-sequoia-xcode:16"),
+            },
+            Param {
+                name: "steps".into(),
+                value: json!(["xcodebuild build", "xcodebuild test"]),
+            },
+        ],
+        timeout: Some("100s".into()),
+        service_account_name: "default".into(),
+        ..Default::default()
+    };
+    let mut r = CustomRun::new(NAME, spec);
+    r.metadata.namespace = Some(NS.into());
+    r.metadata.uid = Some(RUN_UID.into());
+    r.metadata.generation = Some(1);
+    r.metadata.creation_timestamp = Some(Time(t0()));
+    r
+}
+
+/// The run after `decide` at `at` (status written back, as the I/O layer would).
+fn after(mut r: CustomRun, build: Option<&BuildView>, lease: Option<&LeaseView>, at: Timestamp) -> CustomRun {
+    let plan = decide(&r, build, lease, &timing(), at);
+    r.status = Some(plan.status);
+    r
+}
+
+fn started() -> CustomRun {
+    after(run(), None, None, t0())
+}
+
+fn cancelled(mut r: CustomRun) -> CustomRun {
+    r.spec.status = Some("RunCancelled".into());
+    r.spec.status_message = Some("CustomRun cancelled as the PipelineRun it belongs to has been cancelled.".into());
+    r.metadata.generation = Some(r.metadata.generation.unwrap_or(1) + 1);
+    r
+}
+
+fn build() -> BuildView {
+    BuildView {
+        namespace: NS.into(),
+        name: NAME.into(),
+        uid: "mb-uid-1".into(),
+        resource_version: "17".into(),
+        controller_uid: Some(RUN_UID.into()),
+        ..Default::default()
+    }
+}
+
+fn claimed(stage: Stage) -> BuildView {
+    BuildView {
+        stage: Some(stage),
+        holder: Some(AGENT.into()),
+        attempt: Some(format!("{NAME}#1")),
+        vm: Some("mb-ci-build-42-mac-build-c49f62f4".into()),
+        journal_seq: Some(120),
+        ..build()
+    }
+}
+
+fn finished(stage: Stage, reason: &str) -> BuildView {
+    BuildView {
+        vm_deleted: true,
+        reason: Some(reason.into()),
+        attempt: Some(format!("{NAME}#2")),
+        tests_passed: Some(2),
+        tests_total: Some(2),
+        artifact: Some("s3://ci-artifacts/app/App.ipa".into()),
+        ..claimed(stage)
+    }
+}
+
+fn lease(renewed: Timestamp) -> LeaseView {
+    LeaseView {
+        holder_identity: Some(AGENT.into()),
+        renew_time: Some(renewed),
+        duration: Some(Duration::from_secs(20)),
+    }
+}
+
+fn succeeded(p: &Plan) -> &Condition {
+    assert_eq!(
+        p.status.conditions[0].type_, SUCCEEDED,
+        "Succeeded must stay conditions[0]"
+    );
+    &p.status.conditions[0]
+}
+
+fn state(p: &Plan) -> (String, String) {
+    let c = succeeded(p);
+    (c.status.clone(), c.reason.clone().unwrap_or_default())
+}
+
+fn result(p: &Plan, name: &str) -> String {
+    p.status
+        .results
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no result {name}"))
+        .value
+        .clone()
+}
+
+fn unreachable(p: &Plan) -> Option<&Condition> {
+    p.status.conditions.iter().find(|c| c.type_ == HOST_UNREACHABLE)
+}
+
+fn extra(p: &Plan) -> Extra {
+    serde_json::from_value(p.status.extra_fields.clone().unwrap()).unwrap()
+}
+
+fn msg(p: &Plan) -> String {
+    succeeded(p).message.clone().unwrap_or_default()
+}
+
+#[test]
+fn new_run_is_started_and_its_macbuild_created() {
+    let p = decide(&run(), None, None, &timing(), t0());
+    assert_eq!(p.status.start_time, Some(Time(t0())));
+    assert_eq!(state(&p), ("Unknown".into(), "Pending".into()));
+    let BuildAction::Create(spec) = &p.action else {
+        panic!("expected Create, got {:?}", p.action)
+    };
+    assert_eq!(spec["image"], "ghcr.io/cirruslabs/macos-sequoia-xcode:16");
+    assert_eq!(spec["timeoutSeconds"], 100);
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(100_100)),
+        "requeue at the deadline"
+    );
+    assert_eq!(p.status.observed_generation, Some(1));
+    assert!(p.status.results.is_empty());
+    assert_eq!(extra(&p).deadline.as_deref(), Some("2026-10-05T02:53:40Z"));
+    assert_eq!(p.finished, None);
+}
+
+#[test]
+fn start_time_is_never_before_creation() {
+    // A controller clock behind the apiserver's: startTime is the creation timestamp.
+    let p = decide(&run(), None, None, &timing(), t0() - SignedDuration::from_secs(5));
+    assert_eq!(p.status.start_time, Some(Time(t0())));
+    // Later reconciles keep the first startTime.
+    let r = after(run(), None, None, secs(3));
+    let p = decide(&r, Some(&build()), None, &timing(), secs(30));
+    assert_eq!(p.status.start_time, Some(Time(secs(3))));
+}
+
+#[test]
+fn invalid_runs_fail_at_once_with_a_specific_reason_and_no_requeue() {
+    let mut retries = run();
+    retries.spec.retries = Some(1);
+    let mut workspaces = run();
+    workspaces.spec.workspaces = vec![json!({"name": "src", "emptyDir": {}})];
+    let mut bad_timeout = run();
+    bad_timeout.spec.timeout = Some("ten minutes".into());
+    let mut bad_param = run();
+    bad_param.spec.params.push(Param {
+        name: "xcode".into(),
+        value: json!("16"),
+    });
+    let mut no_image = run();
+    no_image.spec.params.remove(0);
+    let mut named_ref = run();
+    named_ref.spec.custom_ref.as_mut().unwrap().name = Some("template".into());
+    let cases: Vec<(&str, CustomRun, &str, &str)> = vec![
+        (
+            "retries",
+            retries,
+            "RetriesNotSupported",
+            "retries belong to the Tartan agent",
+        ),
+        ("workspaces", workspaces, "CustomRunWorkspaceNotSupported", "workspaces"),
+        ("timeout", bad_timeout, "InvalidTimeout", "spec.timeout"),
+        ("unknown param", bad_param, "InvalidParams", "unknown param \"xcode\""),
+        ("missing image", no_image, "InvalidParams", "missing \"image\""),
+        ("named customRef", named_ref, "InvalidCustomRef", "customRef.name"),
+    ];
+    for (what, r, want_reason, needle) in cases {
+        let p = decide(&r, None, None, &timing(), t0());
+        assert_eq!(state(&p), ("False".into(), want_reason.into()), "{what}");
+        assert!(msg(&p).contains(needle), "{what}: {}", msg(&p));
+        assert_eq!(p.action, BuildAction::None, "{what}");
+        assert_eq!(p.requeue_after, None, "{what}");
+        assert!(p.status.completion_time.is_some(), "{what}");
+        assert_eq!(result(&p, "vmRetirement"), "none", "{what}");
+        assert_eq!(
+            p.finished.as_ref().map(|f| f.reason.as_str()),
+            Some(want_reason),
+            "{what}"
+        );
+    }
+    // retries: 0 is what Tekton writes for no retries; it is fine.
+    let mut zero = run();
+    zero.spec.retries = Some(0);
+    assert!(matches!(
+        decide(&zero, None, None, &timing(), t0()).action,
+        BuildAction::Create(_)
+    ));
+}
+
+#[test]
+fn unknown_reason_per_build_stage() {
+    let cases: &[(Option<&str>, Stage, &str)] = &[
+        (None, Stage::Pending, "Pending"),
+        (Some(AGENT), Stage::Pending, "Pending"),
+        (Some(AGENT), Stage::Admitted, "Admitted"),
+        (Some(AGENT), Stage::Booting, "BootingVM"),
+        (Some(AGENT), Stage::Running, "Running"),
+        (Some(AGENT), Stage::Collecting, "Collecting"),
+        (Some(AGENT), Stage::Retiring, "DeletingVM"),
+        // Outcome fixed but VMDeleted not yet True: still not terminal.
+        (Some(AGENT), Stage::Succeeded, "DeletingVM"),
+        (Some(AGENT), Stage::Failed, "DeletingVM"),
+    ];
+    for (holder, stage, want) in cases {
+        let b = BuildView {
+            holder: holder.map(String::from),
+            ..claimed(*stage)
+        };
+        let p = decide(&started(), Some(&b), Some(&lease(secs(8))), &timing(), secs(10));
+        assert_eq!(state(&p), ("Unknown".into(), (*want).into()), "{holder:?} {stage:?}");
+        assert_eq!(p.action, BuildAction::None);
+        assert!(p.finished.is_none());
+        assert!(unreachable(&p).is_none());
+        assert!(msg(&p).contains("ci/build-42-mac-build"), "{}", msg(&p));
+    }
+}
+
+#[test]
+fn running_build_records_extra_fields_and_requeues_at_the_earliest_deadline() {
+    let b = claimed(Stage::Running);
+    let p = decide(&started(), Some(&b), Some(&lease(secs(8))), &timing(), secs(10));
+    assert_eq!(
+        succeeded(&p).message.as_deref(),
+        Some("MacBuild ci/build-42-mac-build running on agent-a (attempt build-42-mac-build#1)")
+    );
+    let e = extra(&p);
+    assert_eq!(e.mac_build.as_deref(), Some(NAME));
+    assert_eq!(e.mac_build_uid.as_deref(), Some("mb-uid-1"));
+    assert_eq!(e.holder.as_deref(), Some(AGENT));
+    assert_eq!(e.attempt.as_deref(), Some("build-42-mac-build#1"));
+    assert_eq!(e.journal_seq, Some(120));
+    assert_eq!(e.phase.as_deref(), Some("Running"));
+    // Lease expires at 28s, before the 100s deadline.
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(18_100)));
+    // No timeout at all and a live lease: only the lease expiry wakes us.
+    let mut none = started();
+    none.spec.timeout = Some("0s".into());
+    let p = decide(&none, Some(&b), Some(&lease(secs(8))), &timing(), secs(10));
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(18_100)));
+    assert!(extra(&p).deadline.is_none());
+    // No timeout and unclaimed: nothing time-based, wait for a change.
+    let p = decide(&none, Some(&build()), None, &timing(), secs(10));
+    assert_eq!(p.requeue_after, None);
+}
+
+#[test]
+fn unset_timeout_uses_the_configured_default_and_zero_means_none() {
+    let mut r = run();
+    r.spec.timeout = None;
+    let p = decide(&r, None, None, &timing(), t0());
+    assert_eq!(extra(&p).deadline.as_deref(), Some("2026-10-05T03:52:00Z"));
+    let BuildAction::Create(spec) = &p.action else { panic!() };
+    assert_eq!(spec["timeoutSeconds"], 3600);
+    let custom = Timing {
+        default_timeout: Duration::from_secs(7200),
+        ..timing()
+    };
+    let p = decide(&r, None, None, &custom, t0());
+    assert_eq!(extra(&p).deadline.as_deref(), Some("2026-10-05T04:52:00Z"));
+    r.spec.timeout = Some("0s".into());
+    let p = decide(&r, None, None, &timing(), t0());
+    assert_eq!(p.requeue_after, None);
+    // Long after any default deadline, a run without timeout is still running.
+    let r = after(r, None, None, t0());
+    let p = decide(
+        &r,
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(99_990))),
+        &timing(),
+        secs(100_000),
+    );
+    assert_eq!(state(&p).0, "Unknown");
+}
+
+#[test]
+fn success_only_after_vm_deleted_with_string_results() {
+    let r = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(5))),
+        secs(10),
+    );
+    let p = decide(
+        &r,
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        Some(&lease(secs(55))),
+        &timing(),
+        secs(60),
+    );
+    assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
+    assert_eq!(p.status.completion_time, Some(Time(secs(60))));
+    assert_eq!(
+        succeeded(&p).last_transition_time.as_deref(),
+        Some("2026-10-05T02:53:00Z")
+    );
+    let results: Vec<(String, String)> = p
+        .status
+        .results
+        .iter()
+        .map(|r| (r.name.clone(), r.value.clone()))
+        .collect();
+    let want = [
+        ("attempt", "build-42-mac-build#2"),
+        ("testsPassed", "2"),
+        ("testsTotal", "2"),
+        ("artifact", "s3://ci-artifacts/app/App.ipa"),
+        ("vmRetirement", "deleted"),
+    ];
+    assert_eq!(results, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(p.requeue_after, None);
+    assert_eq!(
+        p.finished,
+        Some(Finished {
+            status: "True".into(),
+            reason: "TestsPassed".into(),
+            vm_retirement: VmRetirement::Deleted
+        })
+    );
+    assert_eq!(
+        p.events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
+        vec!["TestsPassed"]
+    );
+    // Terminal phase without VMDeleted=True is not terminal.
+    let not_yet = BuildView {
+        vm_deleted: false,
+        ..finished(Stage::Succeeded, "TestsPassed")
+    };
+    let p = decide(&r, Some(&not_yet), Some(&lease(secs(55))), &timing(), secs(60));
+    assert_eq!(state(&p), ("Unknown".into(), "DeletingVM".into()));
+    assert!(p.status.results.is_empty());
+}
+
+#[test]
+fn failure_carries_the_builds_reason() {
+    let p = decide(
+        &started(),
+        Some(&finished(Stage::Failed, "TestsFailed")),
+        Some(&lease(secs(50))),
+        &timing(),
+        secs(60),
+    );
+    assert_eq!(state(&p), ("False".into(), "TestsFailed".into()));
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    assert!(p.events[0].warning);
+    // A build that finished before we noticed the deadline keeps its own outcome.
+    let p = decide(
+        &started(),
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        None,
+        &timing(),
+        secs(500),
+    );
+    assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
+}
+
+#[test]
+fn finished_runs_are_never_reopened() {
+    let done = after(
+        started(),
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        Some(&lease(secs(50))),
+        secs(60),
+    );
+    let before = done.status.clone().unwrap();
+    // Tekton patches every child on PipelineRun cancel/timeout, finished ones included.
+    let patched = cancelled(done);
+    let inputs: Vec<(Option<BuildView>, Option<LeaseView>)> = vec![
+        (None, None),
+        (Some(claimed(Stage::Running)), None),
+        (Some(finished(Stage::Failed, "TestsFailed")), Some(lease(secs(1)))),
+    ];
+    for (b, l) in inputs {
+        let p = decide(&patched, b.as_ref(), l.as_ref(), &timing(), secs(10_000));
+        let mut want = before.clone();
+        want.observed_generation = Some(2);
+        assert_eq!(p.status, want);
+        assert_eq!(p.action, BuildAction::None);
+        assert_eq!(p.requeue_after, None);
+        assert!(p.events.is_empty());
+        assert!(p.finished.is_none());
+    }
+}
+
+#[test]
+fn host_unreachable_while_the_holder_lease_is_expired() {
+    let r = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(5))),
+        secs(10),
+    );
+    // Renewed at 5s, 20s duration: expired from 25s.
+    let p = decide(
+        &r,
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(5))),
+        &timing(),
+        secs(30),
+    );
+    assert_eq!(state(&p), ("Unknown".into(), "Running".into()), "the build goes on");
+    assert_eq!(p.status.conditions[1].type_, HOST_UNREACHABLE, "after Succeeded");
+    let c = unreachable(&p).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_deref()), ("True", Some("LeaseExpired")));
+    assert_eq!(
+        c.message.as_deref(),
+        Some(
+            "agent agent-a lease expired (last renewed 2026-10-05T02:52:05Z); the build goes on if the agent comes back"
+        )
+    );
+    assert!(p.events.iter().any(|e| e.warning && e.reason == HOST_UNREACHABLE));
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(70_100)),
+        "next: the deadline"
+    );
+    // The agent comes back: False/LeaseRenewed, build still running.
+    let r = CustomRun {
+        status: Some(p.status),
+        ..r
+    };
+    let p = decide(
+        &r,
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(40))),
+        &timing(),
+        secs(41),
+    );
+    let c = unreachable(&p).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref()),
+        ("False", Some("LeaseRenewed"))
+    );
+    assert_eq!(state(&p).0, "Unknown");
+    assert!(p.events.iter().any(|e| e.reason == "LeaseRenewed"));
+}
+
+#[test]
+fn liveness_table() {
+    let now = secs(30);
+    let d = Duration::from_secs(20);
+    let cases: Vec<(&str, Option<LeaseView>, Liveness)> = vec![
+        ("missing", None, Liveness::Missing),
+        (
+            "live",
+            Some(lease(secs(15))),
+            Liveness::Live {
+                renewed: secs(15),
+                expires: secs(35),
+            },
+        ),
+        (
+            "expired exactly at duration",
+            Some(lease(secs(10))),
+            Liveness::Expired {
+                renewed: Some(secs(10)),
+            },
+        ),
+        (
+            "other holder",
+            Some(LeaseView {
+                holder_identity: Some("agent-b".into()),
+                ..lease(secs(29))
+            }),
+            Liveness::Expired {
+                renewed: Some(secs(29)),
+            },
+        ),
+        (
+            "never renewed",
+            Some(LeaseView {
+                renew_time: None,
+                ..lease(secs(0))
+            }),
+            Liveness::Expired { renewed: None },
+        ),
+        (
+            "duration unset uses the default",
+            Some(LeaseView {
+                duration: None,
+                ..lease(secs(15))
+            }),
+            Liveness::Live {
+                renewed: secs(15),
+                expires: secs(35),
+            },
+        ),
+        (
+            "longer lease",
+            Some(LeaseView {
+                duration: Some(Duration::from_secs(60)),
+                ..lease(secs(0))
+            }),
+            Liveness::Live {
+                renewed: secs(0),
+                expires: secs(60),
+            },
+        ),
+    ];
+    for (what, l, want) in cases {
+        assert_eq!(liveness(AGENT, l.as_ref(), d, now), want, "{what}");
+    }
+}
+
+#[test]
+fn timeout_unclaimed_deletes_the_macbuild_fenced_on_its_resource_version() {
+    let p = decide(&started(), Some(&build()), None, &timing(), secs(100));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(
+        p.action,
+        BuildAction::Delete {
+            precondition_rv: Some("17".into())
+        }
+    );
+    assert_eq!(result(&p, "vmRetirement"), "none");
+    assert!(
+        msg(&p).contains("no Mac host claimed MacBuild ci/build-42-mac-build within timeout 100s"),
+        "{}",
+        msg(&p)
+    );
+    // Already being deleted: no second delete.
+    let p = decide(
+        &started(),
+        Some(&BuildView {
+            deleting: true,
+            ..build()
+        }),
+        None,
+        &timing(),
+        secs(100),
+    );
+    assert_eq!(p.action, BuildAction::None);
+    // Past the deadline with no MacBuild: never create one.
+    let p = decide(&started(), None, None, &timing(), secs(100));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(p.action, BuildAction::None);
+}
+
+#[test]
+fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
+    let b = claimed(Stage::Running);
+    // At the deadline: request cancel, wait until deadline + 45s.
+    let p = decide(&started(), Some(&b), Some(&lease(secs(98))), &timing(), secs(100));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    assert_eq!(p.action, BuildAction::RequestCancel);
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(18_100)),
+        "lease expiry at 118s comes first"
+    );
+    assert!(unreachable(&p).is_none());
+    // Cancel already requested: no second patch.
+    let asked = BuildView {
+        cancel_requested: true,
+        ..b.clone()
+    };
+    let p = decide(&started(), Some(&asked), Some(&lease(secs(140))), &timing(), secs(141));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(4_100)),
+        "grace ends at 145s"
+    );
+    // Agent confirms the VM deleted (cancelled) within grace.
+    let gone = BuildView {
+        vm_deleted: true,
+        stage: Some(Stage::Retiring),
+        ..asked.clone()
+    };
+    let p = decide(&started(), Some(&gone), Some(&lease(secs(120))), &timing(), secs(125));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    assert_eq!(p.action, BuildAction::None);
+    let done = BuildView {
+        stage: Some(Stage::Cancelled),
+        reason: Some("CancelRequested".into()),
+        ..gone
+    };
+    let p = decide(&started(), Some(&done), Some(&lease(secs(120))), &timing(), secs(125));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    // Live lease but no confirmation by the end of grace: unconfirmed, and the MacBuild deleted.
+    let p = decide(&started(), Some(&asked), Some(&lease(secs(144))), &timing(), secs(145));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+    assert_eq!(p.action, BuildAction::Delete { precondition_rv: None });
+    assert_eq!(
+        msg(&p),
+        "MacBuild did not finish within timeout 100s + 45s grace; VM retirement unconfirmed: agent agent-a lease is \
+         live (last renewed 2026-10-05T02:54:24Z) but has not confirmed the VM deleted; the MacBuild is kept until the \
+         agent returns"
+    );
+}
+
+#[test]
+fn timeout_with_expired_lease_ends_at_grace_with_the_seed_message() {
+    let b = BuildView {
+        cancel_requested: true,
+        ..claimed(Stage::Running)
+    };
+    // The seed: last renewed 02:54:20, which is 140s after start. Before the grace ends the
+    // CustomRun shows HostUnreachable and keeps waiting.
+    let renewed = t("2026-10-05T02:53:00Z");
+    let p = decide(&started(), Some(&b), Some(&lease(renewed)), &timing(), secs(120));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    assert_eq!(unreachable(&p).unwrap().status, "True");
+    assert_eq!(p.requeue_after, Some(Duration::from_millis(25_100)));
+    let seed_lease = lease(t("2026-10-05T02:54:20Z"));
+    // Grace ends at 145s (02:54:25); the lease expired at 02:54:40? No: renewed 02:54:20 + 20s.
+    // So take the seed literally: at 02:54:41 the lease is expired and grace is over.
+    let p = decide(
+        &started(),
+        Some(&b),
+        Some(&seed_lease),
+        &timing(),
+        t("2026-10-05T02:54:41Z"),
+    );
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(
+        msg(&p),
+        "MacBuild did not finish within timeout 100s + 45s grace; VM retirement unconfirmed: agent agent-a lease \
+         expired (last renewed 2026-10-05T02:54:20Z); the MacBuild is kept until the agent returns"
+    );
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+    assert_eq!(result(&p, "attempt"), "build-42-mac-build#1");
+    assert_eq!(p.action, BuildAction::Delete { precondition_rv: None });
+    assert_eq!(
+        unreachable(&p).unwrap().status,
+        "True",
+        "HostUnreachable stays after Succeeded"
+    );
+    assert_eq!(p.status.conditions[0].type_, SUCCEEDED);
+    assert_eq!(
+        p.finished,
+        Some(Finished {
+            status: "False".into(),
+            reason: "CustomRunTimedOut".into(),
+            vm_retirement: VmRetirement::Unconfirmed
+        })
+    );
+    // Missing Lease altogether counts as expired.
+    let p = decide(&started(), Some(&b), None, &timing(), secs(145));
+    assert!(
+        msg(&p).contains("agent agent-a lease expired (no Lease found)"),
+        "{}",
+        msg(&p)
+    );
+    // MacBuild already being deleted (finalizer holds it): no second delete.
+    let deleting = BuildView { deleting: true, ..b };
+    let p = decide(&started(), Some(&deleting), None, &timing(), secs(145));
+    assert_eq!(p.action, BuildAction::None);
+}
+
+#[test]
+fn cancellation_table() {
+    let expired = lease(secs(-15));
+    let cases: Vec<(
+        &str,
+        Option<BuildView>,
+        Option<LeaseView>,
+        (&str, &str),
+        BuildAction,
+        Option<&str>,
+    )> = vec![
+        (
+            "no MacBuild yet",
+            None,
+            None,
+            ("False", "CustomRunCancelled"),
+            BuildAction::None,
+            Some("none"),
+        ),
+        (
+            "unclaimed",
+            Some(build()),
+            None,
+            ("False", "CustomRunCancelled"),
+            BuildAction::Delete {
+                precondition_rv: Some("17".into()),
+            },
+            Some("none"),
+        ),
+        (
+            "claimed, live lease: ask and wait",
+            Some(claimed(Stage::Booting)),
+            Some(lease(secs(9))),
+            ("Unknown", "Cancelling"),
+            BuildAction::RequestCancel,
+            None,
+        ),
+        (
+            "claimed, expired lease: at once, unconfirmed",
+            Some(claimed(Stage::Running)),
+            Some(expired.clone()),
+            ("False", "CustomRunCancelled"),
+            BuildAction::RequestCancel,
+            Some("unconfirmed"),
+        ),
+        (
+            "agent confirmed the VM deleted",
+            Some(BuildView {
+                cancel_requested: true,
+                vm_deleted: true,
+                ..claimed(Stage::Retiring)
+            }),
+            Some(lease(secs(9))),
+            ("False", "CustomRunCancelled"),
+            BuildAction::None,
+            Some("deleted"),
+        ),
+        (
+            "MacBuild ended Cancelled",
+            Some(BuildView {
+                cancel_requested: true,
+                ..finished(Stage::Cancelled, "CancelRequested")
+            }),
+            Some(lease(secs(9))),
+            ("False", "CustomRunCancelled"),
+            BuildAction::None,
+            Some("deleted"),
+        ),
+        (
+            "build had already succeeded: the truth wins",
+            Some(finished(Stage::Succeeded, "TestsPassed")),
+            Some(lease(secs(9))),
+            ("True", "TestsPassed"),
+            BuildAction::None,
+            Some("deleted"),
+        ),
+    ];
+    for (what, b, l, want, action, retirement) in cases {
+        let p = decide(&cancelled(started()), b.as_ref(), l.as_ref(), &timing(), secs(10));
+        assert_eq!(
+            (state(&p).0.as_str(), state(&p).1.as_str()),
+            want,
+            "{what}: {}",
+            msg(&p)
+        );
+        assert_eq!(p.action, action, "{what}");
+        match retirement {
+            Some(r) => assert_eq!(result(&p, "vmRetirement"), r, "{what}"),
+            None => assert!(p.status.results.is_empty(), "{what}"),
+        }
+        assert_eq!(p.status.observed_generation, Some(2), "{what}");
+    }
+    // The expired case names the agent and its last renewal.
+    let p = decide(
+        &cancelled(started()),
+        Some(&claimed(Stage::Running)),
+        Some(&expired),
+        &timing(),
+        secs(10),
+    );
+    assert!(
+        msg(&p).contains("agent agent-a lease expired (last renewed 2026-10-05T02:51:45Z)"),
+        "{}",
+        msg(&p)
+    );
+    assert_eq!(unreachable(&p).unwrap().status, "True");
+}
+
+#[test]
+fn cancel_with_live_lease_is_bounded_by_grace_from_the_request() {
+    let r = cancelled(started());
+    let b = claimed(Stage::Running);
+    let p = decide(&r, Some(&b), Some(&lease(secs(9))), &timing(), secs(10));
+    assert_eq!(extra(&p).cancel_requested_at.as_deref(), Some("2026-10-05T02:52:10Z"));
+    let r = CustomRun {
+        status: Some(p.status),
+        ..r
+    };
+    let asked = BuildView {
+        cancel_requested: true,
+        ..b
+    };
+    let p = decide(&r, Some(&asked), Some(&lease(secs(50))), &timing(), secs(54));
+    assert_eq!(state(&p), ("Unknown".into(), "Cancelling".into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(1_100)),
+        "grace ends 45s after the request"
+    );
+    assert_eq!(
+        extra(&p).cancel_requested_at.as_deref(),
+        Some("2026-10-05T02:52:10Z"),
+        "kept"
+    );
+    let p = decide(&r, Some(&asked), Some(&lease(secs(50))), &timing(), secs(55));
+    assert_eq!(state(&p), ("False".into(), "CustomRunCancelled".into()));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+    assert!(
+        msg(&p).contains("did not confirm the VM deleted within 45s"),
+        "{}",
+        msg(&p)
+    );
+}
+
+#[test]
+fn a_macbuild_we_do_not_control_is_not_adopted() {
+    let foreign = BuildView {
+        controller_uid: Some("someone-else".into()),
+        ..claimed(Stage::Running)
+    };
+    let p = decide(&started(), Some(&foreign), None, &timing(), secs(5));
+    assert_eq!(state(&p), ("False".into(), "MacBuildNameTaken".into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert!(msg(&p).contains("not controlled by this CustomRun"));
+    let orphan = BuildView {
+        controller_uid: None,
+        ..build()
+    };
+    let p = decide(&started(), Some(&orphan), None, &timing(), secs(5));
+    assert_eq!(state(&p).1, "MacBuildNameTaken");
+}
+
+#[test]
+fn a_macbuild_deleted_behind_our_back_is_not_recreated() {
+    let r = after(started(), Some(&build()), None, secs(2));
+    let p = decide(&r, None, None, &timing(), secs(5));
+    assert_eq!(state(&p), ("False".into(), "MacBuildDeleted".into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(result(&p, "vmRetirement"), "none");
+    // Once claimed, its finalizer held it until the VM was gone.
+    let r = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(1))),
+        secs(2),
+    );
+    let p = decide(&r, None, None, &timing(), secs(5));
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    assert_eq!(result(&p, "attempt"), "build-42-mac-build#1");
+}
+
+#[test]
+fn transition_time_moves_only_when_status_or_reason_changes() {
+    let b = claimed(Stage::Running);
+    let r = after(started(), Some(&b), Some(&lease(secs(9))), secs(10));
+    let ltt = |r: &CustomRun| r.status.as_ref().unwrap().conditions[0].last_transition_time.clone();
+    assert_eq!(ltt(&r).as_deref(), Some("2026-10-05T02:52:10Z"));
+    let again = after(
+        r.clone(),
+        Some(&BuildView {
+            journal_seq: Some(121),
+            ..b.clone()
+        }),
+        Some(&lease(secs(19))),
+        secs(20),
+    );
+    assert_eq!(ltt(&again), ltt(&r));
+    let p = decide(&r, Some(&b), Some(&lease(secs(19))), &timing(), secs(20));
+    assert!(p.events.is_empty(), "no event without a change");
+    let collecting = after(
+        r.clone(),
+        Some(&claimed(Stage::Collecting)),
+        Some(&lease(secs(19))),
+        secs(20),
+    );
+    assert_eq!(ltt(&collecting).as_deref(), Some("2026-10-05T02:52:20Z"));
+    // Same inputs, same plan: reconciles are idempotent.
+    let p1 = decide(&again, Some(&b), Some(&lease(secs(19))), &timing(), secs(21));
+    let p2 = decide(
+        &CustomRun {
+            status: Some(p1.status.clone()),
+            ..again
+        },
+        Some(&b),
+        Some(&lease(secs(19))),
+        &timing(),
+        secs(21),
+    );
+    assert_eq!(p1.status, p2.status);
+}
+
+#[test]
+fn status_never_carries_unknown_top_level_keys() {
+    // Tekton prunes anything but these; results are strings by construction.
+    let p = decide(
+        &started(),
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        None,
+        &timing(),
+        secs(50),
+    );
+    let json = serde_json::to_value(&p.status).unwrap();
+    let allowed = [
+        "observedGeneration",
+        "conditions",
+        "annotations",
+        "startTime",
+        "completionTime",
+        "results",
+        "retriesStatus",
+        "extraFields",
+    ];
+    for key in json.as_object().unwrap().keys() {
+        assert!(allowed.contains(&key.as_str()), "{key} would be pruned");
+    }
+}
