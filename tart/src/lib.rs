@@ -1,1 +1,24 @@
-//! tart driver.
+//! The tart CLI contract for Tartan (see `/work/shared/TART.md`):
+//!
+//! * [`Tart`]: an async driver with one method per tart command, each bounded by a timeout that kills the child;
+//!   errors are typed from tart's exit codes and messages ([`TartError`]).
+//! * Process discovery: [`run_pid`] (`F_GETLK` on `vms/<name>/config.json`, never taking the lock),
+//!   [`client_pids`] and [`kill_vm_processes`], shared by the agent's recovery and the watchdog.
+//! * [`double`]: the `tart-double` binary's implementation, a faithful stand-in for tart on Linux, with fault
+//!   injection through [`double::Faults`].
+
+pub mod discovery;
+pub mod double;
+pub mod driver;
+pub mod error;
+pub mod lock;
+pub mod types;
+
+pub use discovery::{
+    ClientFilter, KillReport, client_pids, kill_vm_processes, process_alive, run_pid, tart_home, vm_config_path, vm_dir,
+};
+pub use driver::{ExecOptions, ExecOutcome, RunExit, RunOptions, RunningVm, SetOptions, Tart, Timeouts};
+pub use error::TartError;
+pub use lock::LockProbe;
+pub use nix::unistd::Pid;
+pub use types::{VmInfo, VmListEntry, VmState};

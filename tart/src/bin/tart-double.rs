@@ -1,1 +1,5 @@
-fn main() {}
+//! `tart-double`: a tart CLI test double. Run `tart-double --help` for its contract, configuration and faults.
+
+fn main() {
+    std::process::exit(tartan_tart::double::main());
+}

@@ -1,0 +1,899 @@
+//! The async tart driver: one method per tart command, each with a timeout that kills the child.
+
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+
+use crate::discovery::{self, ClientFilter, KillReport};
+use crate::error::TartError;
+use crate::types::{VmInfo, VmListEntry};
+
+/// Per-command time limits. tart turns lock contention into a hang, so these are what gets a caller unstuck.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `clone` (may pull an image: many minutes).
+    pub clone: Duration,
+    /// `set`.
+    pub set: Duration,
+    /// `delete`.
+    pub delete: Duration,
+    /// `list`.
+    pub list: Duration,
+    /// `get`.
+    pub get: Duration,
+    /// Added to `ip --wait N` (the call may take N seconds by design).
+    pub ip_margin: Duration,
+    /// Added to `stop --timeout S` (tart sends SIGKILL after S seconds, then waits for the exit).
+    pub stop_margin: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            clone: Duration::from_secs(30 * 60),
+            set: Duration::from_secs(60),
+            delete: Duration::from_secs(60),
+            list: Duration::from_secs(60),
+            get: Duration::from_secs(60),
+            ip_margin: Duration::from_secs(30),
+            stop_margin: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Arguments of `tart set`. `None`/`false` leaves a setting alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetOptions {
+    pub cpu: Option<u32>,
+    /// Memory in MB.
+    pub memory_mb: Option<u64>,
+    /// `--random-mac`: do this after every clone (DHCP leases are keyed by MAC).
+    pub random_mac: bool,
+}
+
+/// Arguments of `tart run` beyond the fixed `--no-graphics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Where `tart run`'s stdout and stderr go (appended); `None` discards them.
+    pub log_path: Option<PathBuf>,
+    /// Extra flags placed before the VM name, e.g. `["--dir", "src:/path"]`.
+    pub extra_args: Vec<String>,
+}
+
+/// How to run `tart exec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// stdout and stderr are appended here, interleaved in arrival order.
+    pub log_path: PathBuf,
+    /// At most this many bytes are written to the log by one exec; then a marker line, then nothing more.
+    pub log_cap: u64,
+    /// How many bytes of the most recent output [`ExecOutcome::tail`] keeps.
+    pub tail_bytes: usize,
+    /// The whole exec, including the guest command; on expiry the `tart exec` process is killed.
+    pub timeout: Duration,
+}
+
+impl ExecOptions {
+    /// 64 MiB log cap and a 16 KiB tail.
+    pub fn new(log_path: impl Into<PathBuf>, timeout: Duration) -> Self {
+        ExecOptions {
+            log_path: log_path.into(),
+            log_cap: 64 << 20,
+            tail_bytes: 16 << 10,
+            timeout,
+        }
+    }
+}
+
+/// The result of a `tart exec` that reached the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    /// The guest command's exit code (255 if it was killed by a signal in the guest).
+    pub exit_code: i32,
+    /// The end of the combined output (lossy UTF-8), for status messages.
+    pub tail: String,
+    /// Bytes of output produced (including any not written because of the cap).
+    pub output_bytes: u64,
+    /// True if the log cap was reached.
+    pub truncated: bool,
+    pub elapsed: Duration,
+}
+
+/// How a `tart run` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunExit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl RunExit {
+    fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        RunExit {
+            code: status.code(),
+            signal: status.signal(),
+        }
+    }
+}
+
+impl std::fmt::Display for RunExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}"),
+            (None, Some(s)) => write!(f, "killed by signal {s}"),
+            (None, None) => write!(f, "unknown status"),
+        }
+    }
+}
+
+/// A `tart run NAME` we started. It runs in its own process group, so signals aimed at the caller's group
+/// (Ctrl-C, a launchd stop) do not reach it. Dropping the handle does **not** stop the VM: a restarted agent
+/// finds it again with [`discovery::run_pid`].
+#[derive(Debug)]
+pub struct RunningVm {
+    name: String,
+    pid: Pid,
+    child: Child,
+    config_path: PathBuf,
+    log_path: Option<PathBuf>,
+}
+
+impl RunningVm {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pid of the `tart run` process.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Waits for `tart run` to exit.
+    pub async fn wait(&mut self) -> Result<RunExit, TartError> {
+        let status = self.child.wait().await.map_err(|source| TartError::Io {
+            action: "could not wait for tart run of",
+            path: self.config_path.clone(),
+            source,
+        })?;
+        Ok(RunExit::from_status(status))
+    }
+
+    /// `Some` once `tart run` has exited.
+    pub fn try_wait(&mut self) -> Result<Option<RunExit>, TartError> {
+        let status = self.child.try_wait().map_err(|source| TartError::Io {
+            action: "could not poll tart run of",
+            path: self.config_path.clone(),
+            source,
+        })?;
+        Ok(status.map(RunExit::from_status))
+    }
+
+    /// Sends `signal` to `tart run` (SIGINT: hard stop, exit 0; SIGUSR2: ask the guest to shut down).
+    pub fn signal(&self, signal: Signal) -> Result<(), TartError> {
+        kill(self.pid, signal).map_err(|e| TartError::Io {
+            action: "could not signal tart run of",
+            path: self.config_path.clone(),
+            source: std::io::Error::other(format!("{signal} to pid {}: {e}", self.pid)),
+        })
+    }
+
+    /// SIGKILLs `tart run` and waits for it to exit (the kernel then drops the VM lock).
+    pub async fn kill(&mut self) -> Result<RunExit, TartError> {
+        if self.try_wait()?.is_none() {
+            let _ = self.child.start_kill();
+        }
+        self.wait().await
+    }
+
+    /// Waits until this process holds the VM lock (the VM reads as running), polling every 50 ms.
+    /// If `tart run` exits first, returns [`TartError::RunExitedEarly`] with the end of its log. On timeout it
+    /// kills `tart run` (e.g. stuck behind the global lock of a long clone) and returns [`TartError::Timeout`].
+    pub async fn wait_until_running(&mut self, timeout: Duration) -> Result<(), TartError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(exit) = self.try_wait()? {
+                return Err(TartError::RunExitedEarly {
+                    vm: self.name.clone(),
+                    status: exit.to_string(),
+                    detail: self.log_tail(),
+                });
+            }
+            match crate::lock::probe_write_lock(&self.config_path) {
+                Ok(crate::lock::LockProbe::HeldBy(p)) if p == self.pid => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(TartError::Io {
+                        action: "could not query the VM lock (F_GETLK) on",
+                        path: self.config_path.clone(),
+                        source,
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                let _ = self.kill().await;
+                return Err(TartError::Timeout {
+                    command: "run",
+                    vm: self.name.clone(),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        match &self.log_path {
+            Some(p) => std::fs::read(p)
+                .map(|b| {
+                    String::from_utf8_lossy(&b[b.len().saturating_sub(2048)..])
+                        .trim()
+                        .to_string()
+                })
+                .unwrap_or_else(|e| format!("(log {} unreadable: {e})", p.display())),
+            None => "(tart run output was discarded; pass RunOptions::log_path to keep it)".to_string(),
+        }
+    }
+}
+
+/// A configured tart CLI: which program to run and which `TART_HOME` it works on.
+#[derive(Debug, Clone)]
+pub struct Tart {
+    program: PathBuf,
+    home: Option<PathBuf>,
+    timeouts: Timeouts,
+}
+
+impl Tart {
+    /// `program` is `tart` (found on PATH), an absolute path, or the test double. `home`, if given, is passed as
+    /// `TART_HOME`; otherwise tart's own default applies (the inherited `TART_HOME`, else `~/.tart`).
+    pub fn new(program: impl Into<PathBuf>, home: Option<PathBuf>) -> Self {
+        Tart {
+            program: program.into(),
+            home,
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
+    }
+
+    /// The home folder the tart processes of this driver work on.
+    pub fn home(&self) -> Result<PathBuf, TartError> {
+        match &self.home {
+            Some(h) => Ok(h.clone()),
+            None => discovery::tart_home(),
+        }
+    }
+
+    /// `<home>/vms/<name>`.
+    pub fn vm_dir(&self, name: &str) -> Result<PathBuf, TartError> {
+        Ok(discovery::vm_dir(&self.home()?, name))
+    }
+
+    /// Which processes count as this driver's tart clients (its program name, in its home).
+    pub fn client_filter(&self) -> Result<ClientFilter, TartError> {
+        Ok(ClientFilter::new(&self.program).in_home(self.home()?))
+    }
+
+    /// The `tart run` pid of `name` via `F_GETLK` (never takes the lock).
+    pub fn run_pid(&self, name: &str) -> Result<Option<Pid>, TartError> {
+        discovery::run_pid(&self.home()?, name)
+    }
+
+    /// Tart client processes of `name` (see [`discovery::client_pids`]).
+    pub fn client_pids(&self, name: &str) -> Result<Vec<Pid>, TartError> {
+        Ok(discovery::client_pids(name, &self.client_filter()?))
+    }
+
+    /// SIGKILLs the `tart run` and every tart client of `name`, and waits until they are gone.
+    pub async fn kill_vm_processes(&self, name: &str) -> Result<KillReport, TartError> {
+        discovery::kill_vm_processes(&self.home()?, name, &self.client_filter()?).await
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        if let Some(home) = &self.home {
+            cmd.env("TART_HOME", home);
+        }
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    async fn invoke(
+        &self,
+        command: &'static str,
+        vm: &str,
+        args: &[&OsStr],
+        timeout: Duration,
+    ) -> Result<std::process::Output, TartError> {
+        let mut cmd = self.command();
+        cmd.arg(command)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd.spawn().map_err(|source| TartError::Spawn {
+            command,
+            vm: vm.to_string(),
+            program: self.program.clone(),
+            source,
+        })?;
+        tracing::debug!(command, vm, ?args, "tart call");
+        let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+            Err(_elapsed) => {
+                tracing::warn!(command, vm, ?timeout, "tart call timed out; killed");
+                return Err(TartError::Timeout {
+                    command,
+                    vm: vm.to_string(),
+                    after: timeout,
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(TartError::Io {
+                    action: "could not collect the output of tart",
+                    path: self.program.clone(),
+                    source,
+                });
+            }
+            Ok(Ok(output)) => output,
+        };
+        if output.status.success() {
+            return Ok(output);
+        }
+        Err(classify(
+            command,
+            vm,
+            output.status,
+            &String::from_utf8_lossy(&output.stderr),
+        ))
+    }
+
+    /// `tart clone SRC NAME`. Never clone onto a name that may exist or run: tart overwrites silently.
+    pub async fn clone_vm(&self, src: &str, name: &str) -> Result<(), TartError> {
+        self.invoke("clone", name, &[src.as_ref(), name.as_ref()], self.timeouts.clone)
+            .await?;
+        Ok(())
+    }
+
+    /// `tart set NAME [--cpu N] [--memory MB] [--random-mac]`.
+    pub async fn set(&self, name: &str, options: &SetOptions) -> Result<(), TartError> {
+        let mut args: Vec<OsString> = vec![name.into()];
+        if let Some(cpu) = options.cpu {
+            args.extend(["--cpu".into(), cpu.to_string().into()]);
+        }
+        if let Some(mb) = options.memory_mb {
+            args.extend(["--memory".into(), mb.to_string().into()]);
+        }
+        if options.random_mac {
+            args.push("--random-mac".into());
+        }
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.invoke("set", name, &args, self.timeouts.set).await?;
+        Ok(())
+    }
+
+    /// Starts `tart run --no-graphics [extra] NAME` in its own process group and returns at once. Use
+    /// [`RunningVm::wait_until_running`] to wait until it holds the VM lock.
+    pub fn run(&self, name: &str, options: &RunOptions) -> Result<RunningVm, TartError> {
+        let home = self.home()?;
+        let mut cmd = self.command();
+        cmd.arg("run").arg("--no-graphics").args(&options.extra_args).arg(name);
+        cmd.process_group(0).kill_on_drop(false);
+        match &options.log_path {
+            Some(path) => {
+                let open = || {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .map_err(|source| TartError::Io {
+                            action: "could not open the tart run log",
+                            path: path.clone(),
+                            source,
+                        })
+                };
+                cmd.stdout(open()?).stderr(open()?);
+            }
+            None => {
+                cmd.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
+        let child = cmd.spawn().map_err(|source| TartError::Spawn {
+            command: "run",
+            vm: name.to_string(),
+            program: self.program.clone(),
+            source,
+        })?;
+        let pid = Pid::from_raw(child.id().unwrap_or_default() as i32);
+        tracing::info!(vm = name, %pid, "started tart run");
+        Ok(RunningVm {
+            name: name.to_string(),
+            pid,
+            child,
+            config_path: discovery::vm_config_path(&home, name),
+            log_path: options.log_path.clone(),
+        })
+    }
+
+    /// `tart exec NAME argv…` (no host shell; no `--`, which tart would pass to the guest as argv[0]).
+    ///
+    /// Output is streamed to `options.log_path` with a cap; the guest's exit code comes back in
+    /// [`ExecOutcome::exit_code`], whatever it is. tart's own refusals are told apart from guest exit codes by
+    /// their exact last stderr line: [`TartError::VmNotRunning`], [`TartError::VmDoesNotExist`],
+    /// [`TartError::GuestAgentUnavailable`]. On timeout the `tart exec` process is killed.
+    pub async fn exec(&self, name: &str, argv: &[String], options: &ExecOptions) -> Result<ExecOutcome, TartError> {
+        let started = Instant::now();
+        let mut sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
+        let mut cmd = self.command();
+        cmd.arg("exec").arg(name).args(argv);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| TartError::Spawn {
+            command: "exec",
+            vm: name.to_string(),
+            program: self.program.clone(),
+            source,
+        })?;
+        let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(TartError::Io {
+                action: "tart exec started without its output pipes for",
+                path: options.log_path.clone(),
+                source: std::io::Error::other("stdout/stderr not captured"),
+            });
+        };
+        let pumped = tokio::time::timeout(options.timeout, pump(&mut child, &mut out, &mut err, &mut sink)).await;
+        let status = match pumped {
+            Err(_elapsed) => {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                sink.note(&format!(
+                    "[tartan: tart exec killed after {:?} timeout]\n",
+                    options.timeout
+                ));
+                return Err(TartError::ExecTimeout {
+                    vm: name.to_string(),
+                    after: options.timeout,
+                    tail: sink.tail(),
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(TartError::Io {
+                    action: "could not stream tart exec output to",
+                    path: options.log_path.clone(),
+                    source,
+                });
+            }
+            Ok(Ok(status)) => status,
+        };
+        sink.flush();
+        let code = match status.code() {
+            Some(code) => code,
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                return Err(TartError::Killed {
+                    command: "exec",
+                    vm: name.to_string(),
+                    signal: status.signal().unwrap_or_default(),
+                    stderr: sink.stderr_tail(),
+                });
+            }
+        };
+        if code != 0
+            && let Some(e) = exec_refusal(name, code, &sink.stderr_tail())
+        {
+            return Err(e);
+        }
+        Ok(ExecOutcome {
+            exit_code: code,
+            tail: sink.tail(),
+            output_bytes: sink.total,
+            truncated: sink.truncated,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// `tart ip NAME --wait N`.
+    pub async fn ip(&self, name: &str, wait: Duration) -> Result<IpAddr, TartError> {
+        let secs = wait.as_secs().to_string();
+        let out = self
+            .invoke(
+                "ip",
+                name,
+                &[name.as_ref(), "--wait".as_ref(), secs.as_ref()],
+                wait + self.timeouts.ip_margin,
+            )
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse().map_err(|e| TartError::UnexpectedOutput {
+            command: "ip",
+            vm: name.to_string(),
+            detail: format!("not an IP address: {e}"),
+            output: text.to_string(),
+        })
+    }
+
+    /// `tart stop NAME --timeout S`: SIGINT, then SIGKILL after S seconds. Errors with
+    /// [`TartError::VmNotRunning`] if it was not running.
+    pub async fn stop(&self, name: &str, timeout: Duration) -> Result<(), TartError> {
+        let secs = timeout.as_secs().to_string();
+        let limit = timeout + self.timeouts.stop_margin;
+        self.invoke(
+            "stop",
+            name,
+            &[name.as_ref(), "--timeout".as_ref(), secs.as_ref()],
+            limit,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `tart delete NAME`. Refused with [`TartError::VmRunning`] while a `tart run` holds the VM lock;
+    /// [`TartError::VmDoesNotExist`] if already gone.
+    pub async fn delete(&self, name: &str) -> Result<(), TartError> {
+        self.invoke("delete", name, &[name.as_ref()], self.timeouts.delete)
+            .await?;
+        Ok(())
+    }
+
+    /// `tart list --format json`: local VMs, then OCI cache entries.
+    pub async fn list(&self) -> Result<Vec<VmListEntry>, TartError> {
+        let out = self
+            .invoke("list", "", &["--format".as_ref(), "json".as_ref()], self.timeouts.list)
+            .await?;
+        parse_json("list", "", &out.stdout)
+    }
+
+    /// `tart get NAME --format json`.
+    pub async fn get(&self, name: &str) -> Result<VmInfo, TartError> {
+        let out = self
+            .invoke(
+                "get",
+                name,
+                &[name.as_ref(), "--format".as_ref(), "json".as_ref()],
+                self.timeouts.get,
+            )
+            .await?;
+        parse_json("get", name, &out.stdout)
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(command: &'static str, vm: &str, stdout: &[u8]) -> Result<T, TartError> {
+    serde_json::from_slice(stdout).map_err(|e| TartError::UnexpectedOutput {
+        command,
+        vm: vm.to_string(),
+        detail: format!("not the JSON tart documents: {e}"),
+        output: cap_text(&String::from_utf8_lossy(stdout), 4096),
+    })
+}
+
+fn cap_text(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("…{}", &s[cut..])
+}
+
+fn last_line(stderr: &str) -> &str {
+    stderr.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("")
+}
+
+/// Maps a failed tart invocation to an error, from its exit status and its (last) stderr line.
+pub(crate) fn classify(command: &'static str, vm: &str, status: ExitStatus, stderr: &str) -> TartError {
+    use std::os::unix::process::ExitStatusExt;
+    let vm_s = vm.to_string();
+    let stderr_capped = cap_text(stderr.trim(), 4096);
+    let Some(code) = status.code() else {
+        return TartError::Killed {
+            command,
+            vm: vm_s,
+            signal: status.signal().unwrap_or_default(),
+            stderr: stderr_capped,
+        };
+    };
+    if code == 64 {
+        return TartError::Usage {
+            command,
+            vm: vm_s,
+            stderr: stderr_capped,
+        };
+    }
+    let line = last_line(stderr);
+    let message = line.strip_prefix("Error: ").unwrap_or(line).to_string();
+    if (code == 2 || code == 1) && message.contains("does not exist") {
+        return TartError::VmDoesNotExist {
+            command,
+            vm: vm_s,
+            message,
+        };
+    }
+    if code == 2 && message.ends_with("is not running") {
+        return TartError::VmNotRunning {
+            command,
+            vm: vm_s,
+            message,
+        };
+    }
+    if code == 2 && message.contains("is already running") {
+        return TartError::VmAlreadyRunning {
+            command,
+            vm: vm_s,
+            message,
+        };
+    }
+    if code == 1 && message.ends_with("is running") {
+        return TartError::VmRunning {
+            command,
+            vm: vm_s,
+            message,
+        };
+    }
+    TartError::Failed {
+        command,
+        vm: vm_s,
+        code,
+        stderr: stderr_capped,
+    }
+}
+
+/// tart's own refusals of an exec, recognised only by their exact wording for this VM (guest exit codes 1 and 2
+/// are common, so the code alone proves nothing).
+fn exec_refusal(vm: &str, code: i32, stderr: &str) -> Option<TartError> {
+    let line = last_line(stderr);
+    let message = line.to_string();
+    if code == 2 && line == format!("VM \"{vm}\" is not running") {
+        return Some(TartError::VmNotRunning {
+            command: "exec",
+            vm: vm.to_string(),
+            message,
+        });
+    }
+    if code == 2 && line == format!("the specified VM \"{vm}\" does not exist") {
+        return Some(TartError::VmDoesNotExist {
+            command: "exec",
+            vm: vm.to_string(),
+            message,
+        });
+    }
+    if code == 1 && line.contains("Failed to connect to the VM using its control socket") {
+        return Some(TartError::GuestAgentUnavailable {
+            vm: vm.to_string(),
+            message,
+        });
+    }
+    None
+}
+
+async fn pump(
+    child: &mut Child,
+    out: &mut tokio::process::ChildStdout,
+    err: &mut tokio::process::ChildStderr,
+    sink: &mut LogSink,
+) -> std::io::Result<ExitStatus> {
+    let mut out_buf = vec![0u8; 16 << 10];
+    let mut err_buf = vec![0u8; 16 << 10];
+    let (mut out_open, mut err_open) = (true, true);
+    let mut exited: Option<ExitStatus> = None;
+    while exited.is_none() {
+        tokio::select! {
+            r = out.read(&mut out_buf), if out_open => match r {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => sink.write(&out_buf[..n], false),
+            },
+            r = err.read(&mut err_buf), if err_open => match r {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => sink.write(&err_buf[..n], true),
+            },
+            status = child.wait() => exited = Some(status?),
+        }
+    }
+    // tart exec has exited; collect what is still buffered in the pipes, but don't wait on a straggler that
+    // inherited them.
+    let drain = async {
+        while out_open || err_open {
+            tokio::select! {
+                r = out.read(&mut out_buf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => sink.write(&out_buf[..n], false),
+                },
+                r = err.read(&mut err_buf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => sink.write(&err_buf[..n], true),
+                },
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    Ok(exited.unwrap_or_default())
+}
+
+/// The exec log: the first `cap` bytes go to the file, the last `tail_cap` bytes stay in memory.
+struct LogSink {
+    file: std::fs::File,
+    path: PathBuf,
+    cap: u64,
+    written: u64,
+    total: u64,
+    truncated: bool,
+    write_failed: bool,
+    tail: VecDeque<u8>,
+    tail_cap: usize,
+    stderr_tail: VecDeque<u8>,
+}
+
+impl LogSink {
+    fn open(path: &Path, cap: u64, tail_cap: usize) -> Result<Self, TartError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| TartError::Io {
+                action: "could not open the exec log",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(LogSink {
+            file,
+            path: path.to_path_buf(),
+            cap,
+            written: 0,
+            total: 0,
+            truncated: false,
+            write_failed: false,
+            tail: VecDeque::new(),
+            tail_cap,
+            stderr_tail: VecDeque::new(),
+        })
+    }
+
+    fn push(buf: &mut VecDeque<u8>, data: &[u8], cap: usize) {
+        let data = &data[data.len().saturating_sub(cap)..];
+        buf.extend(data);
+        let excess = buf.len().saturating_sub(cap);
+        buf.drain(..excess);
+    }
+
+    fn write(&mut self, data: &[u8], is_stderr: bool) {
+        self.total += data.len() as u64;
+        Self::push(&mut self.tail, data, self.tail_cap);
+        if is_stderr {
+            Self::push(&mut self.stderr_tail, data, 4096);
+        }
+        let room = self.cap.saturating_sub(self.written) as usize;
+        let take = room.min(data.len());
+        if take > 0 {
+            self.file_write(&data[..take]);
+            self.written += take as u64;
+        }
+        if take < data.len() && !self.truncated {
+            self.truncated = true;
+            let cap = self.cap;
+            self.file_write(
+                format!("\n[tartan: log cap of {cap} bytes reached; further output is not logged]\n").as_bytes(),
+            );
+        }
+    }
+
+    fn note(&mut self, text: &str) {
+        self.file_write(text.as_bytes());
+    }
+
+    fn file_write(&mut self, data: &[u8]) {
+        if let Err(e) = self.file.write_all(data)
+            && !self.write_failed
+        {
+            self.write_failed = true;
+            tracing::warn!(path = %self.path.display(), error = %e, "exec log write failed; output is kept only in the in-memory tail");
+        }
+    }
+
+    fn flush(&mut self) {
+        let _ = self.file.flush();
+    }
+
+    fn tail(&self) -> String {
+        let (a, b) = self.tail.as_slices();
+        String::from_utf8_lossy(&[a, b].concat()).into_owned()
+    }
+
+    fn stderr_tail(&self) -> String {
+        let (a, b) = self.stderr_tail.as_slices();
+        String::from_utf8_lossy(&[a, b].concat()).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn exited(code: i32) -> ExitStatus {
+        ExitStatus::from_raw(code << 8)
+    }
+
+    #[test]
+    fn classify_tells_exit_2_messages_apart() {
+        let e = classify("stop", "mb-x", exited(2), "VM \"mb-x\" is not running\n");
+        assert!(matches!(e, TartError::VmNotRunning { .. }), "{e}");
+        let e = classify(
+            "delete",
+            "mb-x",
+            exited(2),
+            "the specified VM \"mb-x\" does not exist\n",
+        );
+        assert!(e.is_vm_missing(), "{e}");
+        let e = classify("run", "mb-x", exited(2), "VM \"mb-x\" is already running!\n");
+        assert!(matches!(e, TartError::VmAlreadyRunning { .. }), "{e}");
+        let e = classify("delete", "mb-x", exited(1), "VM \"mb-x\" is running\n");
+        assert!(matches!(e, TartError::VmRunning { .. }), "{e}");
+        let e = classify(
+            "run",
+            "mb-x",
+            exited(1),
+            "Error: the specified VM \"mb-x\" does not exist\n",
+        );
+        assert!(e.is_vm_missing(), "{e}");
+        let e = classify(
+            "clone",
+            "a/b",
+            exited(64),
+            "Error: <new-name> should be a local name\nUsage: …",
+        );
+        assert!(matches!(e, TartError::Usage { .. }), "{e}");
+        let e = classify("delete", "mb-x", exited(1), "Error: disk full\n");
+        assert!(matches!(e, TartError::Failed { code: 1, .. }), "{e}");
+        let e = classify("list", "", ExitStatus::from_raw(9), "");
+        assert!(matches!(e, TartError::Killed { signal: 9, .. }), "{e}");
+    }
+
+    #[test]
+    fn exec_refusals_need_the_exact_line() {
+        assert!(exec_refusal("mb-x", 2, "VM \"mb-x\" is not running\n").is_some());
+        assert!(exec_refusal("mb-x", 2, "grep: no such file\n").is_none());
+        assert!(exec_refusal("mb-x", 2, "VM \"mb-y\" is not running\n").is_none());
+        let e = exec_refusal(
+            "mb-x",
+            1,
+            "Failed to connect to the VM using its control socket: x, is the Tart Guest Agent running?",
+        );
+        assert!(matches!(e, Some(TartError::GuestAgentUnavailable { .. })));
+    }
+
+    #[test]
+    fn log_sink_caps_the_file_and_keeps_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut sink = LogSink::open(&path, 10, 4).unwrap();
+        sink.write(b"0123456", false);
+        sink.write(b"789abcdef", true);
+        sink.flush();
+        let file = std::fs::read_to_string(&path).unwrap();
+        assert!(file.starts_with("0123456789\n[tartan: log cap of 10 bytes"), "{file}");
+        assert!(!file.contains('a'));
+        assert_eq!(sink.tail(), "cdef");
+        assert_eq!(sink.total, 16);
+        assert!(sink.truncated);
+    }
+}
