@@ -2,6 +2,8 @@
 
 pub mod journal;
 pub mod lock;
+pub mod logging;
 pub mod machine;
 pub mod record;
 pub mod recovery;
+pub mod service;
