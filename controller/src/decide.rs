@@ -447,28 +447,16 @@ fn put_condition(conditions: &mut Vec<Condition>, cond: Condition) {
     }
 }
 
-/// Decide everything for one CustomRun at `now`. `build` is the MacBuild named after the run
-/// (if it exists); `lease` is the Lease of `build`'s holder (if it has one and the Lease exists).
-pub fn decide(
-    run: &CustomRun,
-    build: Option<&BuildView>,
-    lease: Option<&LeaseView>,
-    timing: &Timing,
-    now: Timestamp,
-) -> Plan {
+/// Common start of every decision: bump `observedGeneration`; a done run is returned untouched
+/// (`Err`); otherwise mark it started if needed and return the draft and the start time.
+fn begin(run: &CustomRun, now: Timestamp) -> Result<(Draft, Timestamp), Plan> {
     let current = run.status.clone().unwrap_or_default();
     let mut status = current.clone();
     status.observed_generation = run.metadata.generation.or(current.observed_generation);
 
     // Done runs are never touched again (a cancel patch on a finished run changes nothing).
     if current.is_done() {
-        return Plan {
-            status,
-            action: BuildAction::None,
-            events: vec![],
-            requeue_after: None,
-            finished: None,
-        };
+        return Err(Plan { status, action: BuildAction::None, events: vec![], requeue_after: None, finished: None });
     }
 
     let extra: Extra = current
@@ -495,6 +483,34 @@ pub fn decide(
             d.set_succeeded("Unknown", reason::STARTED, "CustomRun started".into());
             start
         }
+    };
+    Ok((d, start))
+}
+
+/// The CustomRun fails because the API refused the MacBuild it maps to (e.g. a schema
+/// violation on create): `False/InvalidMacBuildSpec` with the API's message.
+pub fn refuse_spec(run: &CustomRun, message: String, now: Timestamp) -> Plan {
+    match begin(run, now) {
+        Err(done) => done,
+        Ok((d, _)) => {
+            let e = SpecError::Spec(message);
+            invalid(d, &e)
+        }
+    }
+}
+
+/// Decide everything for one CustomRun at `now`. `build` is the MacBuild named after the run
+/// (if it exists); `lease` is the Lease of `build`'s holder (if it has one and the Lease exists).
+pub fn decide(
+    run: &CustomRun,
+    build: Option<&BuildView>,
+    lease: Option<&LeaseView>,
+    timing: &Timing,
+    now: Timestamp,
+) -> Plan {
+    let (mut d, start) = match begin(run, now) {
+        Ok(v) => v,
+        Err(done) => return done,
     };
     let name = run.metadata.name.clone().unwrap_or_default();
     let ns = run.metadata.namespace.clone().unwrap_or_default();

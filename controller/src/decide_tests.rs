@@ -947,3 +947,16 @@ fn status_never_carries_unknown_top_level_keys() {
         assert!(allowed.contains(&key.as_str()), "{key} would be pruned");
     }
 }
+
+#[test]
+fn a_spec_the_api_refuses_fails_the_run_once() {
+    let p = refuse_spec(&run(), "MacBuild.tartan.dev \"x\" is invalid: spec.steps[0].name: Invalid value".into(), t0());
+    assert_eq!(state(&p), ("False".into(), "InvalidMacBuildSpec".into()));
+    assert!(msg(&p).contains("spec.steps[0].name"));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(p.status.start_time, Some(Time(t0())));
+    // Never reopens a finished run.
+    let done = after(started(), Some(&finished(Stage::Succeeded, "TestsPassed")), None, secs(50));
+    let p = refuse_spec(&done, "late".into(), secs(60));
+    assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
+}

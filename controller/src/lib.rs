@@ -8,3 +8,4 @@ pub mod customrun;
 pub mod decide;
 pub mod duration;
 pub mod params;
+pub mod view;

@@ -1,0 +1,245 @@
+//! Adapters between API objects and the pure core: MacBuild → [`BuildView`], Lease →
+//! [`LeaseView`], and the MacBuild the controller creates for a CustomRun.
+//!
+//! # Agent Lease convention
+//!
+//! Each agent holds a `coordination.k8s.io/v1` Lease named `tartan-agent-<agent>` (see
+//! [`lease_name`]), where `<agent>` is the name the agent writes into a MacBuild's
+//! `status.claim.holder`; `spec.holderIdentity` is that same name and the Lease carries the label
+//! `tartan.dev/agent=<agent>`. It lives in the MacBuild's namespace, unless the controller runs
+//! with `--agent-lease-namespace NS`, in which case all agent Leases live in `NS`.
+
+use crate::customrun::{CustomRun, label};
+use crate::decide::{BuildView, LeaseView, Stage};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Resource as _;
+use kube::api::ObjectMeta;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tartan_api::{ConditionType, CUSTOM_RUN_LABEL, MacBuild, MacBuildSpec, Phase};
+
+/// Prefix of every agent Lease's name.
+pub const LEASE_PREFIX: &str = "tartan-agent-";
+
+/// The Lease name of `agent`.
+pub fn lease_name(agent: &str) -> String {
+    format!("{LEASE_PREFIX}{agent}")
+}
+
+/// The agent a Lease belongs to, if it follows the convention.
+pub fn lease_agent(lease: &Lease) -> Option<String> {
+    let name = lease.metadata.name.as_deref()?;
+    let agent = name.strip_prefix(LEASE_PREFIX)?;
+    (!agent.is_empty()).then(|| agent.to_string())
+}
+
+fn stage(phase: Phase) -> Stage {
+    match phase {
+        Phase::Pending => Stage::Pending,
+        Phase::Admitted => Stage::Admitted,
+        Phase::Booting => Stage::Booting,
+        Phase::Running => Stage::Running,
+        Phase::Collecting => Stage::Collecting,
+        Phase::Retiring => Stage::Retiring,
+        Phase::Succeeded => Stage::Succeeded,
+        Phase::Failed => Stage::Failed,
+        Phase::Cancelled => Stage::Cancelled,
+    }
+}
+
+/// What the pure core needs to know about a MacBuild.
+pub fn build_view(mb: &MacBuild) -> BuildView {
+    let meta = &mb.metadata;
+    let status = mb.status.clone().unwrap_or_default();
+    let claim = status.claim.as_ref();
+    let results = status.results.clone().unwrap_or_default();
+    // Why it ended: the MacBuild's Succeeded condition, else the last attempt's recorded reason,
+    // else the outcome's name.
+    let reason = status
+        .condition(ConditionType::Succeeded)
+        .map(|c| c.reason.as_str().to_string())
+        .or_else(|| status.current_attempt().and_then(|a| a.reason).map(|r| r.as_str().to_string()))
+        .or_else(|| status.outcome.map(|o| o.as_str().to_string()));
+    BuildView {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        controller_uid: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone()),
+        deleting: meta.deletion_timestamp.is_some(),
+        cancel_requested: mb.spec.cancel_requested,
+        stage: status.phase.map(stage),
+        holder: claim.map(|c| c.holder.clone()).filter(|h| !h.is_empty()),
+        attempt: claim.map(|c| c.attempt.clone()).filter(|a| !a.is_empty()),
+        vm: status.vm.clone(),
+        journal_seq: status.journal_seq,
+        vm_deleted: status.condition(ConditionType::VMDeleted).is_some_and(|c| c.is_true()),
+        reason,
+        message: status.message.clone(),
+        tests_passed: results.tests_passed,
+        tests_total: results.tests_total,
+        artifact: results.artifact_url,
+    }
+}
+
+/// What the pure core needs to know about a Lease.
+pub fn lease_view(lease: &Lease) -> LeaseView {
+    let spec = lease.spec.clone().unwrap_or_default();
+    LeaseView {
+        holder_identity: spec.holder_identity,
+        renew_time: spec.renew_time.map(|t| t.0).or(spec.acquire_time.map(|t| t.0)),
+        duration: spec.lease_duration_seconds.and_then(|s| u64::try_from(s).ok()).map(Duration::from_secs),
+    }
+}
+
+/// The MacBuild for `run`: same name and namespace, a controller ownerReference to the CustomRun,
+/// the CustomRun's labels plus `tekton.dev/customRun` and `tartan.dev/custom-run`. `spec` is the
+/// JSON the pure core mapped from params / `customSpec.spec`; a spec the MacBuild type refuses
+/// is an error message for the CustomRun.
+pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild, String> {
+    let spec: MacBuildSpec = serde_json::from_value(spec).map_err(|e| format!("the MacBuild spec is invalid: {e}"))?;
+    let name = run.metadata.name.clone().unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = run.metadata.labels.clone().unwrap_or_default();
+    if let Some(embedded) = run.spec.custom_spec.as_ref().and_then(|s| s.metadata.as_ref()) {
+        labels.extend(embedded.labels.clone());
+    }
+    labels.insert(label::CUSTOM_RUN.into(), name.clone());
+    labels.insert(CUSTOM_RUN_LABEL.into(), name.clone());
+    let mut owner = run.controller_owner_ref(&()).ok_or_else(|| "the CustomRun has no uid yet".to_string())?;
+    // Foreground deletion of the CustomRun waits for the MacBuild (and so for the agent's
+    // finalizer); needs `customruns/finalizers: update` under OwnerReferencesPermissionEnforcement.
+    owner.block_owner_deletion = Some(true);
+    Ok(MacBuild {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: run.metadata.namespace.clone(),
+            labels: Some(labels),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::customrun::CustomRunSpec;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+
+    fn mb(status: serde_json::Value) -> MacBuild {
+        serde_json::from_value(json!({
+            "apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild",
+            "metadata": {"name": "b", "namespace": "ci", "uid": "u1", "resourceVersion": "9",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "not-controller"},
+                    {"apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun", "name": "b", "uid": "run-1", "controller": true}]},
+            "spec": {"image": "img", "steps": [{"name": "build", "run": ["true"]}], "cancelRequested": true},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_finished_macbuild_reads_as_terminal_with_results() {
+        let v = build_view(&mb(json!({
+            "phase": "Succeeded", "outcome": "Succeeded",
+            "claim": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2},
+            "conditions": [
+                {"type": "VMDeleted", "status": "True", "reason": "VMDeleted", "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"},
+                {"type": "Succeeded", "status": "True", "reason": "TestsPassed", "message": "2/2", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+            "journalSeq": 130, "vm": "mb-ci-b-1234abcd",
+            "results": {"testsPassed": 2, "testsTotal": 2, "artifactUrl": "s3://a/b.ipa"},
+        })));
+        assert_eq!(v.stage, Some(Stage::Succeeded));
+        assert!(v.vm_deleted);
+        assert!(v.cancel_requested);
+        assert_eq!(v.controller_uid.as_deref(), Some("run-1"));
+        assert_eq!(v.holder.as_deref(), Some("mac-mini-07"));
+        assert_eq!(v.attempt.as_deref(), Some("b#2"));
+        assert_eq!(v.reason.as_deref(), Some("TestsPassed"));
+        assert_eq!((v.tests_passed, v.tests_total), (Some(2), Some(2)));
+        assert_eq!(v.artifact.as_deref(), Some("s3://a/b.ipa"));
+        assert_eq!(v.journal_seq, Some(130));
+        assert_eq!(v.resource_version, "9");
+    }
+
+    #[test]
+    fn an_unclaimed_macbuild_has_no_holder_and_no_stage() {
+        let v = build_view(&mb(serde_json::Value::Null));
+        assert_eq!(v.stage, None);
+        assert_eq!(v.holder, None);
+        assert!(!v.vm_deleted);
+        assert_eq!(v.reason, None);
+    }
+
+    #[test]
+    fn failed_reason_falls_back_to_the_last_attempt() {
+        let v = build_view(&mb(json!({
+            "phase": "Failed", "outcome": "Interrupted",
+            "attempts": [{"number": 1, "id": "b#1", "vm": "mb-x", "host": "h", "outcome": "Interrupted", "reason": "AgentRestarted"}],
+        })));
+        assert_eq!(v.reason.as_deref(), Some("AgentRestarted"));
+        assert!(!v.vm_deleted);
+    }
+
+    #[test]
+    fn lease_naming_and_view() {
+        assert_eq!(lease_name("agent-a"), "tartan-agent-agent-a");
+        let renewed: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
+        let lease = Lease {
+            metadata: ObjectMeta { name: Some(lease_name("agent-a")), ..Default::default() },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("agent-a".into()),
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: Some(20),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(lease_agent(&lease).as_deref(), Some("agent-a"));
+        let v = lease_view(&lease);
+        assert_eq!(v.renew_time, Some(renewed));
+        assert_eq!(v.duration, Some(Duration::from_secs(20)));
+        let other = Lease { metadata: ObjectMeta { name: Some("kube-scheduler".into()), ..Default::default() }, spec: None };
+        assert_eq!(lease_agent(&other), None);
+        assert_eq!(lease_view(&other), LeaseView::default());
+    }
+
+    #[test]
+    fn new_macbuild_is_owned_and_labelled() {
+        let mut run = CustomRun::new("build-42-mac-build", CustomRunSpec::default());
+        run.metadata.namespace = Some("ci".into());
+        run.metadata.uid = Some("run-uid".into());
+        run.metadata.labels = Some(BTreeMap::from([
+            ("tekton.dev/pipelineRun".to_string(), "build-42".to_string()),
+            ("tekton.dev/pipelineTask".to_string(), "mac-build".to_string()),
+        ]));
+        let spec = json!({"image": "img", "steps": [{"name": "build", "run": ["make"]}], "timeoutSeconds": 100});
+        let m = new_macbuild(&run, spec).unwrap();
+        assert_eq!(m.metadata.name.as_deref(), Some("build-42-mac-build"));
+        assert_eq!(m.metadata.namespace.as_deref(), Some("ci"));
+        let owner: &OwnerReference = &m.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.api_version.as_str(), owner.kind.as_str(), owner.uid.as_str(), owner.controller, owner.block_owner_deletion),
+            ("tekton.dev/v1beta1", "CustomRun", "run-uid", Some(true), Some(true))
+        );
+        let labels = m.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["tekton.dev/pipelineRun"], "build-42");
+        assert_eq!(labels["tekton.dev/pipelineTask"], "mac-build");
+        assert_eq!(labels["tekton.dev/customRun"], "build-42-mac-build");
+        assert_eq!(labels["tartan.dev/custom-run"], "build-42-mac-build");
+        assert_eq!(m.spec.timeout_seconds, 100);
+        assert!(!m.spec.cancel_requested);
+        let err = new_macbuild(&run, json!({"image": "img", "steps": "make"})).unwrap_err();
+        assert!(err.starts_with("the MacBuild spec is invalid"), "{err}");
+    }
+}
