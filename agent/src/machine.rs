@@ -1,1 +1,1888 @@
+//! The attempt machine: one pure transition function for every rule of DESIGN.md "The attempt machine".
+//!
+//! [`step`] takes the attempt as the journal knows it ([`Attempt`]), one [`Event`] and `now`, and
+//! returns either a [`Transition`] or a typed [`Refusal`]. A transition names the record to journal
+//! (via [`Attempt::record`]) and the [`Action`]s the runtime performs *after* that record is synced,
+//! in order ("journal first, then act"). Actions report back as new events (e.g. `StopAndDeleteVm`
+//! ends in [`Event::VmDeleted`] or [`Event::DeleteFailed`]), so the runtime is a loop of
+//! `step → journal → act → event` and every rule lives here. Recovery (`recovery.rs`) feeds the
+//! same events, so a restarted agent follows the same rules.
+//!
+//! Nothing here reads a clock or touches a VM: `now` is an argument, I/O is an [`Action`].
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::fmt;
+use tartan_api::{AttemptState, Outcome, Reason};
+
+use crate::record::{BuildRef, RECORD_VERSION, Record};
+
+/// Host-wide knobs of the machine. Defaults are the source document's figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Number of VM slots on this host: 1 or 2 (tart runs at most 2 macOS VMs).
+    pub slots: u8,
+    /// A retry starts only with at least this much left before the original deadline (120 s).
+    pub retry_min_remaining: SignedDuration,
+    /// The watchdog deletes a VM this long after its deadline (60 s); recovery uses it to tell a
+    /// watchdog deletion from a VM that vanished for another reason.
+    pub watchdog_grace: SignedDuration,
+    /// How long to wait between deletion retries of a quarantined VM.
+    pub quarantine_retry: SignedDuration,
+    /// `maxAttempts` when the MacBuild does not say (2).
+    pub default_max_attempts: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            slots: 1,
+            retry_min_remaining: SignedDuration::from_secs(120),
+            watchdog_grace: SignedDuration::from_secs(60),
+            quarantine_retry: SignedDuration::from_secs(30),
+            default_max_attempts: 2,
+        }
+    }
+}
+
+/// The accepted range of `maxAttempts`.
+pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<u8> = 1..=3;
+
+/// One attempt as the journal knows it: the fold of its records ([`Attempt::observe`]).
+///
+/// `max_attempts` and `build_gone` are not journaled; the runtime (or recovery) sets them from
+/// the MacBuild it sees.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub build: BuildRef,
+    /// 1-based attempt number (`a1`).
+    pub number: u32,
+    /// The VM this attempt creates; names carry the attempt, so never reused.
+    pub vm: String,
+    pub state: AttemptState,
+    /// The slot (0-based), from admission on.
+    pub slot: Option<u8>,
+    /// The host execution deadline: fixed at the first admission, inherited by retries.
+    pub deadline: Option<Timestamp>,
+    /// The outcome, once fixed (entering `Retiring`, or a terminal record from `Requested`).
+    pub outcome: Option<Outcome>,
+    /// The reason of the last transition (tells a watchdog retirement from a normal one).
+    pub reason: Option<Reason>,
+    /// A cancel or owner deletion was recorded; no retry may follow.
+    pub withdrawn: Option<Reason>,
+    /// `maxAttempts` of the MacBuild (1–3).
+    pub max_attempts: u8,
+    /// The MacBuild no longer exists: nothing is delivered to it and no finalizer is removed.
+    pub build_gone: bool,
+    /// Sequence number of the last journaled record of this attempt.
+    pub last_seq: Option<u64>,
+}
+
+impl Attempt {
+    /// A not yet journaled attempt in `Requested`; pass it to [`request`] for its first record.
+    /// `deadline` is the original deadline when this is a retry.
+    pub fn new(build: BuildRef, number: u32, vm: impl Into<String>, max_attempts: u8) -> Attempt {
+        Attempt {
+            build,
+            number,
+            vm: vm.into(),
+            state: AttemptState::Requested,
+            slot: None,
+            deadline: None,
+            outcome: None,
+            reason: None,
+            withdrawn: None,
+            max_attempts,
+            build_gone: false,
+            last_seq: None,
+        }
+    }
+
+    /// Starts a view from an attempt's first replayed record; `None` for records that do not
+    /// belong to an attempt (an `UnknownVM` quarantine).
+    pub fn from_record(r: &Record, max_attempts: u8) -> Option<Attempt> {
+        let mut a = Attempt::new(r.build.clone()?, r.attempt?, r.vm.clone()?, max_attempts);
+        a.observe(r);
+        Some(a)
+    }
+
+    /// Folds one journaled record of this attempt into the view. Outcome, slot and deadline are
+    /// kept when a later record omits them: an outcome fixed at `Retiring` is never undone.
+    pub fn observe(&mut self, r: &Record) {
+        self.state = r.to;
+        self.reason = r.reason;
+        self.outcome = self.outcome.or(r.outcome);
+        self.slot = r.slot.or(self.slot);
+        self.deadline = self.deadline.or(r.deadline);
+        if matches!(r.reason, Some(Reason::CancelRequested | Reason::OwnerDeleted)) {
+            self.withdrawn = self.withdrawn.or(r.reason);
+        }
+        self.last_seq = Some(r.seq);
+    }
+
+    /// The record to journal for `t` (the status snapshot is the runtime's to fill in).
+    pub fn record(&self, t: &Transition, seq: u64) -> Record {
+        Record {
+            version: RECORD_VERSION,
+            seq,
+            time: t.at,
+            build: Some(self.build.clone()),
+            attempt: Some(self.number),
+            vm: Some(self.vm.clone()),
+            from: t.from,
+            to: t.to,
+            reason: t.reason,
+            detail: t.detail.clone(),
+            outcome: t.outcome,
+            slot: t.slot.or(self.slot),
+            deadline: t.deadline.or(self.deadline),
+            status: None,
+        }
+    }
+
+    /// The key recovery and the runtime use to name this attempt.
+    pub fn key(&self) -> AttemptKey {
+        AttemptKey {
+            build: self.build.clone(),
+            attempt: self.number,
+        }
+    }
+}
+
+/// Names one attempt of one MacBuild (the uid tells a recreated MacBuild apart).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttemptKey {
+    pub build: BuildRef,
+    pub attempt: u32,
+}
+
+impl fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} a{}", self.build, self.attempt)
+    }
+}
+
+/// Where a deletion happens; it only changes the journal's wording (the source's phrases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteContext {
+    /// The attempt ended while the agent ran it.
+    Normal,
+    /// Recovery at agent start; the VM may already be absent.
+    AgentStart,
+    /// The watchdog reported the VM deleted; the agent only confirms it is gone.
+    Watchdog,
+    /// A quarantined VM's deletion is retried.
+    Retry,
+}
+
+/// How a VM's deletion was confirmed ([`Event::VmDeleted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// `tart stop` + `tart delete` took this long.
+    Stopped { took: SignedDuration },
+    /// Deleted, or found already absent, at agent start.
+    AtAgentStart,
+    /// The watchdog had deleted it; the agent found it gone.
+    ByWatchdog,
+    /// A retried deletion of a quarantined VM succeeded (or found it gone).
+    OnRetry,
+}
+
+impl DeleteContext {
+    /// The confirmation to send after a successful delete in this context (`took` is the
+    /// measured time of `tart stop` + `tart delete`, used only in the normal case).
+    pub fn deleted(self, took: SignedDuration) -> Deleted {
+        match self {
+            DeleteContext::Normal => Deleted::Stopped { took },
+            DeleteContext::AgentStart => Deleted::AtAgentStart,
+            DeleteContext::Watchdog => Deleted::ByWatchdog,
+            DeleteContext::Retry => Deleted::OnRetry,
+        }
+    }
+}
+
+/// What happened to an attempt. Each variant names who sends it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The claim is won and `slot` (0-based, of `slots`) is free: admit and fix the deadline
+    /// (now + `timeout`, or the inherited deadline for a retry).
+    Admit {
+        slot: u8,
+        slots: u8,
+        timeout: SignedDuration,
+    },
+    /// The fenced claim write failed: another agent (`holder`) owns the MacBuild.
+    ClaimLost { holder: String },
+    /// The admission's actions are done (deadline file written): clone and start the VM.
+    Boot,
+    /// `tart exec` answered, `after` the start of booting.
+    GuestReady { after: SignedDuration },
+    /// Every step exited 0.
+    StepsSucceeded { steps: u32 },
+    /// A step exited non-zero.
+    StepFailed { step: String, exit_code: i32 },
+    /// Clone/set/run failed or the guest never answered.
+    VmStartFailed { error: String },
+    /// The test report has no failure and the artifact was uploaded.
+    TestsPassed { passed: u32, total: u32 },
+    /// The test report lists failures.
+    TestsFailed { failed: u32, total: u32 },
+    /// The artifact could not be published after retries.
+    ArtifactUploadFailed { error: String },
+    /// The MacBuild asked for cancellation or is being deleted. `at_start` is the number of tart
+    /// processes recovery killed, when found at agent start.
+    CancelRequested { at_start: Option<u32> },
+    /// The MacBuild's owner (the CustomRun) was deleted. `at_start` as for `CancelRequested`.
+    OwnerDeleted { at_start: Option<u32> },
+    /// The host execution deadline passed (for a `Requested` retry: too little is left to start).
+    DeadlinePassed { at_start: Option<u32> },
+    /// The VM is gone after the deadline: the watchdog deleted it.
+    WatchdogRemovedVm,
+    /// Recovery found the attempt open at agent start and killed `killed` tart processes.
+    AgentRestarted { killed: u32 },
+    /// The VM's deletion is confirmed.
+    VmDeleted { how: Deleted },
+    /// `tart delete` failed (or the VM is still listed).
+    DeleteFailed { context: DeleteContext, error: String },
+}
+
+macro_rules! event_kinds {
+    ($($kind:ident,)+) => {
+        /// The kind of an [`Event`], without its data (for tables and refusals).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum EventKind { $($kind,)+ }
+
+        impl EventKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [EventKind] = &[$(EventKind::$kind,)+];
+
+            /// The kind's name, as in the source.
+            pub fn as_str(self) -> &'static str {
+                match self { $(EventKind::$kind => stringify!($kind),)+ }
+            }
+        }
+
+        impl Event {
+            /// This event's kind.
+            pub fn kind(&self) -> EventKind {
+                match self { $(Event::$kind { .. } => EventKind::$kind,)+ }
+            }
+        }
+    };
+}
+
+event_kinds! {
+    Admit,
+    ClaimLost,
+    Boot,
+    GuestReady,
+    StepsSucceeded,
+    StepFailed,
+    VmStartFailed,
+    TestsPassed,
+    TestsFailed,
+    ArtifactUploadFailed,
+    CancelRequested,
+    OwnerDeleted,
+    DeadlinePassed,
+    WatchdogRemovedVm,
+    AgentRestarted,
+    VmDeleted,
+    DeleteFailed,
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// I/O the runtime performs after the transition's record is synced, in the order given.
+/// A failing action becomes an event (noted per variant) and the remaining actions are dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Fenced claim write for this attempt (adds the finalizer) → `Admit` once a slot is free, or
+    /// `ClaimLost`.
+    ClaimBuild { attempt: u32 },
+    /// Write the per-VM deadline file the watchdog reads; before any clone.
+    WriteDeadlineFile { vm: String, deadline: Timestamp },
+    /// `tart clone` of the spec's image onto a fresh name (failure → `VmStartFailed`).
+    CloneVm { vm: String },
+    /// `tart set --random-mac` plus the spec's resources (failure → `VmStartFailed`).
+    SetVm { vm: String },
+    /// `tart run --no-graphics` in the background (failure → `VmStartFailed`).
+    StartVm { vm: String },
+    /// Poll `tart exec <vm> true` → `GuestReady`, or `VmStartFailed` when it never answers.
+    ProbeReady { vm: String },
+    /// Run the spec's steps through `tart exec` → `StepsSucceeded` or `StepFailed`.
+    RunSteps { vm: String },
+    /// Gather the test report → `TestsFailed` when it lists failures, else go on.
+    CollectResults { vm: String },
+    /// Upload the artifacts (retrying) → `TestsPassed`, or `ArtifactUploadFailed`.
+    UploadArtifacts { vm: String },
+    /// `tart stop` + `tart delete` (absent counts as deleted) → `VmDeleted` with
+    /// `context.deleted(took)`, or `DeleteFailed { context, .. }`.
+    StopAndDeleteVm { vm: String, context: DeleteContext },
+    /// The watchdog deleted the VM: check `tart list` without touching it → `VmDeleted
+    /// { how: ByWatchdog }`, or `DeleteFailed { context: Watchdog, .. }` if it is still there.
+    ConfirmVmGone { vm: String },
+    /// Retry `tart delete` of a quarantined VM after `after` → `VmDeleted { how: OnRetry }`;
+    /// on failure schedule this action again (no new record).
+    RetryDeleteLater { vm: String, after: SignedDuration },
+    /// The VM is gone: its deadline file has nothing left to guard.
+    RemoveDeadlineFile { vm: String },
+    /// Mark the slot free in the runtime's slot table.
+    ReleaseSlot { slot: u8 },
+    /// Submit the MacBuild status for the record just journaled (queued; retried on failure).
+    DeliverStatus,
+    /// Remove the agent's finalizer: the VM is confirmed gone and no retry follows.
+    RemoveFinalizer,
+    /// Journal the next attempt ([`request`]) and admit it once a slot is free, keeping the
+    /// original deadline.
+    AdmitNextAttempt { attempt: u32, deadline: Timestamp },
+}
+
+/// The result of [`step`]: the record to journal and the actions to perform after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// `None` only for an attempt's first record.
+    pub from: Option<AttemptState>,
+    pub to: AttemptState,
+    pub reason: Option<Reason>,
+    /// Set only on the transition that fixes the outcome; later records leave it `None`.
+    pub outcome: Option<Outcome>,
+    pub detail: String,
+    /// The slot chosen by this transition (admission only).
+    pub slot: Option<u8>,
+    /// The deadline fixed by this transition (admission, or a retry's request).
+    pub deadline: Option<Timestamp>,
+    /// The time of the decision (`now`).
+    pub at: Timestamp,
+    pub actions: Vec<Action>,
+}
+
+/// Why [`step`] refused an event. Every refusal names the state and the event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{event} is not a transition of an attempt in state {state}")]
+    NotAllowed { state: AttemptState, event: EventKind },
+    #[error("{event} refused in state {state}: outcome {} is already recorded and is kept", show(.outcome))]
+    OutcomeFixed {
+        state: AttemptState,
+        event: EventKind,
+        outcome: Option<Outcome>,
+    },
+    #[error("{event} refused in state {state}: slot {slot} is not one of the host's {slots} slot(s) (1 or 2)")]
+    BadSlot {
+        state: AttemptState,
+        event: EventKind,
+        slot: u8,
+        slots: u8,
+    },
+    #[error(
+        "{event} refused in state {state}: retry a{attempt} needs {}s before the deadline {deadline}, {}s left; \
+         send DeadlinePassed to close it",
+        .needed.as_secs(), .left.as_secs()
+    )]
+    RetryWindowClosed {
+        state: AttemptState,
+        event: EventKind,
+        attempt: u32,
+        deadline: Timestamp,
+        left: SignedDuration,
+        needed: SignedDuration,
+    },
+    #[error("{event} refused in state {state}: the attempt has no host execution deadline")]
+    NoDeadline { state: AttemptState, event: EventKind },
+    #[error("{event} refused in state {state}: the deadline {deadline} has not passed")]
+    DeadlineNotReached {
+        state: AttemptState,
+        event: EventKind,
+        deadline: Timestamp,
+    },
+}
+
+fn show(o: &Option<Outcome>) -> &'static str {
+    o.map_or("(none)", Outcome::as_str)
+}
+
+impl Refusal {
+    /// The state the event was refused in.
+    pub fn state(&self) -> AttemptState {
+        match self {
+            Refusal::NotAllowed { state, .. }
+            | Refusal::OutcomeFixed { state, .. }
+            | Refusal::BadSlot { state, .. }
+            | Refusal::RetryWindowClosed { state, .. }
+            | Refusal::NoDeadline { state, .. }
+            | Refusal::DeadlineNotReached { state, .. } => *state,
+        }
+    }
+
+    /// The refused event's kind.
+    pub fn event(&self) -> EventKind {
+        match self {
+            Refusal::NotAllowed { event, .. }
+            | Refusal::OutcomeFixed { event, .. }
+            | Refusal::BadSlot { event, .. }
+            | Refusal::RetryWindowClosed { event, .. }
+            | Refusal::NoDeadline { event, .. }
+            | Refusal::DeadlineNotReached { event, .. } => *event,
+        }
+    }
+}
+
+/// Why no further attempt follows (see [`decide_retry`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoRetry {
+    #[error("outcome {} does not permit a retry (only Interrupted does)", show(.outcome))]
+    NotInterrupted { outcome: Option<Outcome> },
+    #[error("{reason} was recorded; a withdrawn build is never retried")]
+    Withdrawn { reason: Reason },
+    #[error("the MacBuild is gone")]
+    BuildGone,
+    #[error("attempt {attempt} of {max} used (maxAttempts {max})")]
+    MaxAttemptsReached { attempt: u32, max: u8 },
+    #[error("maxAttempts {max} is outside 1..=3")]
+    InvalidMaxAttempts { max: u8 },
+    #[error("the attempt has no host execution deadline to keep")]
+    NoDeadline,
+    #[error("{}s left before the deadline {deadline}, a retry needs {}s", .left.as_secs(), .needed.as_secs())]
+    TooLittleTime {
+        deadline: Timestamp,
+        left: SignedDuration,
+        needed: SignedDuration,
+    },
+}
+
+/// The attempt a retry creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NextAttempt {
+    pub build: BuildRef,
+    pub attempt: u32,
+    /// The original deadline, kept.
+    pub deadline: Timestamp,
+}
+
+/// Whether `a` may be followed by another attempt at `now`: only after `Interrupted`, only if
+/// the build was not withdrawn, only below `maxAttempts`, and only with at least
+/// `cfg.retry_min_remaining` left before the original deadline.
+pub fn decide_retry(a: &Attempt, now: Timestamp, cfg: &Config) -> Result<NextAttempt, NoRetry> {
+    if a.outcome != Some(Outcome::Interrupted) {
+        return Err(NoRetry::NotInterrupted { outcome: a.outcome });
+    }
+    if a.build_gone {
+        return Err(NoRetry::BuildGone);
+    }
+    if let Some(reason) = a.withdrawn {
+        return Err(NoRetry::Withdrawn { reason });
+    }
+    if !MAX_ATTEMPTS_RANGE.contains(&a.max_attempts) {
+        return Err(NoRetry::InvalidMaxAttempts { max: a.max_attempts });
+    }
+    if a.number >= u32::from(a.max_attempts) {
+        return Err(NoRetry::MaxAttemptsReached {
+            attempt: a.number,
+            max: a.max_attempts,
+        });
+    }
+    let deadline = a.deadline.ok_or(NoRetry::NoDeadline)?;
+    let left = now.duration_until(deadline);
+    if left < cfg.retry_min_remaining {
+        return Err(NoRetry::TooLittleTime {
+            deadline,
+            left,
+            needed: cfg.retry_min_remaining,
+        });
+    }
+    Ok(NextAttempt {
+        build: a.build.clone(),
+        attempt: a.number + 1,
+        deadline,
+    })
+}
+
+/// The first record of an attempt (`[*] -> Requested`), before its claim. `a` comes from
+/// [`Attempt::new`]; for a retry pass the original deadline, which the record keeps.
+pub fn request(a: &Attempt, retry_of: Option<&NextAttempt>, now: Timestamp) -> Transition {
+    let (detail, deadline) = match retry_of {
+        Some(next) => (
+            format!(
+                "retry after a{} was interrupted; deadline {} kept",
+                a.number.saturating_sub(1),
+                next.deadline
+            ),
+            Some(next.deadline),
+        ),
+        None => ("claiming".to_string(), None),
+    };
+    Transition {
+        from: None,
+        to: AttemptState::Requested,
+        reason: None,
+        outcome: None,
+        detail,
+        slot: None,
+        deadline,
+        at: now,
+        actions: vec![Action::ClaimBuild { attempt: a.number }],
+    }
+}
+
+/// The one transition function. Pure: `now` is an argument, I/O comes back as [`Action`]s.
+pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<Transition, Refusal> {
+    use AttemptState as S;
+    let state = a.state;
+    let kind = event.kind();
+    let not_allowed = Refusal::NotAllowed { state, event: kind };
+    let vm = a.vm.clone();
+    let t = |to: S, reason: Option<Reason>, detail: String, actions: Vec<Action>| Transition {
+        from: Some(state),
+        to,
+        reason,
+        outcome: None,
+        detail,
+        slot: None,
+        deadline: None,
+        at: now,
+        actions,
+    };
+    // An open attempt (a VM may exist, the outcome is not fixed yet).
+    let running = matches!(state, S::Admitted | S::Booting | S::Running | S::Collecting);
+
+    match (state, event) {
+        (S::Requested, Event::Admit { slot, slots, timeout }) => {
+            if !(1..=2).contains(&slots) || slot >= slots {
+                return Err(Refusal::BadSlot {
+                    state,
+                    event: kind,
+                    slot,
+                    slots,
+                });
+            }
+            let deadline = match a.deadline {
+                // A retry keeps the original deadline and needs enough of it left.
+                Some(deadline) => {
+                    let left = now.duration_until(deadline);
+                    if left < cfg.retry_min_remaining {
+                        return Err(Refusal::RetryWindowClosed {
+                            state,
+                            event: kind,
+                            attempt: a.number,
+                            deadline,
+                            left,
+                            needed: cfg.retry_min_remaining,
+                        });
+                    }
+                    deadline
+                }
+                None => now.checked_add(timeout).unwrap_or(Timestamp::MAX),
+            };
+            let mut tr = t(
+                S::Admitted,
+                Some(Reason::SlotFree),
+                format!("slot {}/{slots}, deadline {deadline}", slot + 1),
+                vec![Action::WriteDeadlineFile { vm, deadline }],
+            );
+            tr.actions.extend(deliver(a));
+            tr.slot = Some(slot);
+            tr.deadline = Some(deadline);
+            Ok(tr)
+        }
+        // A loser clones nothing and holds no slot: the attempt ends at once, without an
+        // outcome (the winner's outcome is the build's) and without a status write (it would
+        // be fenced out anyway).
+        (S::Requested, Event::ClaimLost { holder }) => Ok(t(
+            S::Retired,
+            Some(Reason::ClaimLost),
+            format!("claim lost to {holder}; nothing cloned"),
+            vec![],
+        )),
+        (S::Requested, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) => {
+            let reason = withdrawal_reason(&ev);
+            let mut tr = t(
+                S::Retired,
+                Some(reason),
+                format!("{} before admission; nothing cloned", withdrawal_text(a, reason)),
+                finish(a),
+            );
+            tr.outcome = Some(Outcome::Cancelled);
+            Ok(tr)
+        }
+        // A retry whose window closed while it waited for a slot.
+        (S::Requested, Event::DeadlinePassed { .. }) => {
+            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
+            let left = now.duration_until(deadline);
+            if left >= cfg.retry_min_remaining {
+                return Err(Refusal::DeadlineNotReached {
+                    state,
+                    event: kind,
+                    deadline,
+                });
+            }
+            let mut tr = t(
+                S::Retired,
+                Some(Reason::DeadlinePassed),
+                format!(
+                    "not admitted: {}s left before the deadline {deadline}, a retry needs {}s",
+                    left.as_secs().max(0),
+                    cfg.retry_min_remaining.as_secs()
+                ),
+                finish(a),
+            );
+            tr.outcome = Some(Outcome::Failed);
+            Ok(tr)
+        }
+        (S::Admitted, Event::Boot) => Ok(t(
+            S::Booting,
+            None,
+            format!("cloning and starting {vm}"),
+            vec![
+                Action::CloneVm { vm: vm.clone() },
+                Action::SetVm { vm: vm.clone() },
+                Action::StartVm { vm: vm.clone() },
+                Action::ProbeReady { vm },
+            ],
+        )),
+        (S::Booting, Event::GuestReady { after }) => {
+            let mut actions = deliver(a);
+            actions.push(Action::RunSteps { vm });
+            Ok(t(
+                S::Running,
+                Some(Reason::GuestReady),
+                format!("tart exec ready after {}", secs2(after)),
+                actions,
+            ))
+        }
+        (S::Running, Event::StepsSucceeded { steps }) => {
+            let mut actions = deliver(a);
+            actions.extend([
+                Action::CollectResults { vm: vm.clone() },
+                Action::UploadArtifacts { vm },
+            ]);
+            Ok(t(S::Collecting, None, format!("{steps} step(s) succeeded"), actions))
+        }
+        (S::Admitted | S::Booting, Event::VmStartFailed { error }) => Ok(retire(
+            a,
+            t,
+            Reason::VMStartFailed,
+            Outcome::Failed,
+            format!("VM did not start: {error}"),
+            DeleteContext::Normal,
+        )),
+        (S::Running, Event::StepFailed { step, exit_code }) => Ok(retire(
+            a,
+            t,
+            Reason::StepFailed,
+            Outcome::Failed,
+            format!("step {step} exited {exit_code}"),
+            DeleteContext::Normal,
+        )),
+        (S::Collecting, Event::TestsPassed { passed, total }) => Ok(retire(
+            a,
+            t,
+            Reason::TestsPassed,
+            Outcome::Succeeded,
+            format!("{passed}/{total} tests passed"),
+            DeleteContext::Normal,
+        )),
+        (S::Collecting, Event::TestsFailed { failed, total }) => Ok(retire(
+            a,
+            t,
+            Reason::TestsFailed,
+            Outcome::Failed,
+            format!("{failed}/{total} tests failed"),
+            DeleteContext::Normal,
+        )),
+        (S::Collecting, Event::ArtifactUploadFailed { error }) => Ok(retire(
+            a,
+            t,
+            Reason::ArtifactUploadFailed,
+            Outcome::Failed,
+            format!("artifact upload failed after retries: {error}"),
+            DeleteContext::Normal,
+        )),
+        // Cancel or deletion in any open phase: Cancelled, never retried.
+        (_, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) if running => {
+            let reason = withdrawal_reason(&ev);
+            let detail = with_start(withdrawal_text(a, reason), state, at_start(&ev));
+            Ok(retire(a, t, reason, Outcome::Cancelled, detail, context(at_start(&ev))))
+        }
+        // Once the outcome is fixed a cancel cannot change it; it is recorded so that no retry
+        // follows (also after a restart), once.
+        (S::Retiring | S::Quarantined, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) => {
+            if a.withdrawn.is_some() {
+                return Err(Refusal::OutcomeFixed {
+                    state,
+                    event: kind,
+                    outcome: a.outcome,
+                });
+            }
+            let reason = withdrawal_reason(&ev);
+            Ok(t(
+                state,
+                Some(reason),
+                format!(
+                    "{}; outcome {} already recorded and kept; no retry",
+                    withdrawal_text(a, reason),
+                    show(&a.outcome)
+                ),
+                vec![],
+            ))
+        }
+        (_, Event::DeadlinePassed { at_start: killed }) if running => {
+            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
+            if now < deadline {
+                return Err(Refusal::DeadlineNotReached {
+                    state,
+                    event: kind,
+                    deadline,
+                });
+            }
+            let detail = with_start(format!("host execution deadline {deadline} passed"), state, killed);
+            Ok(retire(
+                a,
+                t,
+                Reason::DeadlinePassed,
+                Outcome::Failed,
+                detail,
+                context(killed),
+            ))
+        }
+        // The watchdog already deleted the VM: record the failure without touching the VM, then
+        // only confirm it is gone.
+        (S::Booting | S::Running | S::Collecting, Event::WatchdogRemovedVm) => {
+            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
+            if now < deadline {
+                return Err(Refusal::DeadlineNotReached {
+                    state,
+                    event: kind,
+                    deadline,
+                });
+            }
+            let mut actions = deliver(a);
+            actions.push(Action::ConfirmVmGone { vm });
+            let mut tr = t(
+                S::Retiring,
+                Some(Reason::WatchdogDeadline),
+                format!("{} gone after the deadline {deadline}: deleted by the watchdog", a.vm),
+                actions,
+            );
+            tr.outcome = Some(Outcome::Failed);
+            Ok(tr)
+        }
+        (_, Event::AgentRestarted { killed }) if running => {
+            let detail = with_start(String::new(), state, Some(killed));
+            Ok(retire(
+                a,
+                t,
+                Reason::AgentRestarted,
+                Outcome::Interrupted,
+                detail,
+                DeleteContext::AgentStart,
+            ))
+        }
+        (S::Retiring | S::Quarantined, Event::DeadlinePassed { .. } | Event::WatchdogRemovedVm) => {
+            Err(Refusal::OutcomeFixed {
+                state,
+                event: kind,
+                outcome: a.outcome,
+            })
+        }
+        (S::Retiring, Event::VmDeleted { how }) => {
+            let detail = match how {
+                Deleted::Stopped { took } => format!("stopped and deleted in {}", secs2(took)),
+                Deleted::AtAgentStart => "deleted (or already absent) at agent start".to_string(),
+                Deleted::ByWatchdog => "already deleted by the watchdog".to_string(),
+                Deleted::OnRetry => "deleted on retry".to_string(),
+            };
+            Ok(retired(
+                a,
+                t(S::Retired, Some(Reason::VMDeleted), detail, vec![]),
+                now,
+                cfg,
+            ))
+        }
+        (S::Retiring, Event::DeleteFailed { context, error }) => {
+            let when = match context {
+                DeleteContext::AgentStart => " at agent start",
+                DeleteContext::Watchdog => " after the watchdog",
+                DeleteContext::Normal | DeleteContext::Retry => "",
+            };
+            let mut actions = deliver(a);
+            actions.push(Action::RetryDeleteLater {
+                vm,
+                after: cfg.quarantine_retry,
+            });
+            Ok(t(
+                S::Quarantined,
+                Some(Reason::DeleteFailed),
+                format!("could not delete{when}, slot quarantined: {error}"),
+                actions,
+            ))
+        }
+        (S::Quarantined, Event::VmDeleted { how }) => {
+            let how = match how {
+                Deleted::Stopped { .. } | Deleted::OnRetry => "deleted on retry",
+                Deleted::AtAgentStart => "deleted at agent start",
+                Deleted::ByWatchdog => "deleted by the watchdog",
+            };
+            let detail = format!("clone directory gone ({how}); slot released");
+            Ok(retired(
+                a,
+                t(S::Retired, Some(Reason::Resolved), detail, vec![]),
+                now,
+                cfg,
+            ))
+        }
+        _ => Err(not_allowed),
+    }
+}
+
+/// Enter `Retiring` with a fixed outcome and start the VM's deletion.
+fn retire(
+    a: &Attempt,
+    t: impl Fn(AttemptState, Option<Reason>, String, Vec<Action>) -> Transition,
+    reason: Reason,
+    outcome: Outcome,
+    detail: String,
+    context: DeleteContext,
+) -> Transition {
+    let mut actions = deliver(a);
+    actions.push(Action::StopAndDeleteVm {
+        vm: a.vm.clone(),
+        context,
+    });
+    let mut tr = t(AttemptState::Retiring, Some(reason), detail, actions);
+    tr.outcome = Some(outcome);
+    tr
+}
+
+/// Complete a transition into `Retired`: the slot frees, then either the next attempt is
+/// admitted or the build is finished (status, then finalizer).
+fn retired(a: &Attempt, mut tr: Transition, now: Timestamp, cfg: &Config) -> Transition {
+    tr.actions.push(Action::RemoveDeadlineFile { vm: a.vm.clone() });
+    if let Some(slot) = a.slot {
+        tr.actions.push(Action::ReleaseSlot { slot });
+    }
+    match decide_retry(a, now, cfg) {
+        Ok(next) => {
+            tr.actions.extend(deliver(a));
+            tr.actions.push(Action::AdmitNextAttempt {
+                attempt: next.attempt,
+                deadline: next.deadline,
+            });
+        }
+        Err(why) => {
+            // Say why an interrupted build ends here; other outcomes end by nature.
+            if a.outcome == Some(Outcome::Interrupted) {
+                tr.detail = format!("{}; no retry: {why}", tr.detail);
+            }
+            tr.actions.extend(finish(a));
+        }
+    }
+    tr
+}
+
+/// Terminal status, then the finalizer (skipped when the MacBuild is gone).
+fn finish(a: &Attempt) -> Vec<Action> {
+    if a.build_gone {
+        vec![]
+    } else {
+        vec![Action::DeliverStatus, Action::RemoveFinalizer]
+    }
+}
+
+fn deliver(a: &Attempt) -> Vec<Action> {
+    if a.build_gone {
+        vec![]
+    } else {
+        vec![Action::DeliverStatus]
+    }
+}
+
+fn withdrawal_reason(ev: &Event) -> Reason {
+    match ev {
+        Event::OwnerDeleted { .. } => Reason::OwnerDeleted,
+        _ => Reason::CancelRequested,
+    }
+}
+
+fn withdrawal_text(a: &Attempt, reason: Reason) -> String {
+    match reason {
+        Reason::OwnerDeleted => "owner deleted".to_string(),
+        _ if a.build_gone => "MacBuild deleted".to_string(),
+        _ => "cancel requested".to_string(),
+    }
+}
+
+fn at_start(ev: &Event) -> Option<u32> {
+    match ev {
+        Event::CancelRequested { at_start } | Event::OwnerDeleted { at_start } | Event::DeadlinePassed { at_start } => {
+            *at_start
+        }
+        _ => None,
+    }
+}
+
+fn context(at_start: Option<u32>) -> DeleteContext {
+    if at_start.is_some() {
+        DeleteContext::AgentStart
+    } else {
+        DeleteContext::Normal
+    }
+}
+
+/// Appends the source's at-start wording: "found Running at agent start; killed 0 tart process(es)".
+fn with_start(cause: String, state: AttemptState, killed: Option<u32>) -> String {
+    match killed {
+        None => cause,
+        Some(n) => {
+            let found = format!("found {state} at agent start; killed {n} tart process(es)");
+            if cause.is_empty() {
+                found
+            } else {
+                format!("{cause}; {found}")
+            }
+        }
+    }
+}
+
+fn secs2(d: SignedDuration) -> String {
+    format!("{:.2}s", d.as_secs_f64())
+}
+
+/// One claim on a slot: an attempt in a slot-holding state, or a quarantined unknown VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotHolder {
+    /// Holds exactly this slot.
+    Slot(u8),
+    /// Holds some slot without a number (an unknown VM found when every slot was taken): it
+    /// blocks one of whatever slots are left.
+    Unnumbered,
+}
+
+/// The lowest free slot of `slots` (1 or 2), or `None`. A slot is free only when no attempt
+/// holds it (every state but `Requested`/`Retired`, so `Quarantined` keeps it) and no unknown VM
+/// blocks it; this never returns a held slot, so two admitted allocations never share one.
+pub fn free_slot(slots: u8, holders: &[SlotHolder]) -> Option<u8> {
+    let free: Vec<u8> = (0..slots.min(2))
+        .filter(|s| !holders.iter().any(|h| *h == SlotHolder::Slot(*s)))
+        .collect();
+    let unnumbered = holders.iter().filter(|h| **h == SlotHolder::Unnumbered).count();
+    // Unnumbered holders take free slots from the top, so the lowest stays predictable.
+    if free.len() > unnumbered {
+        free.first().copied()
+    } else {
+        None
+    }
+}
+
+/// The slot holders among `attempts` (those whose state holds a slot).
+pub fn attempt_holders<'a>(attempts: impl IntoIterator<Item = &'a Attempt>) -> Vec<SlotHolder> {
+    attempts
+        .into_iter()
+        .filter(|a| a.state.holds_slot())
+        .map(|a| a.slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use AttemptState as S;
+
+    const DEADLINE: &str = "2026-10-05T02:56:06.653639Z";
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn secs(n: i64) -> SignedDuration {
+        SignedDuration::from_secs(n)
+    }
+
+    fn mk_build() -> BuildRef {
+        BuildRef {
+            namespace: "ci".into(),
+            name: "build-42-mac-build".into(),
+            uid: "u-42".into(),
+        }
+    }
+
+    /// An attempt of `mk_build` already in `state`, as replay would rebuild it.
+    fn mk_attempt(number: u32, state: AttemptState) -> Attempt {
+        let mut a = Attempt::new(mk_build(), number, "mb-ci-build-42-mac-build-c49f62f4", 2);
+        a.state = state;
+        if state.holds_slot() || state == S::Retired {
+            a.slot = Some(0);
+        }
+        // Admitted attempts have a deadline; so does a retry still in Requested (inherited).
+        if state != S::Requested || number > 1 {
+            a.deadline = Some(ts(DEADLINE));
+        }
+        if matches!(state, S::Retiring | S::Quarantined | S::Retired) {
+            a.outcome = Some(Outcome::Interrupted);
+        }
+        a
+    }
+
+    /// Drives one attempt like the runtime: step, journal (render the record), fold it back.
+    struct Driver {
+        a: Attempt,
+        seq: u64,
+        lines: Vec<String>,
+    }
+
+    impl Driver {
+        fn new(a: Attempt, seq: u64) -> Driver {
+            Driver { a, seq, lines: vec![] }
+        }
+        fn journal(&mut self, t: &Transition) {
+            let r = self.a.record(t, self.seq);
+            self.seq += 1;
+            self.lines.push(r.to_string());
+            self.a.observe(&r);
+        }
+        fn go(&mut self, ev: Event, now: Timestamp) -> Vec<Action> {
+            let t = step(&self.a, ev, now, &Config::default()).unwrap();
+            self.journal(&t);
+            t.actions
+        }
+    }
+
+    fn vm() -> String {
+        "mb-ci-build-42-mac-build-c49f62f4".to_string()
+    }
+
+    /// A sample of each event kind, with the `now` at which it is sent.
+    fn sample(kind: EventKind) -> (Event, Timestamp) {
+        let before = ts(DEADLINE) - secs(600);
+        let after = ts(DEADLINE) + secs(120);
+        let ev = match kind {
+            EventKind::Admit => Event::Admit {
+                slot: 0,
+                slots: 1,
+                timeout: secs(1800),
+            },
+            EventKind::ClaimLost => Event::ClaimLost {
+                holder: "mac-mini-08".into(),
+            },
+            EventKind::Boot => Event::Boot,
+            EventKind::GuestReady => Event::GuestReady {
+                after: SignedDuration::from_millis(13_910),
+            },
+            EventKind::StepsSucceeded => Event::StepsSucceeded { steps: 2 },
+            EventKind::StepFailed => Event::StepFailed {
+                step: "build".into(),
+                exit_code: 65,
+            },
+            EventKind::VmStartFailed => Event::VmStartFailed {
+                error: "tart clone exited 2".into(),
+            },
+            EventKind::TestsPassed => Event::TestsPassed { passed: 2, total: 2 },
+            EventKind::TestsFailed => Event::TestsFailed { failed: 1, total: 2 },
+            EventKind::ArtifactUploadFailed => Event::ArtifactUploadFailed { error: "s3 503".into() },
+            EventKind::CancelRequested => Event::CancelRequested { at_start: None },
+            EventKind::OwnerDeleted => Event::OwnerDeleted { at_start: None },
+            EventKind::DeadlinePassed => return (Event::DeadlinePassed { at_start: None }, after),
+            EventKind::WatchdogRemovedVm => return (Event::WatchdogRemovedVm, after),
+            EventKind::AgentRestarted => Event::AgentRestarted { killed: 0 },
+            EventKind::VmDeleted => Event::VmDeleted {
+                how: Deleted::Stopped { took: secs(6) },
+            },
+            EventKind::DeleteFailed => Event::DeleteFailed {
+                context: DeleteContext::Normal,
+                error: "tart delete exited 1".into(),
+            },
+        };
+        (ev, before)
+    }
+
+    /// The allowed (state, event) pairs and where each leads; every other pair is refused.
+    fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
+        use EventKind as E;
+        let open = matches!(state, S::Admitted | S::Booting | S::Running | S::Collecting);
+        match (state, kind) {
+            (S::Requested, E::Admit) => Some(S::Admitted),
+            (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
+            (S::Admitted, E::Boot) => Some(S::Booting),
+            (S::Admitted | S::Booting, E::VmStartFailed) => Some(S::Retiring),
+            (S::Booting, E::GuestReady) => Some(S::Running),
+            (S::Running, E::StepsSucceeded) => Some(S::Collecting),
+            (S::Running, E::StepFailed) => Some(S::Retiring),
+            (S::Collecting, E::TestsPassed | E::TestsFailed | E::ArtifactUploadFailed) => Some(S::Retiring),
+            (_, E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed | E::AgentRestarted) if open => {
+                Some(S::Retiring)
+            }
+            (S::Booting | S::Running | S::Collecting, E::WatchdogRemovedVm) => Some(S::Retiring),
+            (S::Retiring | S::Quarantined, E::CancelRequested | E::OwnerDeleted) => Some(state),
+            (S::Retiring, E::VmDeleted) => Some(S::Retired),
+            (S::Retiring, E::DeleteFailed) => Some(S::Quarantined),
+            (S::Quarantined, E::VmDeleted) => Some(S::Retired),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn every_state_event_pair_is_allowed_or_refused_by_name() {
+        let mut allowed = 0;
+        for &state in AttemptState::ALL {
+            for &kind in EventKind::ALL {
+                let (ev, now) = sample(kind);
+                assert_eq!(ev.kind(), kind);
+                let a = mk_attempt(if state == S::Requested { 2 } else { 1 }, state);
+                match (step(&a, ev, now, &Config::default()), expected(state, kind)) {
+                    (Ok(t), Some(to)) => {
+                        allowed += 1;
+                        assert_eq!((t.from, t.to), (Some(state), to), "{state} x {kind}");
+                        assert_eq!(t.at, now);
+                    }
+                    (Err(r), None) => {
+                        assert_eq!((r.state(), r.event()), (state, kind), "{r}");
+                        let msg = r.to_string();
+                        assert!(msg.contains(state.as_str()) && msg.contains(kind.as_str()), "{msg}");
+                    }
+                    (got, want) => panic!("{state} x {kind}: got {got:?}, want {want:?}"),
+                }
+            }
+        }
+        assert_eq!(allowed, 40, "the size of the allowed set");
+    }
+
+    #[test]
+    fn refusals_after_the_outcome_is_fixed_say_so() {
+        for state in [S::Retiring, S::Quarantined] {
+            for kind in [EventKind::DeadlinePassed, EventKind::WatchdogRemovedVm] {
+                let (ev, now) = sample(kind);
+                let r = step(&mk_attempt(1, state), ev, now, &Config::default()).unwrap_err();
+                assert_eq!(
+                    r,
+                    Refusal::OutcomeFixed {
+                        state,
+                        event: kind,
+                        outcome: Some(Outcome::Interrupted)
+                    }
+                );
+                assert_eq!(
+                    r.to_string(),
+                    format!("{kind} refused in state {state}: outcome Interrupted is already recorded and is kept")
+                );
+            }
+        }
+        let r = step(
+            &mk_attempt(1, S::Retired),
+            Event::Boot,
+            ts(DEADLINE),
+            &Config::default(),
+        )
+        .unwrap_err();
+        assert_eq!(r.to_string(), "Boot is not a transition of an attempt in state Retired");
+    }
+
+    #[test]
+    fn a_build_runs_end_to_end_with_the_sources_journal_lines_and_actions() {
+        let t0 = ts("2026-10-05T02:26:06.653639Z");
+        let a = Attempt::new(mk_build(), 1, vm(), 2);
+        let mut d = Driver::new(a.clone(), 117);
+        let first = request(&a, None, t0);
+        assert_eq!(first.actions, vec![Action::ClaimBuild { attempt: 1 }]);
+        d.journal(&first);
+        let admit = d.go(
+            Event::Admit {
+                slot: 0,
+                slots: 1,
+                timeout: secs(1800),
+            },
+            t0,
+        );
+        assert_eq!(
+            admit,
+            vec![
+                Action::WriteDeadlineFile {
+                    vm: vm(),
+                    deadline: ts(DEADLINE)
+                },
+                Action::DeliverStatus
+            ]
+        );
+        let boot = d.go(Event::Boot, t0 + secs(1));
+        assert_eq!(
+            boot,
+            vec![
+                Action::CloneVm { vm: vm() },
+                Action::SetVm { vm: vm() },
+                Action::StartVm { vm: vm() },
+                Action::ProbeReady { vm: vm() }
+            ]
+        );
+        let ready = d.go(
+            Event::GuestReady {
+                after: SignedDuration::from_millis(13_910),
+            },
+            t0 + secs(15),
+        );
+        assert_eq!(ready, vec![Action::DeliverStatus, Action::RunSteps { vm: vm() }]);
+        let collect = d.go(Event::StepsSucceeded { steps: 2 }, t0 + secs(300));
+        assert_eq!(
+            collect,
+            vec![
+                Action::DeliverStatus,
+                Action::CollectResults { vm: vm() },
+                Action::UploadArtifacts { vm: vm() }
+            ]
+        );
+        let retire = d.go(Event::TestsPassed { passed: 2, total: 2 }, t0 + secs(320));
+        assert_eq!(
+            retire,
+            vec![
+                Action::DeliverStatus,
+                Action::StopAndDeleteVm {
+                    vm: vm(),
+                    context: DeleteContext::Normal
+                }
+            ]
+        );
+        let took = DeleteContext::Normal.deleted(SignedDuration::from_millis(6_030));
+        let done = d.go(Event::VmDeleted { how: took }, t0 + secs(327));
+        assert_eq!(
+            done,
+            vec![
+                Action::RemoveDeadlineFile { vm: vm() },
+                Action::ReleaseSlot { slot: 0 },
+                Action::DeliverStatus,
+                Action::RemoveFinalizer
+            ]
+        );
+        assert_eq!(
+            d.lines,
+            vec![
+                "#117 a1 [*] -> Requested claiming",
+                "#118 a1 Requested -> Admitted (SlotFree) slot 1/1, deadline 2026-10-05T02:56:06.653639Z",
+                "#119 a1 Admitted -> Booting cloning and starting mb-ci-build-42-mac-build-c49f62f4",
+                "#120 a1 Booting -> Running (GuestReady) tart exec ready after 13.91s",
+                "#121 a1 Running -> Collecting 2 step(s) succeeded",
+                "#122 a1 Collecting -> Retiring (TestsPassed) 2/2 tests passed outcome=Succeeded",
+                "#123 a1 Retiring -> Retired (VMDeleted) stopped and deleted in 6.03s",
+            ]
+        );
+        assert_eq!(d.a.outcome, Some(Outcome::Succeeded));
+        assert_eq!(d.a.slot, Some(0));
+        assert_eq!(d.a.deadline, Some(ts(DEADLINE)));
+    }
+
+    #[test]
+    fn every_ending_maps_to_its_outcome() {
+        let cases = [
+            (
+                S::Collecting,
+                EventKind::TestsPassed,
+                Reason::TestsPassed,
+                Outcome::Succeeded,
+            ),
+            (
+                S::Collecting,
+                EventKind::TestsFailed,
+                Reason::TestsFailed,
+                Outcome::Failed,
+            ),
+            (S::Running, EventKind::StepFailed, Reason::StepFailed, Outcome::Failed),
+            (
+                S::Booting,
+                EventKind::VmStartFailed,
+                Reason::VMStartFailed,
+                Outcome::Failed,
+            ),
+            (
+                S::Admitted,
+                EventKind::VmStartFailed,
+                Reason::VMStartFailed,
+                Outcome::Failed,
+            ),
+            (
+                S::Collecting,
+                EventKind::ArtifactUploadFailed,
+                Reason::ArtifactUploadFailed,
+                Outcome::Failed,
+            ),
+            (
+                S::Running,
+                EventKind::DeadlinePassed,
+                Reason::DeadlinePassed,
+                Outcome::Failed,
+            ),
+            (
+                S::Running,
+                EventKind::WatchdogRemovedVm,
+                Reason::WatchdogDeadline,
+                Outcome::Failed,
+            ),
+            (
+                S::Admitted,
+                EventKind::CancelRequested,
+                Reason::CancelRequested,
+                Outcome::Cancelled,
+            ),
+            (
+                S::Booting,
+                EventKind::CancelRequested,
+                Reason::CancelRequested,
+                Outcome::Cancelled,
+            ),
+            (
+                S::Booting,
+                EventKind::OwnerDeleted,
+                Reason::OwnerDeleted,
+                Outcome::Cancelled,
+            ),
+            (
+                S::Running,
+                EventKind::AgentRestarted,
+                Reason::AgentRestarted,
+                Outcome::Interrupted,
+            ),
+            (
+                S::Requested,
+                EventKind::CancelRequested,
+                Reason::CancelRequested,
+                Outcome::Cancelled,
+            ),
+            (
+                S::Requested,
+                EventKind::DeadlinePassed,
+                Reason::DeadlinePassed,
+                Outcome::Failed,
+            ),
+        ];
+        for (state, kind, reason, outcome) in cases {
+            let (ev, now) = sample(kind);
+            let t = step(&mk_attempt(2, state), ev, now, &Config::default()).unwrap();
+            assert_eq!((t.reason, t.outcome), (Some(reason), Some(outcome)), "{state} x {kind}");
+        }
+    }
+
+    #[test]
+    fn cancel_during_boot_is_cancelled_deleted_and_never_retried() {
+        let mut d = Driver::new(mk_attempt(1, S::Booting), 40);
+        let now = ts(DEADLINE) - secs(1500);
+        let acts = d.go(Event::CancelRequested { at_start: None }, now);
+        assert_eq!(
+            acts,
+            vec![
+                Action::DeliverStatus,
+                Action::StopAndDeleteVm {
+                    vm: vm(),
+                    context: DeleteContext::Normal
+                }
+            ]
+        );
+        let acts = d.go(
+            Event::VmDeleted {
+                how: Deleted::Stopped {
+                    took: SignedDuration::from_millis(820),
+                },
+            },
+            now,
+        );
+        assert!(!acts.iter().any(|a| matches!(a, Action::AdmitNextAttempt { .. })));
+        assert_eq!(acts.last(), Some(&Action::RemoveFinalizer));
+        assert_eq!(
+            d.lines,
+            vec![
+                "#40 a1 Booting -> Retiring (CancelRequested) cancel requested outcome=Cancelled",
+                "#41 a1 Retiring -> Retired (VMDeleted) stopped and deleted in 0.82s",
+            ]
+        );
+    }
+
+    #[test]
+    fn outcome_recorded_at_retiring_is_kept_through_later_events() {
+        let mut a = mk_attempt(1, S::Retiring);
+        a.outcome = Some(Outcome::Succeeded);
+        let mut d = Driver::new(a, 300);
+        let now = ts(DEADLINE) + secs(5);
+        assert_eq!(d.go(Event::OwnerDeleted { at_start: None }, now), vec![]);
+        assert_eq!(d.a.outcome, Some(Outcome::Succeeded));
+        assert_eq!(d.a.withdrawn, Some(Reason::OwnerDeleted));
+        // A second withdrawal and a late deadline are refused: nothing changes the outcome.
+        for ev in [
+            Event::CancelRequested { at_start: None },
+            Event::DeadlinePassed { at_start: None },
+        ] {
+            let r = step(&d.a, ev, now, &Config::default()).unwrap_err();
+            assert!(
+                matches!(
+                    r,
+                    Refusal::OutcomeFixed {
+                        outcome: Some(Outcome::Succeeded),
+                        ..
+                    }
+                ),
+                "{r}"
+            );
+        }
+        let acts = d.go(
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            now,
+        );
+        assert_eq!(acts.last(), Some(&Action::RemoveFinalizer));
+        assert_eq!(d.a.outcome, Some(Outcome::Succeeded));
+        assert_eq!(
+            d.lines,
+            vec![
+                "#300 a1 Retiring -> Retiring (OwnerDeleted) owner deleted; outcome Succeeded already recorded and kept; no retry",
+                "#301 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start",
+            ]
+        );
+    }
+
+    #[test]
+    fn cancel_after_an_interruption_stops_the_retry() {
+        let mut d = Driver::new(mk_attempt(1, S::Retiring), 10);
+        let now = ts(DEADLINE) - secs(900);
+        d.go(Event::CancelRequested { at_start: None }, now);
+        let acts = d.go(
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            now,
+        );
+        assert_eq!(
+            acts,
+            vec![
+                Action::RemoveDeadlineFile { vm: vm() },
+                Action::ReleaseSlot { slot: 0 },
+                Action::DeliverStatus,
+                Action::RemoveFinalizer
+            ]
+        );
+        assert_eq!(
+            d.lines[1],
+            "#11 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start; \
+             no retry: CancelRequested was recorded; a withdrawn build is never retried"
+        );
+    }
+
+    #[test]
+    fn interrupted_attempt_with_time_left_admits_the_next_one_keeping_the_deadline() {
+        let mut d = Driver::new(mk_attempt(1, S::Retiring), 122);
+        let now = ts("2026-10-05T02:41:58.9Z");
+        let acts = d.go(
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            now,
+        );
+        assert_eq!(
+            acts,
+            vec![
+                Action::RemoveDeadlineFile { vm: vm() },
+                Action::ReleaseSlot { slot: 0 },
+                Action::DeliverStatus,
+                Action::AdmitNextAttempt {
+                    attempt: 2,
+                    deadline: ts(DEADLINE)
+                }
+            ]
+        );
+        // The retry is requested with the kept deadline and admitted without a new one.
+        let next = decide_retry(&d.a, now, &Config::default()).unwrap();
+        let a2 = Attempt::new(mk_build(), 2, "mb-ci-build-42-mac-build-5d0e11a2", 2);
+        let mut d2 = Driver::new(a2.clone(), 123);
+        d2.journal(&request(&a2, Some(&next), now));
+        let acts = d2.go(
+            Event::Admit {
+                slot: 0,
+                slots: 1,
+                timeout: secs(1800),
+            },
+            now + secs(1),
+        );
+        assert_eq!(
+            acts[0],
+            Action::WriteDeadlineFile {
+                vm: a2.vm.clone(),
+                deadline: ts(DEADLINE)
+            }
+        );
+        assert_eq!(
+            d2.lines,
+            vec![
+                "#123 a2 [*] -> Requested retry after a1 was interrupted; deadline 2026-10-05T02:56:06.653639Z kept",
+                "#124 a2 Requested -> Admitted (SlotFree) slot 1/1, deadline 2026-10-05T02:56:06.653639Z",
+            ]
+        );
+    }
+
+    #[test]
+    fn retry_decision_names_why_not() {
+        let cfg = Config::default();
+        let deadline = ts(DEADLINE);
+        let ok_now = deadline - secs(120);
+        let base = mk_attempt(1, S::Retired);
+        assert_eq!(
+            decide_retry(&base, ok_now, &cfg),
+            Ok(NextAttempt {
+                build: mk_build(),
+                attempt: 2,
+                deadline
+            })
+        );
+        let late = ok_now + SignedDuration::from_millis(1);
+        assert_eq!(
+            decide_retry(&base, late, &cfg),
+            Err(NoRetry::TooLittleTime {
+                deadline,
+                left: SignedDuration::from_millis(119_999),
+                needed: secs(120)
+            })
+        );
+        let mut a = base.clone();
+        a.number = 2;
+        assert_eq!(
+            decide_retry(&a, ok_now, &cfg),
+            Err(NoRetry::MaxAttemptsReached { attempt: 2, max: 2 })
+        );
+        a.max_attempts = 3;
+        assert_eq!(decide_retry(&a, ok_now, &cfg).unwrap().attempt, 3);
+        a.max_attempts = 4;
+        assert_eq!(
+            decide_retry(&a, ok_now, &cfg),
+            Err(NoRetry::InvalidMaxAttempts { max: 4 })
+        );
+        a.max_attempts = 0;
+        assert_eq!(
+            decide_retry(&a, ok_now, &cfg),
+            Err(NoRetry::InvalidMaxAttempts { max: 0 })
+        );
+        let mut a = base.clone();
+        a.max_attempts = 1;
+        assert_eq!(
+            decide_retry(&a, ok_now, &cfg),
+            Err(NoRetry::MaxAttemptsReached { attempt: 1, max: 1 })
+        );
+        for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::Cancelled] {
+            let mut a = base.clone();
+            a.outcome = Some(outcome);
+            assert_eq!(
+                decide_retry(&a, ok_now, &cfg),
+                Err(NoRetry::NotInterrupted { outcome: Some(outcome) })
+            );
+        }
+        let mut a = base.clone();
+        a.withdrawn = Some(Reason::OwnerDeleted);
+        assert_eq!(
+            decide_retry(&a, ok_now, &cfg),
+            Err(NoRetry::Withdrawn {
+                reason: Reason::OwnerDeleted
+            })
+        );
+        let mut a = base.clone();
+        a.build_gone = true;
+        assert_eq!(decide_retry(&a, ok_now, &cfg), Err(NoRetry::BuildGone));
+        let mut a = base.clone();
+        a.deadline = None;
+        assert_eq!(decide_retry(&a, ok_now, &cfg), Err(NoRetry::NoDeadline));
+        // The minimum is a parameter.
+        let cfg = Config {
+            retry_min_remaining: secs(30),
+            ..Config::default()
+        };
+        assert!(decide_retry(&base, late, &cfg).is_ok());
+        assert_eq!(
+            NoRetry::TooLittleTime {
+                deadline,
+                left: secs(95),
+                needed: secs(120)
+            }
+            .to_string(),
+            "95s left before the deadline 2026-10-05T02:56:06.653639Z, a retry needs 120s"
+        );
+    }
+
+    #[test]
+    fn admission_fixes_the_deadline_or_refuses() {
+        let cfg = Config::default();
+        let now = ts("2026-10-05T02:26:06.653639Z");
+        let a1 = mk_attempt(1, S::Requested);
+        let t = step(
+            &a1,
+            Event::Admit {
+                slot: 1,
+                slots: 2,
+                timeout: secs(1800),
+            },
+            now,
+            &cfg,
+        )
+        .unwrap();
+        assert_eq!((t.slot, t.deadline), (Some(1), Some(ts(DEADLINE))));
+        assert_eq!(t.detail, "slot 2/2, deadline 2026-10-05T02:56:06.653639Z");
+        for (slot, slots) in [(1, 1), (2, 2), (0, 0), (0, 3)] {
+            let r = step(
+                &a1,
+                Event::Admit {
+                    slot,
+                    slots,
+                    timeout: secs(1800),
+                },
+                now,
+                &cfg,
+            )
+            .unwrap_err();
+            assert_eq!(
+                r,
+                Refusal::BadSlot {
+                    state: S::Requested,
+                    event: EventKind::Admit,
+                    slot,
+                    slots
+                }
+            );
+        }
+        // A retry inherits the deadline; with less than 120 s left it is refused by name.
+        let a2 = mk_attempt(2, S::Requested);
+        let late = ts(DEADLINE) - secs(95);
+        let r = step(
+            &a2,
+            Event::Admit {
+                slot: 0,
+                slots: 1,
+                timeout: secs(1800),
+            },
+            late,
+            &cfg,
+        )
+        .unwrap_err();
+        assert_eq!(
+            r.to_string(),
+            "Admit refused in state Requested: retry a2 needs 120s before the deadline 2026-10-05T02:56:06.653639Z, \
+             95s left; send DeadlinePassed to close it"
+        );
+        let t = step(&a2, Event::DeadlinePassed { at_start: None }, late, &cfg).unwrap();
+        assert_eq!(t.actions, vec![Action::DeliverStatus, Action::RemoveFinalizer]);
+        assert_eq!(
+            t.detail,
+            "not admitted: 95s left before the deadline 2026-10-05T02:56:06.653639Z, a retry needs 120s"
+        );
+        // ... but not while the window is still open, nor without a deadline.
+        let early = ts(DEADLINE) - secs(121);
+        let r = step(&a2, Event::DeadlinePassed { at_start: None }, early, &cfg).unwrap_err();
+        assert!(matches!(r, Refusal::DeadlineNotReached { .. }), "{r}");
+        let r = step(&a1, Event::DeadlinePassed { at_start: None }, early, &cfg).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::NoDeadline {
+                state: S::Requested,
+                event: EventKind::DeadlinePassed
+            }
+        );
+    }
+
+    #[test]
+    fn deadline_and_watchdog_events_are_refused_before_the_deadline() {
+        let before = ts(DEADLINE) - secs(1);
+        for ev in [Event::DeadlinePassed { at_start: None }, Event::WatchdogRemovedVm] {
+            let r = step(&mk_attempt(1, S::Running), ev, before, &Config::default()).unwrap_err();
+            assert!(
+                matches!(r, Refusal::DeadlineNotReached { state: S::Running, .. }),
+                "{r}"
+            );
+        }
+    }
+
+    #[test]
+    fn claim_loser_clones_nothing_and_records_no_outcome() {
+        let mut d = Driver::new(Attempt::new(mk_build(), 1, vm(), 2), 5);
+        let now = ts("2026-10-05T02:26:06Z");
+        let acts = d.go(
+            Event::ClaimLost {
+                holder: "mac-mini-08".into(),
+            },
+            now,
+        );
+        assert_eq!(acts, vec![]);
+        assert_eq!(
+            d.lines,
+            vec!["#5 a1 Requested -> Retired (ClaimLost) claim lost to mac-mini-08; nothing cloned"]
+        );
+        assert_eq!((d.a.outcome, d.a.slot), (None, None));
+        assert_eq!(
+            decide_retry(&d.a, now, &Config::default()),
+            Err(NoRetry::NotInterrupted { outcome: None })
+        );
+    }
+
+    #[test]
+    fn watchdog_removal_fails_the_attempt_without_touching_the_vm() {
+        let mut d = Driver::new(mk_attempt(1, S::Running), 70);
+        let now = ts(DEADLINE) + secs(90);
+        let acts = d.go(Event::WatchdogRemovedVm, now);
+        assert_eq!(acts, vec![Action::DeliverStatus, Action::ConfirmVmGone { vm: vm() }]);
+        let acts = d.go(
+            Event::VmDeleted {
+                how: DeleteContext::Watchdog.deleted(secs(0)),
+            },
+            now,
+        );
+        assert_eq!(acts.last(), Some(&Action::RemoveFinalizer));
+        assert_eq!(
+            d.lines,
+            vec![
+                "#70 a1 Running -> Retiring (WatchdogDeadline) mb-ci-build-42-mac-build-c49f62f4 gone after the deadline \
+                 2026-10-05T02:56:06.653639Z: deleted by the watchdog outcome=Failed",
+                "#71 a1 Retiring -> Retired (VMDeleted) already deleted by the watchdog",
+            ]
+        );
+    }
+
+    #[test]
+    fn failed_delete_quarantines_keeps_the_slot_and_resolves_on_retry() {
+        let mut a = mk_attempt(1, S::Retiring);
+        a.outcome = Some(Outcome::Failed);
+        let mut d = Driver::new(a, 50);
+        let now = ts(DEADLINE) - secs(600);
+        let acts = d.go(
+            Event::DeleteFailed {
+                context: DeleteContext::Normal,
+                error: "exit 1".into(),
+            },
+            now,
+        );
+        assert_eq!(
+            acts,
+            vec![
+                Action::DeliverStatus,
+                Action::RetryDeleteLater {
+                    vm: vm(),
+                    after: secs(30)
+                }
+            ]
+        );
+        assert_eq!(
+            free_slot(1, &attempt_holders([&d.a])),
+            None,
+            "Quarantined keeps the slot"
+        );
+        let acts = d.go(Event::VmDeleted { how: Deleted::OnRetry }, now + secs(30));
+        assert_eq!(
+            acts,
+            vec![
+                Action::RemoveDeadlineFile { vm: vm() },
+                Action::ReleaseSlot { slot: 0 },
+                Action::DeliverStatus,
+                Action::RemoveFinalizer
+            ]
+        );
+        assert_eq!(free_slot(1, &attempt_holders([&d.a])), Some(0));
+        assert_eq!(
+            d.lines,
+            vec![
+                "#50 a1 Retiring -> Quarantined (DeleteFailed) could not delete, slot quarantined: exit 1",
+                "#51 a1 Quarantined -> Retired (Resolved) clone directory gone (deleted on retry); slot released",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gone_build_gets_no_status_and_no_finalizer_removal() {
+        let mut a = mk_attempt(1, S::Running);
+        a.build_gone = true;
+        let t = step(
+            &a,
+            Event::CancelRequested { at_start: Some(1) },
+            ts(DEADLINE),
+            &Config::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            t.actions,
+            vec![Action::StopAndDeleteVm {
+                vm: vm(),
+                context: DeleteContext::AgentStart
+            }]
+        );
+        assert_eq!(
+            t.detail,
+            "MacBuild deleted; found Running at agent start; killed 1 tart process(es)"
+        );
+        let mut a = mk_attempt(1, S::Retiring);
+        a.build_gone = true;
+        let t = step(
+            &a,
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            ts(DEADLINE),
+            &Config::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            t.actions,
+            vec![Action::RemoveDeadlineFile { vm: vm() }, Action::ReleaseSlot { slot: 0 }]
+        );
+    }
+
+    #[test]
+    fn replay_keeps_outcome_slot_and_deadline_when_later_records_omit_them() {
+        let mut a = mk_attempt(1, S::Running);
+        a.outcome = None;
+        let t = step(
+            &a,
+            Event::AgentRestarted { killed: 2 },
+            ts(DEADLINE),
+            &Config::default(),
+        )
+        .unwrap();
+        let r1 = a.record(&t, 1);
+        assert_eq!(
+            r1.to_string(),
+            "#1 a1 Running -> Retiring (AgentRestarted) found Running at agent start; killed 2 tart process(es) \
+             outcome=Interrupted"
+        );
+        let mut replayed = Attempt::from_record(&r1, 2).unwrap();
+        let t = step(
+            &replayed,
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            ts(DEADLINE),
+            &Config::default(),
+        );
+        let mut r2 = replayed.record(&t.unwrap(), 2);
+        r2.slot = None;
+        r2.deadline = None;
+        replayed.observe(&r2);
+        assert_eq!(replayed.state, S::Retired);
+        assert_eq!(replayed.outcome, Some(Outcome::Interrupted));
+        assert_eq!((replayed.slot, replayed.deadline), (Some(0), Some(ts(DEADLINE))));
+        assert_eq!(replayed.last_seq, Some(2));
+        let mut unknown = r1.clone();
+        unknown.build = None;
+        assert_eq!(Attempt::from_record(&unknown, 2), None);
+    }
+
+    #[test]
+    fn free_slot_never_hands_out_a_held_slot() {
+        use SlotHolder::{Slot, Unnumbered};
+        assert_eq!(free_slot(1, &[]), Some(0));
+        assert_eq!(free_slot(1, &[Slot(0)]), None);
+        assert_eq!(free_slot(2, &[Slot(0)]), Some(1));
+        assert_eq!(free_slot(2, &[Slot(1)]), Some(0));
+        assert_eq!(free_slot(2, &[Slot(0), Slot(1)]), None);
+        assert_eq!(free_slot(2, &[Slot(1), Unnumbered]), None);
+        assert_eq!(free_slot(2, &[Unnumbered]), Some(0));
+        assert_eq!(free_slot(1, &[Unnumbered]), None);
+        assert_eq!(free_slot(2, &[Unnumbered, Unnumbered]), None);
+        // More slots than tart can run are never offered.
+        assert_eq!(free_slot(3, &[Slot(0), Slot(1)]), None);
+        // Only slot-holding states count.
+        let states: Vec<_> = AttemptState::ALL.iter().map(|&s| mk_attempt(1, s)).collect();
+        let held = attempt_holders(&states);
+        assert_eq!(held.len(), 6);
+        assert_eq!(free_slot(1, &held), None);
+        let idle = [mk_attempt(1, S::Requested), mk_attempt(1, S::Retired)];
+        assert_eq!(free_slot(1, &attempt_holders(&idle)), Some(0));
+    }
+}
