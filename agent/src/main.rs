@@ -10,6 +10,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 mod cli_journal;
+mod cli_watchdog;
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +36,9 @@ enum Command {
     Uninstall(tartan_agent::service::UninstallArgs),
     /// Show what launchd reports for the agent and watchdog LaunchAgents (macOS).
     ServiceStatus(tartan_agent::service::StatusArgs),
+    /// Delete VMs past their host execution deadline plus a grace, from the deadline files alone
+    /// (never the journal or the agent's lock).
+    Watchdog(cli_watchdog::WatchdogArgs),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -43,6 +47,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Install(args) => tartan_agent::service::install(args),
         Command::Uninstall(args) => tartan_agent::service::uninstall(args),
         Command::ServiceStatus(args) => tartan_agent::service::status(args),
+        Command::Watchdog(args) => cli_watchdog::run(args),
     }
 }
 
