@@ -1,0 +1,378 @@
+//! A Kubernetes API emulator: plain HTTP on 127.0.0.1, faithful to kube-apiserver on what Tartan uses.
+
+mod discovery;
+pub mod faults;
+mod http;
+mod jsonpath;
+mod openapi;
+mod protobuf;
+pub mod schema;
+pub mod selector;
+pub mod status;
+pub mod store;
+mod table;
+pub mod types;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use faults::{Availability, DenyRule, Faults, FaultsUpdate, Predicate, PredicateOp, Target};
+use store::{State, WriteOpts};
+
+/// How to start an emulator.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Address to listen on; port 0 picks a free port.
+    pub addr: SocketAddr,
+    /// CRD manifests (YAML, possibly multi-document) to install at start.
+    pub crd_files: Vec<PathBuf>,
+    /// CRD manifests given as text.
+    pub crd_yaml: Vec<String>,
+    /// Number of change events kept for watches; older resourceVersions get 410 Gone.
+    pub history_limit: usize,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+    /// A second port serving only `/emulator/*`, never refused (for scripts while `Refuse` is on).
+    pub control_addr: Option<SocketAddr>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            crd_files: vec![],
+            crd_yaml: vec![],
+            history_limit: 10_000,
+            bookmark_interval: Duration::from_secs(1),
+            control_addr: None,
+        }
+    }
+}
+
+impl Options {
+    pub fn crd_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.crd_files.push(path.into());
+        self
+    }
+
+    pub fn crd_yaml(mut self, yaml: impl Into<String>) -> Self {
+        self.crd_yaml.push(yaml.into());
+        self
+    }
+
+    pub fn history_limit(mut self, n: usize) -> Self {
+        self.history_limit = n;
+        self
+    }
+
+    pub fn bookmark_interval(mut self, d: Duration) -> Self {
+        self.bookmark_interval = d;
+        self
+    }
+
+    pub fn port(mut self, port: u16) -> Self {
+        self.addr.set_port(port);
+        self
+    }
+}
+
+pub(crate) struct Inner {
+    pub state: Mutex<State>,
+    pub addr: SocketAddr,
+    pub bookmark_interval: Duration,
+    availability: watch::Sender<Availability>,
+    restore_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Inner {
+    pub fn set_faults(self: &Arc<Self>, f: Faults) {
+        let availability = f.availability;
+        self.state.lock().expect("state lock").faults = f;
+        self.availability.send_replace(availability);
+    }
+
+    pub fn update_faults(self: &Arc<Self>, u: FaultsUpdate) {
+        let mut st = self.state.lock().expect("state lock");
+        if let Some(d) = u.deny {
+            st.faults.deny = d;
+        }
+        if let Some(l) = u.latency_ms {
+            st.faults.latency_ms = l;
+        }
+        if let Some(a) = u.availability {
+            st.faults.availability = a;
+            drop(st);
+            self.availability.send_replace(a);
+            if let Some(old) = self.restore_task.lock().expect("restore lock").take() {
+                old.abort();
+            }
+            if let Some(ms) = u.for_ms.filter(|_| a != Availability::Up) {
+                let me = self.clone();
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    me.state.lock().expect("state lock").faults.availability = Availability::Up;
+                    me.availability.send_replace(Availability::Up);
+                });
+                *self.restore_task.lock().expect("restore lock") = Some(task);
+            }
+        }
+    }
+}
+
+/// Splits a multi-document YAML stream into JSON values (skipping empty documents).
+pub fn parse_yaml_documents(text: &str) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let flush = |cur: &mut String, out: &mut Vec<Value>| -> anyhow::Result<()> {
+        if cur
+            .lines()
+            .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        {
+            let v: Value = serde_saphyr::from_str(cur).context("parsing YAML document")?;
+            if !v.is_null() {
+                out.push(v);
+            }
+        }
+        cur.clear();
+        Ok(())
+    };
+    for line in text.lines() {
+        if line.trim_end() == "---" || line.starts_with("--- ") {
+            flush(&mut cur, &mut out)?;
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    flush(&mut cur, &mut out)?;
+    Ok(out)
+}
+
+/// A running emulator; it stops (closing its port and every connection) when dropped.
+pub struct EmulatorHandle {
+    inner: Arc<Inner>,
+    url: String,
+    control_url: Option<String>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl EmulatorHandle {
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `http://127.0.0.1:<port>` of the control-only listener, if one was requested.
+    pub fn control_url(&self) -> Option<&str> {
+        self.control_url.as_deref()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// A `kube::Client` for this emulator, default namespace `default`.
+    pub fn client(&self) -> kube::Client {
+        let mut config = kube::Config::new(self.url.parse().expect("emulator URL is a valid URI"));
+        config.default_namespace = "default".into();
+        config.read_timeout = None;
+        kube::Client::try_from(config).expect("kube client for the emulator")
+    }
+
+    /// Writes a kubeconfig (cluster, user with a dummy token, context `kube-emulator`).
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> anyhow::Result<()> {
+        write_kubeconfig(&self.url, path.as_ref())
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.inner.state.lock().expect("state lock").faults.clone()
+    }
+
+    pub fn set_faults(&self, f: Faults) {
+        self.inner.set_faults(f);
+    }
+
+    pub fn add_deny_rule(&self, rule: DenyRule) {
+        self.inner.state.lock().expect("state lock").faults.deny.push(rule);
+    }
+
+    pub fn clear_deny_rules(&self) {
+        self.inner.state.lock().expect("state lock").faults.deny.clear();
+    }
+
+    pub fn set_availability(&self, a: Availability) {
+        self.inner.update_faults(FaultsUpdate {
+            availability: Some(a),
+            ..Default::default()
+        });
+    }
+
+    pub fn set_latency(&self, d: Duration) {
+        self.inner.state.lock().expect("state lock").faults.latency_ms = d.as_millis() as u64;
+    }
+
+    /// Forgets the watch history, like an etcd compaction: watches from older versions get 410.
+    pub fn compact(&self) {
+        self.inner.state.lock().expect("state lock").compact();
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.inner.state.lock().expect("state lock").rv()
+    }
+
+    /// Every API request seen so far, as `METHOD /path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        self.inner.state.lock().expect("state lock").requests.clone()
+    }
+
+    /// Installs a CRD (as if POSTed), e.g. from `deploy/crd.yaml` content.
+    pub fn install_crd(&self, crd: Value) -> anyhow::Result<()> {
+        install_crd(&self.inner, crd)
+    }
+}
+
+impl Drop for EmulatorHandle {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+fn install_crd(inner: &Inner, crd: Value) -> anyhow::Result<()> {
+    let mut st = inner.state.lock().expect("state lock");
+    let rt = st
+        .find("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        .expect("CRDs are built in");
+    st.create(&rt, "", crd, &WriteOpts::default())
+        .map_err(|e| anyhow::anyhow!("installing CRD: {e}"))?;
+    Ok(())
+}
+
+pub fn write_kubeconfig(url: &str, path: &Path) -> anyhow::Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-emulator\n  cluster:\n    server: {url}\n\
+         contexts:\n- name: kube-emulator\n  context:\n    cluster: kube-emulator\n    user: kube-emulator\n    namespace: default\n\
+         current-context: kube-emulator\nusers:\n- name: kube-emulator\n  user:\n    token: kube-emulator-token\n"
+    );
+    std::fs::write(path, text).with_context(|| format!("writing kubeconfig {}", path.display()))
+}
+
+async fn serve(
+    inner: Arc<Inner>,
+    listener: TcpListener,
+    control_only: bool,
+    mut shutdown: watch::Receiver<bool>,
+    mut availability: watch::Receiver<Availability>,
+) {
+    let addr = listener.local_addr().expect("bound listener has an address");
+    let mut listener = Some(listener);
+    let mut conns = JoinSet::new();
+    loop {
+        let refusing = !control_only && *availability.borrow() == Availability::Refuse;
+        if refusing && listener.is_some() {
+            listener = None;
+            conns.abort_all();
+        } else if !refusing && listener.is_none() {
+            match TcpListener::bind(addr).await {
+                Ok(l) => listener = Some(l),
+                Err(e) => {
+                    tracing::warn!("re-binding {addr}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = availability.changed() => continue,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            accepted = async { listener.as_ref().expect("listening").accept().await }, if listener.is_some() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let inner = inner.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| http::handle(inner.clone(), req, control_only));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    }
+    conns.abort_all();
+}
+
+/// Starts an emulator on the current tokio runtime.
+pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
+    let listener = TcpListener::bind(options.addr)
+        .await
+        .with_context(|| format!("binding {}", options.addr))?;
+    let addr = listener.local_addr()?;
+    let (availability, avail_rx) = watch::channel(Availability::Up);
+    let inner = Arc::new(Inner {
+        state: Mutex::new(State::new(options.history_limit)),
+        addr,
+        bookmark_interval: options.bookmark_interval,
+        availability,
+        restore_task: Mutex::new(None),
+    });
+    let mut crds = Vec::new();
+    for f in &options.crd_files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading CRD file {}", f.display()))?;
+        crds.extend(parse_yaml_documents(&text).with_context(|| format!("parsing {}", f.display()))?);
+    }
+    for text in &options.crd_yaml {
+        crds.extend(parse_yaml_documents(text)?);
+    }
+    for crd in crds {
+        if crd.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition") {
+            install_crd(&inner, crd)?;
+        }
+    }
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    tokio::spawn(serve(
+        inner.clone(),
+        listener,
+        false,
+        shutdown_rx.clone(),
+        avail_rx.clone(),
+    ));
+    let mut control_url = None;
+    if let Some(caddr) = options.control_addr {
+        let cl = TcpListener::bind(caddr)
+            .await
+            .with_context(|| format!("binding control port {caddr}"))?;
+        control_url = Some(format!("http://{}", cl.local_addr()?));
+        tokio::spawn(serve(inner.clone(), cl, true, shutdown_rx.clone(), avail_rx));
+    }
+    let gc_inner = inner.clone();
+    let mut gc_shutdown = shutdown_rx;
+    tokio::spawn(async move {
+        let wake = gc_inner.state.lock().expect("state lock").gc_wake.clone();
+        loop {
+            tokio::select! {
+                _ = gc_shutdown.changed() => return,
+                _ = wake.notified() => {}
+            }
+            for _ in 0..100 {
+                if !gc_inner.state.lock().expect("state lock").gc_pass() {
+                    break;
+                }
+            }
+        }
+    });
+    Ok(EmulatorHandle {
+        inner,
+        url: format!("http://{addr}"),
+        control_url,
+        shutdown,
+    })
+}

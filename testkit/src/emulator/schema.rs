@@ -1,0 +1,536 @@
+//! Structural-schema handling for custom resources, in the order the apiserver applies it:
+//! pruning of unknown fields (and of `null` where not `nullable`), `default:`, then validation
+//! (types, enum, bounds, lengths, item and property counts, `required`, `pattern`, `date-time`).
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+/// The fields of `ObjectMeta` a client may send; anything else under `metadata` is dropped on decode.
+const OBJECT_META_FIELDS: &[&str] = &[
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
+/// One field error, as `field.Error` renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub kind: ErrorKind,
+    pub field: String,
+    pub value: Option<Value>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ErrorKind {
+    Required,
+    Invalid,
+    TypeInvalid,
+    NotSupported,
+    TooMany,
+    TooLong,
+    Forbidden,
+}
+
+impl FieldError {
+    pub fn new(kind: ErrorKind, field: impl Into<String>, value: Option<Value>, detail: impl Into<String>) -> Self {
+        FieldError {
+            kind,
+            field: field.into(),
+            value,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Required, field, None, detail)
+    }
+
+    pub fn invalid(field: impl Into<String>, value: Value, detail: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, field, Some(value), detail)
+    }
+
+    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, field, None, detail)
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Required => "FieldValueRequired",
+            ErrorKind::Invalid => "FieldValueInvalid",
+            ErrorKind::TypeInvalid => "FieldValueTypeInvalid",
+            ErrorKind::NotSupported => "FieldValueNotSupported",
+            ErrorKind::TooMany => "FieldValueTooMany",
+            ErrorKind::TooLong => "FieldValueTooLong",
+            ErrorKind::Forbidden => "FieldValueForbidden",
+        }
+    }
+
+    fn type_str(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Required => "Required value",
+            ErrorKind::Invalid | ErrorKind::TypeInvalid => "Invalid value",
+            ErrorKind::NotSupported => "Unsupported value",
+            ErrorKind::TooMany => "Too many",
+            ErrorKind::TooLong => "Too long",
+            ErrorKind::Forbidden => "Forbidden",
+        }
+    }
+
+    /// `ErrorBody()`: the message without the field path.
+    pub fn body(&self) -> String {
+        let mut s = match self.kind {
+            ErrorKind::Required | ErrorKind::Forbidden | ErrorKind::TooLong => self.type_str().to_string(),
+            _ => format!(
+                "{}: {}",
+                self.type_str(),
+                render_value(self.value.as_ref().unwrap_or(&Value::Null))
+            ),
+        };
+        if !self.detail.is_empty() {
+            s.push_str(": ");
+            s.push_str(&self.detail);
+        }
+        s
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.body())
+    }
+}
+
+fn render_value(v: &Value) -> String {
+    match v {
+        Value::Null => "\"null\"".into(),
+        Value::String(s) => format!("{s:?}"),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn child(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn flag(schema: &Value, key: &str) -> bool {
+    schema.get(key).and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// Prunes `obj` (a whole custom resource) against the CRD's `openAPIV3Schema`, drops non-nullable
+/// nulls, and applies defaults. Returns the paths of pruned unknown fields.
+pub fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    if let Some(map) = obj.as_object_mut() {
+        if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+            let unknown: Vec<String> = meta
+                .keys()
+                .filter(|k| !OBJECT_META_FIELDS.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            for k in unknown {
+                meta.remove(&k);
+                pruned.push(format!("metadata.{k}"));
+            }
+        }
+        let props = schema.get("properties").and_then(Value::as_object);
+        let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
+        let keys: Vec<String> = map.keys().cloned().collect();
+        for k in keys {
+            if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                continue;
+            }
+            match props.and_then(|p| p.get(&k)) {
+                Some(sub) => {
+                    if map[&k].is_null() && !flag(sub, "nullable") {
+                        map.remove(&k);
+                        continue;
+                    }
+                    prune_value(map.get_mut(&k).expect("key present"), sub, &k, &mut pruned);
+                }
+                None if preserve => {}
+                None => {
+                    map.remove(&k);
+                    pruned.push(k);
+                }
+            }
+        }
+        if let Some(props) = props {
+            apply_defaults(map, props, "", &mut pruned);
+        }
+    }
+    pruned
+}
+
+fn apply_defaults(map: &mut Map<String, Value>, props: &Map<String, Value>, path: &str, pruned: &mut Vec<String>) {
+    for (k, sub) in props {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") && path.is_empty() {
+            continue;
+        }
+        if !map.contains_key(k)
+            && let Some(d) = sub.get("default")
+        {
+            let mut d = d.clone();
+            prune_value(&mut d, sub, &child(path, k), pruned);
+            map.insert(k.clone(), d);
+        }
+    }
+}
+
+fn prune_value(v: &mut Value, schema: &Value, path: &str, pruned: &mut Vec<String>) {
+    let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
+    let embedded = flag(schema, "x-kubernetes-embedded-resource");
+    match v {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                let sub = props.and_then(|p| p.get(&k)).or(additional);
+                match sub {
+                    Some(sub) => {
+                        if map[&k].is_null() && !flag(sub, "nullable") {
+                            map.remove(&k);
+                            continue;
+                        }
+                        prune_value(map.get_mut(&k).expect("key present"), sub, &child(path, &k), pruned);
+                    }
+                    None if preserve => {}
+                    None if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") => {}
+                    None if props.is_none() && additional.is_none() && schema.get("type").is_none() => {}
+                    None => {
+                        map.remove(&k);
+                        pruned.push(child(path, &k));
+                    }
+                }
+            }
+            if let Some(props) = props {
+                apply_defaults(map, props, path, pruned);
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter_mut().enumerate() {
+                    prune_value(item, item_schema, &format!("{path}[{i}]"), pruned);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Validates a (pruned, defaulted) custom resource against its schema. `status` is left out
+/// of the root when `skip_status` (the main endpoint of a resource with a status subresource
+/// keeps the stored status, which was validated when written).
+pub fn validate(obj: &Value, schema: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let Some(map) = obj.as_object() else {
+        return errs;
+    };
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (k, v) in map {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        if let Some(sub) = props.and_then(|p| p.get(k)) {
+            validate_value(v, sub, k, &mut errs);
+        }
+    }
+    if let Some(req) = schema.get("required").and_then(Value::as_array) {
+        for r in req.iter().filter_map(Value::as_str) {
+            if !map.contains_key(r) {
+                errs.push(FieldError::required(r, ""));
+            }
+        }
+    }
+    errs
+}
+
+fn validate_value(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
+    if v.is_null() {
+        if flag(schema, "nullable") {
+            return;
+        }
+        if let Some(t) = schema.get("type").and_then(Value::as_str) {
+            errs.push(FieldError::new(
+                ErrorKind::TypeInvalid,
+                path,
+                Some(Value::Null),
+                format!("{path} in body must be of type {t}: \"null\""),
+            ));
+        }
+        return;
+    }
+    let int_or_string = flag(schema, "x-kubernetes-int-or-string");
+    if int_or_string {
+        if !matches!(type_name(v), "integer" | "string") {
+            errs.push(FieldError::new(
+                ErrorKind::TypeInvalid,
+                path,
+                Some(v.clone()),
+                format!("{path} in body must be of type integer,string: {:?}", type_name(v)),
+            ));
+            return;
+        }
+    } else if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        let actual = type_name(v);
+        let ok = match t {
+            "number" => matches!(actual, "number" | "integer"),
+            other => other == actual,
+        };
+        if !ok {
+            errs.push(FieldError::new(
+                ErrorKind::TypeInvalid,
+                path,
+                Some(v.clone()),
+                format!("{path} in body must be of type {t}: {actual:?}"),
+            ));
+            return;
+        }
+    }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(v)
+    {
+        let values: Vec<String> = allowed
+            .iter()
+            .map(|a| match a {
+                Value::String(s) => format!("{s:?}"),
+                other => format!("{:?}", other.to_string()),
+            })
+            .collect();
+        errs.push(FieldError::new(
+            ErrorKind::NotSupported,
+            path,
+            Some(v.clone()),
+            format!("supported values: {}", values.join(", ")),
+        ));
+    }
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(0.0);
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+                let excl = flag(schema, "exclusiveMinimum");
+                if (excl && x <= min) || (!excl && x < min) {
+                    let rel = if excl {
+                        "greater than"
+                    } else {
+                        "greater than or equal to"
+                    };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v.clone(),
+                        format!("{path} in body should be {rel} {}", fmt_num(min)),
+                    ));
+                }
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+                let excl = flag(schema, "exclusiveMaximum");
+                if (excl && x >= max) || (!excl && x > max) {
+                    let rel = if excl { "less than" } else { "less than or equal to" };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v.clone(),
+                        format!("{path} in body should be {rel} {}", fmt_num(max)),
+                    ));
+                }
+            }
+        }
+        Value::String(s) => {
+            let len = s.chars().count() as u64;
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+                && len > max
+            {
+                errs.push(FieldError::new(
+                    ErrorKind::TooLong,
+                    path,
+                    Some(v.clone()),
+                    format!("may not be more than {max} bytes"),
+                ));
+            }
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+                && len < min
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body should be at least {min} chars long"),
+                ));
+            }
+            if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+                && let Ok(re) = regex::Regex::new(p)
+                && !re.is_match(s)
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body should match '{p}'"),
+                ));
+            }
+            if schema.get("format").and_then(Value::as_str) == Some("date-time")
+                && s.parse::<k8s_openapi::jiff::Timestamp>().is_err()
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body must be of type date-time: {s:?}"),
+                ));
+            }
+        }
+        Value::Array(items) => {
+            let n = items.len() as u64;
+            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+                && n > max
+            {
+                errs.push(FieldError::new(
+                    ErrorKind::TooMany,
+                    path,
+                    Some(Value::from(n)),
+                    format!("must have at most {max} items"),
+                ));
+            }
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+                && n < min
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body should have at least {min} items"),
+                ));
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    validate_value(item, item_schema, &format!("{path}[{i}]"), errs);
+                }
+            }
+        }
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (k, sub_v) in map {
+                if let Some(sub) = props.and_then(|p| p.get(k)).or(additional) {
+                    validate_value(sub_v, sub, &child(path, k), errs);
+                }
+            }
+            if let Some(req) = schema.get("required").and_then(Value::as_array) {
+                for r in req.iter().filter_map(Value::as_str) {
+                    if !map.contains_key(r) {
+                        errs.push(FieldError::required(child(path, r), ""));
+                    }
+                }
+            }
+            let n = map.len() as u64;
+            if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64)
+                && n > max
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body should have at most {max} properties"),
+                ));
+            }
+            if let Some(min) = schema.get("minProperties").and_then(Value::as_u64)
+                && n < min
+            {
+                errs.push(FieldError::invalid(
+                    path,
+                    v.clone(),
+                    format!("{path} in body should have at least {min} properties"),
+                ));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        x.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {
+            "spec": {"type": "object", "required": ["image"], "properties": {
+                "image": {"type": "string"},
+                "attempts": {"type": "integer", "minimum": 1, "maximum": 3, "default": 2},
+                "mode": {"type": "string", "enum": ["a", "b"]},
+                "tags": {"type": "array", "maxItems": 2, "items": {"type": "string"}},
+                "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "opt": {"type": "string", "nullable": true}
+            }}
+        }})
+    }
+
+    #[test]
+    fn prunes_defaults_and_validates() {
+        let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a", "bogus": 1},
+            "spec": {"image": "i", "junk": true, "free": {"any": {"thing": 1}}, "opt": null, "mode": null},
+            "extra": 1});
+        let pruned = prune_and_default(&mut obj, &schema());
+        assert_eq!(pruned, vec!["metadata.bogus", "extra", "spec.junk"]);
+        assert_eq!(obj["spec"]["attempts"], json!(2));
+        assert_eq!(obj["spec"]["free"]["any"]["thing"], json!(1));
+        assert!(obj["spec"]["opt"].is_null() && obj["spec"].get("opt").is_some());
+        assert!(obj["spec"].get("mode").is_none());
+        assert!(validate(&obj, &schema()).is_empty());
+
+        let bad = json!({"spec": {"attempts": 9, "mode": "c", "tags": ["x", "y", "z"]}});
+        let errs: Vec<String> = validate(&bad, &schema()).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errs,
+            vec![
+                "spec.attempts: Invalid value: 9: spec.attempts in body should be less than or equal to 3",
+                "spec.mode: Unsupported value: \"c\": supported values: \"a\", \"b\"",
+                "spec.tags: Too many: 3: must have at most 2 items",
+                "spec.image: Required value",
+            ]
+        );
+        let wrong_type = json!({"spec": {"image": 5}});
+        let errs: Vec<String> = validate(&wrong_type, &schema())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errs,
+            vec!["spec.image: Invalid value: 5: spec.image in body must be of type string: \"integer\""]
+        );
+    }
+}
