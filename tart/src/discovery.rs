@@ -220,9 +220,8 @@ pub async fn kill_vm_processes(home: &Path, name: &str, filter: &ClientFilter) -
 
 /// True while `pid` exists and is not a zombie (a zombie has exited; it only waits for its parent to reap it).
 pub fn process_alive(pid: Pid) -> bool {
-    match kill(pid, None) {
-        Err(Errno::ESRCH) => return false,
-        Ok(()) | Err(_) => {}
+    if let Err(Errno::ESRCH) = kill(pid, None) {
+        return false;
     }
     let Ok(mut sys) = System::new() else {
         return true;

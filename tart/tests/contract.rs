@@ -1,0 +1,962 @@
+//! The tart CLI contract (TART.md section (a)), asserted through the driver and through raw invocations.
+//!
+//! By default these run against `tart-double` with a fresh temporary `TART_HOME` per test. With
+//! `TARTAN_REAL_TART=1` (on a Mac) they run against the real `tart` on PATH (or `TARTAN_REAL_TART_PROGRAM`) and its
+//! default home, cloning `TARTAN_REAL_TART_IMAGE`; tests that need the double's fault injection or host-side
+//! details are skipped there (they say so on stderr).
+//!
+//! Every process a test starts is owned by a guard that SIGKILLs and reaps it, also when the test panics.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::waitpid;
+use tartan_tart::double::{Fault, Faults};
+use tartan_tart::{
+    ExecOptions, Pid, RunOptions, RunningVm, SetOptions, Tart, TartError, Timeouts, VmState, process_alive,
+};
+
+const REGISTRY_IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-base:latest";
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+struct Harness {
+    _tmp: tempfile::TempDir,
+    /// A scratch folder for logs (not tart's home).
+    scratch: PathBuf,
+    home: PathBuf,
+    program: PathBuf,
+    real: bool,
+    image: String,
+    created: std::cell::RefCell<Vec<String>>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("create a temp dir");
+        let scratch = tmp.path().join("scratch");
+        std::fs::create_dir(&scratch).expect("create scratch dir");
+        if std::env::var("TARTAN_REAL_TART").as_deref() == Ok("1") {
+            let program = std::env::var_os("TARTAN_REAL_TART_PROGRAM")
+                .map(PathBuf::from)
+                .unwrap_or("tart".into());
+            let image = std::env::var("TARTAN_REAL_TART_IMAGE").expect("TARTAN_REAL_TART_IMAGE must name an image");
+            let home = tartan_tart::tart_home().expect("tart home");
+            Harness {
+                _tmp: tmp,
+                scratch,
+                home,
+                program,
+                real: true,
+                image,
+                created: Default::default(),
+            }
+        } else {
+            let home = tmp.path().join("tart-home");
+            Harness {
+                _tmp: tmp,
+                scratch,
+                home,
+                program: PathBuf::from(env!("CARGO_BIN_EXE_tart-double")),
+                real: false,
+                image: REGISTRY_IMAGE.to_string(),
+                created: Default::default(),
+            }
+        }
+    }
+
+    /// Skips a test that needs the double; returns true if the caller should return.
+    fn double_only(&self, why: &str) -> bool {
+        if self.real {
+            eprintln!("skipped against real tart: {why}");
+        }
+        self.real
+    }
+
+    fn tart(&self) -> Tart {
+        Tart::new(&self.program, (!self.real).then(|| self.home.clone()))
+    }
+
+    /// A VM name: as given for the double; unique (and cleaned up) for real tart.
+    fn vm(&self, base: &str) -> String {
+        let name = if self.real {
+            format!(
+                "{base}-tartan-test-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::SeqCst)
+            )
+        } else {
+            base.to_string()
+        };
+        self.created.borrow_mut().push(name.clone());
+        name
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(args).stdin(Stdio::null());
+        if !self.real {
+            cmd.env("TART_HOME", &self.home);
+        }
+        cmd
+    }
+
+    /// Runs tart to completion (bounded: a hang fails the test and the process is killed).
+    fn raw(&self, args: &[&str]) -> Raw {
+        let child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tart");
+        let mut guard = ChildGuard(Some(child));
+        let deadline = Instant::now() + Duration::from_secs(if self.real { 900 } else { 60 });
+        loop {
+            let child = guard.0.as_mut().expect("child");
+            if child.try_wait().expect("poll tart").is_some() {
+                let out: Output = guard
+                    .0
+                    .take()
+                    .expect("child")
+                    .wait_with_output()
+                    .expect("collect output");
+                return Raw {
+                    code: out.status.code(),
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                };
+            }
+            assert!(Instant::now() < deadline, "tart {args:?} hung");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts tart in the background, owned by a guard.
+    fn spawn(&self, args: &[&str], log: &Path) -> ChildGuard {
+        let out = std::fs::File::create(log).expect("create log");
+        let err = out.try_clone().expect("dup log");
+        ChildGuard(Some(
+            self.command(args).stdout(out).stderr(err).spawn().expect("spawn tart"),
+        ))
+    }
+
+    fn clone_image(&self, name: &str) {
+        let r = self.raw(&["clone", &self.image, name]);
+        assert_eq!(r.code, Some(0), "clone {} {name}: {r:?}", self.image);
+    }
+
+    fn set_faults(&self, faults: &Faults) {
+        faults.store(&self.home).expect("write the fault file");
+    }
+
+    fn vm_dir(&self, name: &str) -> PathBuf {
+        tartan_tart::vm_dir(&self.home, name)
+    }
+
+    fn list_json(&self) -> Vec<serde_json::Value> {
+        let r = self.raw(&["list", "--format", "json"]);
+        assert_eq!(r.code, Some(0), "{r:?}");
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("list JSON: {e}: {}", r.stdout))
+    }
+
+    fn listed(&self, name: &str) -> Option<serde_json::Value> {
+        self.list_json().into_iter().find(|v| v["Name"] == name)
+    }
+
+    async fn start(&self, name: &str) -> VmGuard {
+        let log = self.scratch.join(format!("{name}-run.log"));
+        let mut vm = self
+            .tart()
+            .run(
+                name,
+                &RunOptions {
+                    log_path: Some(log),
+                    ..Default::default()
+                },
+            )
+            .expect("spawn run");
+        let guard_pid = vm.pid();
+        vm.wait_until_running(Duration::from_secs(if self.real { 120 } else { 20 }))
+            .await
+            .expect("VM running");
+        VmGuard {
+            vm: Some(vm),
+            pid: guard_pid,
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if !self.real {
+            return; // processes are owned by guards; the temp home goes with `_tmp`
+        }
+        for name in self.created.borrow().iter() {
+            let _ = Command::new(&self.program)
+                .args(["stop", name, "--timeout", "5"])
+                .status();
+            let _ = Command::new(&self.program).args(["delete", name]).status();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Raw {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Owns a std child: SIGKILL and reap on drop.
+struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.0.as_ref().expect("child").id() as i32)
+    }
+
+    fn kill_and_wait(&mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("child");
+        let _ = child.kill();
+        child.wait().expect("reap child")
+    }
+
+    /// Waits (bounded) for the child to exit by itself.
+    fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.0.as_mut().expect("child").try_wait().expect("poll child") {
+                self.0 = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "child did not exit within {within:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Owns a `tart run` started through the driver: SIGKILL and reap on drop.
+struct VmGuard {
+    vm: Option<RunningVm>,
+    pid: Pid,
+}
+
+impl VmGuard {
+    fn vm(&mut self) -> &mut RunningVm {
+        self.vm.as_mut().expect("vm")
+    }
+}
+
+impl Drop for VmGuard {
+    fn drop(&mut self) {
+        if self.vm.take().is_some() {
+            let _ = kill(self.pid, Signal::SIGKILL);
+            let _ = waitpid(self.pid, None); // ECHILD if tokio reaped it first
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds; fails the test after `within`.
+fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn exec_opts(h: &Harness, name: &str, timeout: Duration) -> ExecOptions {
+    ExecOptions::new(h.scratch.join(format!("{name}-exec.log")), timeout)
+}
+
+fn argv(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+// ------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn running_vm_refuses_delete_until_its_run_is_killed() {
+    let h = Harness::new();
+    let vm = h.vm("mb-x");
+    h.clone_image(&vm);
+    let mut run = h.spawn(&["run", "--no-graphics", &vm], &h.scratch.join("run.log"));
+    let run_pid = run.pid();
+    wait_for("run holds the VM lock", Duration::from_secs(120), || {
+        tartan_tart::run_pid(&h.home, &vm).unwrap() == Some(run_pid)
+    });
+
+    let r = h.raw(&["delete", &vm]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains(&format!("VM \"{vm}\" is running")), "{r:?}");
+    let entry = h.listed(&vm).expect("VM listed");
+    assert_eq!(entry["Running"], true, "{entry}");
+    assert_eq!(entry["State"], "running", "{entry}");
+
+    let status = run.kill_and_wait(); // kill -9
+    assert!(!status.success());
+    let entry = h.listed(&vm).expect("VM still listed after its run died");
+    assert_eq!(entry["Running"], false, "{entry}");
+    assert_eq!(entry["State"], "stopped", "{entry}");
+    assert_eq!(tartan_tart::run_pid(&h.home, &vm).unwrap(), None);
+
+    let r = h.raw(&["delete", &vm]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(!h.vm_dir(&vm).exists());
+    let r = h.raw(&["delete", &vm]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(
+        r.stderr.contains(&format!("the specified VM \"{vm}\" does not exist")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn driver_reports_the_same_story_with_typed_errors() {
+    let h = Harness::new();
+    let vm = h.vm("mb-d");
+    let tart = h.tart();
+    tart.clone_vm(&h.image, &vm).await.expect("clone");
+    tart.set(
+        &vm,
+        &SetOptions {
+            cpu: Some(4),
+            memory_mb: Some(4096),
+            random_mac: true,
+        },
+    )
+    .await
+    .expect("set");
+    let mut guard = h.start(&vm).await;
+
+    let err = tart.delete(&vm).await.expect_err("delete of a running VM");
+    assert!(matches!(err, TartError::VmRunning { .. }), "{err}");
+    let listed = tart.list().await.expect("list");
+    let entry = listed.iter().find(|e| e.name == vm).expect("listed");
+    assert!(
+        entry.running && entry.state == VmState::Running && entry.is_local(),
+        "{entry:?}"
+    );
+    let info = tart.get(&vm).await.expect("get");
+    assert_eq!((info.cpu, info.memory, info.running), (4, 4096, true));
+    let again = tart.run(&vm, &RunOptions::default()).expect("spawn second run");
+    let mut again = VmGuard {
+        pid: again.pid(),
+        vm: Some(again),
+    };
+    let exit = again.vm().wait().await.expect("second run exits");
+    assert_eq!(exit.code, Some(2), "second run: {exit}");
+
+    guard.vm().kill().await.expect("kill run");
+    tart.delete(&vm).await.expect("delete stopped VM");
+    let err = tart.delete(&vm).await.expect_err("second delete");
+    assert!(err.is_vm_missing(), "{err}");
+    let err = tart.get(&vm).await.expect_err("get of a deleted VM");
+    assert!(err.is_vm_missing(), "{err}");
+    let err = tart
+        .stop(&vm, Duration::from_secs(1))
+        .await
+        .expect_err("stop of a deleted VM");
+    assert!(err.is_vm_missing(), "{err}");
+}
+
+#[tokio::test]
+async fn f_getlk_finds_the_run_pid_without_taking_the_lock() {
+    let h = Harness::new();
+    let vm = h.vm("mb-lock");
+    h.clone_image(&vm);
+    let guard = h.start(&vm).await;
+    for _ in 0..20 {
+        assert_eq!(tartan_tart::run_pid(&h.home, &vm).unwrap(), Some(guard.pid));
+    }
+    assert_eq!(h.tart().run_pid(&vm).unwrap(), Some(guard.pid));
+    #[cfg(target_os = "linux")]
+    {
+        let me = std::process::id().to_string();
+        let locks = std::fs::read_to_string("/proc/locks").expect("/proc/locks");
+        assert!(
+            !locks.lines().any(|l| l.split_whitespace().nth(4) == Some(me.as_str())),
+            "this process holds a lock:\n{locks}"
+        );
+    }
+    // The run still holds it: a second run is refused, and so is delete.
+    let r = h.raw(&["run", "--no-graphics", &vm]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains(&format!("VM \"{vm}\" is already running!")), "{r:?}");
+    assert_eq!(h.raw(&["delete", &vm]).code, Some(1));
+    assert_eq!(tartan_tart::run_pid(&h.home, "no-such-vm").unwrap(), None);
+}
+
+#[tokio::test]
+async fn stop_interrupts_the_run_which_exits_zero() {
+    let h = Harness::new();
+    let vm = h.vm("mb-stop");
+    h.clone_image(&vm);
+    let log = h.scratch.join("run.log");
+    let mut run = h.spawn(&["run", "--no-graphics", &vm], &log);
+    let pid = run.pid();
+    wait_for("run holds the lock", Duration::from_secs(120), || {
+        tartan_tart::run_pid(&h.home, &vm).unwrap() == Some(pid)
+    });
+
+    h.tart().stop(&vm, Duration::from_secs(20)).await.expect("stop");
+    let status = run.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "run after SIGINT: {status:?}");
+    assert!(std::fs::read_to_string(&log).unwrap().contains("Stopping VM..."));
+    assert_eq!(tartan_tart::run_pid(&h.home, &vm).unwrap(), None);
+
+    let err = h
+        .tart()
+        .stop(&vm, Duration::from_secs(1))
+        .await
+        .expect_err("stop of a stopped VM");
+    assert!(err.is_not_running(), "{err}");
+    let r = h.raw(&["stop", &vm]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains(&format!("VM \"{vm}\" is not running")), "{r:?}");
+}
+
+#[tokio::test]
+async fn sigusr2_is_a_guest_shutdown_and_sigterm_kills_at_once() {
+    let h = Harness::new();
+    let vm = h.vm("mb-sig");
+    h.clone_image(&vm);
+    let mut guard = h.start(&vm).await;
+    guard.vm().signal(Signal::SIGUSR2).expect("SIGUSR2");
+    assert_eq!(guard.vm().wait().await.unwrap().code, Some(0));
+    let mut guard = h.start(&vm).await;
+    guard.vm().signal(Signal::SIGTERM).expect("SIGTERM");
+    assert_eq!(guard.vm().wait().await.unwrap().signal, Some(Signal::SIGTERM as i32));
+    assert_eq!(tartan_tart::run_pid(&h.home, &vm).unwrap(), None);
+}
+
+#[tokio::test]
+async fn exec_propagates_exit_codes_and_streams_output() {
+    let h = Harness::new();
+    let vm = h.vm("mb-exec");
+    h.clone_image(&vm);
+    let tart = h.tart();
+    let mut guard = h.start(&vm).await;
+    let opts = exec_opts(&h, &vm, Duration::from_secs(120));
+
+    let out = tart
+        .exec(
+            &vm,
+            &argv(&["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7"]),
+            &opts,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 7);
+    assert!(
+        out.tail.contains("to-stdout") && out.tail.contains("to-stderr"),
+        "{out:?}"
+    );
+    let log = std::fs::read_to_string(&opts.log_path).unwrap();
+    assert!(log.contains("to-stdout") && log.contains("to-stderr"), "{log}");
+    // Guest exit codes 1 and 2 are results, not tart errors.
+    assert_eq!(tart.exec(&vm, &argv(&["false"]), &opts).await.unwrap().exit_code, 1);
+    assert_eq!(
+        tart.exec(&vm, &argv(&["sh", "-c", "exit 2"]), &opts)
+            .await
+            .unwrap()
+            .exit_code,
+        2
+    );
+    // A guest process killed by a signal comes back as 255.
+    assert_eq!(
+        tart.exec(&vm, &argv(&["sh", "-c", "kill -9 $$"]), &opts)
+            .await
+            .unwrap()
+            .exit_code,
+        255
+    );
+    // argv goes through without a host shell.
+    let out = tart
+        .exec(&vm, &argv(&["echo", "a b", "$HOME", "-n"]), &opts)
+        .await
+        .unwrap();
+    assert!(out.tail.ends_with("a b $HOME -n\n"), "{:?}", out.tail);
+
+    if !h.real {
+        let out = tart.exec(&vm, &argv(&["pwd"]), &opts).await.unwrap();
+        let pwd = PathBuf::from(out.tail.lines().last().unwrap());
+        assert_eq!(pwd.canonicalize().unwrap(), h.vm_dir(&vm).canonicalize().unwrap());
+    }
+
+    // The log cap holds; the tail still has the end.
+    let capped = ExecOptions {
+        log_cap: 1000,
+        tail_bytes: 64,
+        ..exec_opts(&h, "capped", Duration::from_secs(60))
+    };
+    let out = tart
+        .exec(
+            &vm,
+            &argv(&[
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done",
+            ]),
+            &capped,
+        )
+        .await
+        .unwrap();
+    assert!(out.truncated && out.output_bytes > 10_000, "{out:?}");
+    assert!(out.tail.ends_with("line-1999\n"), "{:?}", out.tail);
+    let log_len = std::fs::metadata(&capped.log_path).unwrap().len();
+    assert!(log_len < 1200, "log is {log_len} bytes");
+
+    guard.vm().kill().await.unwrap();
+    let err = tart
+        .exec(&vm, &argv(&["true"]), &opts)
+        .await
+        .expect_err("exec on a stopped VM");
+    assert!(err.is_not_running(), "{err}");
+    let r = h.raw(&["exec", &vm, "true"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    let err = tart
+        .exec("mb-missing", &argv(&["true"]), &opts)
+        .await
+        .expect_err("exec on a missing VM");
+    assert!(err.is_vm_missing(), "{err}");
+}
+
+#[tokio::test]
+async fn exec_before_boot_fails_until_the_fault_is_lifted() {
+    let h = Harness::new();
+    if h.double_only("boot delay is a double fault") {
+        return;
+    }
+    let vm = h.vm("mb-boot");
+    h.clone_image(&vm);
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        vm.clone(),
+        Fault {
+            boot_delay_secs: Some(3600.0),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+    let _guard = h.start(&vm).await;
+    let tart = h.tart();
+    let opts = exec_opts(&h, &vm, Duration::from_secs(30));
+
+    let err = tart
+        .exec(&vm, &argv(&["true"]), &opts)
+        .await
+        .expect_err("exec while booting");
+    assert!(matches!(err, TartError::GuestAgentUnavailable { .. }), "{err}");
+    let r = h.raw(&["exec", &vm, "true"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("Failed to connect to the VM using its control socket"),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("is the Tart Guest Agent running?"), "{r:?}");
+    let r = h.raw(&["ip", &vm]);
+    assert_eq!((r.code, r.stderr.trim()), (Some(1), "no IP address found"), "{r:?}");
+
+    h.set_faults(&Faults::default()); // the guest "finished booting"
+    assert_eq!(tart.exec(&vm, &argv(&["true"]), &opts).await.unwrap().exit_code, 0);
+    let ip = tart.ip(&vm, Duration::from_secs(5)).await.expect("ip");
+    assert!(ip.to_string().starts_with("192.168.64."), "{ip}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_exec_times_out_and_its_client_is_killed() {
+    let h = Harness::new();
+    if h.double_only("exec_hangs is a double fault") {
+        return;
+    }
+    let vm = h.vm("mb-hang");
+    h.clone_image(&vm);
+    let guard = h.start(&vm).await;
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        vm.clone(),
+        Fault {
+            exec_hangs: Some(true),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+
+    let tart = h.tart();
+    let opts = exec_opts(&h, &vm, Duration::from_secs(2));
+    let (t, v, o) = (tart.clone(), vm.clone(), opts.clone());
+    let exec = tokio::spawn(async move { t.exec(&v, &argv(&["true"]), &o).await });
+    let mut clients = Vec::new();
+    wait_for("the exec client appears", Duration::from_secs(10), || {
+        clients = tart
+            .client_pids(&vm)
+            .unwrap()
+            .into_iter()
+            .filter(|p| *p != guard.pid)
+            .collect();
+        !clients.is_empty()
+    });
+    let err = exec.await.unwrap().expect_err("hung exec");
+    assert!(
+        matches!(err, TartError::ExecTimeout { .. }) && err.is_timeout(),
+        "{err}"
+    );
+    wait_for("the timed-out exec client is gone", Duration::from_secs(10), || {
+        clients.iter().all(|p| !process_alive(*p))
+    });
+    assert!(
+        std::fs::read_to_string(&opts.log_path)
+            .unwrap()
+            .contains("killed after")
+    );
+
+    h.set_faults(&Faults::default());
+    assert_eq!(tart.exec(&vm, &argv(&["true"]), &opts).await.unwrap().exit_code, 0);
+}
+
+#[tokio::test]
+async fn client_pids_and_kill_vm_processes_find_and_end_everything() {
+    let h = Harness::new();
+    let vm = h.vm("mb-x");
+    h.clone_image(&vm);
+    let tart = h.tart();
+    let guard = h.start(&vm).await;
+    let mut exec = h.spawn(&["exec", &vm, "sleep", "30"], &h.scratch.join("exec.log"));
+    let exec_pid = exec.pid();
+    wait_for("client_pids lists the exec client", Duration::from_secs(10), || {
+        tart.client_pids(&vm).unwrap().contains(&exec_pid)
+    });
+    assert!(
+        tart.client_pids(&vm).unwrap().contains(&guard.pid),
+        "`run NAME` is a client too"
+    );
+    assert!(tart.client_pids("mb-other").unwrap().is_empty());
+    // A different home does not match.
+    let other = tartan_tart::ClientFilter::new(&h.program).in_home(h.scratch.clone());
+    if !h.real {
+        assert!(!tartan_tart::client_pids(&vm, &other).contains(&exec_pid));
+    }
+
+    let report = tart.kill_vm_processes(&vm).await.expect("kill");
+    assert_eq!(report.count(), 2, "{report:?}");
+    assert_eq!(report.killed[0], guard.pid, "the lock holder comes first");
+    assert_eq!(
+        exec.wait_exit(Duration::from_secs(10)).code(),
+        None,
+        "exec client SIGKILLed"
+    );
+    assert_eq!(tart.run_pid(&vm).unwrap(), None);
+    assert!(tart.client_pids(&vm).unwrap().is_empty());
+    assert_eq!(
+        tart.kill_vm_processes(&vm).await.unwrap().count(),
+        0,
+        "nothing left to kill"
+    );
+    tart.delete(&vm).await.expect("delete after kill");
+}
+
+#[tokio::test]
+async fn delete_fault_fails_until_lifted() {
+    let h = Harness::new();
+    if h.double_only("delete_fails is a double fault") {
+        return;
+    }
+    let vm = h.vm("mb-del");
+    h.clone_image(&vm);
+    h.set_faults(&Faults {
+        global: Fault {
+            delete_fails: Some(true),
+            ..Fault::default()
+        },
+        ..Faults::default()
+    });
+    let err = h.tart().delete(&vm).await.expect_err("injected delete failure");
+    assert!(
+        matches!(&err, TartError::Failed { code: 1, stderr, .. } if stderr.contains("delete_fails")),
+        "{err}"
+    );
+    assert!(h.vm_dir(&vm).join("config.json").exists());
+    // A per-VM entry overrides the global one.
+    let mut faults = Faults {
+        global: Fault {
+            delete_fails: Some(true),
+            ..Fault::default()
+        },
+        ..Faults::default()
+    };
+    faults.vms.insert(
+        vm.clone(),
+        Fault {
+            delete_fails: Some(false),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+    h.tart().delete(&vm).await.expect("delete after the fault is lifted");
+    assert!(!h.vm_dir(&vm).exists());
+}
+
+#[tokio::test]
+async fn run_dies_after_fault_leaves_a_stopped_vm() {
+    let h = Harness::new();
+    if h.double_only("run_dies_after_secs is a double fault") {
+        return;
+    }
+    let vm = h.vm("mb-die");
+    h.clone_image(&vm);
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        vm.clone(),
+        Fault {
+            run_dies_after_secs: Some(0.3),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+    let mut guard = h.start(&vm).await;
+    let exit = guard.vm().wait().await.unwrap();
+    assert_eq!(exit.signal, Some(Signal::SIGKILL as i32), "{exit}");
+    let entry = h.listed(&vm).unwrap();
+    assert_eq!(
+        (entry["Running"].clone(), entry["State"].clone()),
+        (false.into(), "stopped".into())
+    );
+    assert!(
+        h.vm_dir(&vm).join("control.sock").exists(),
+        "a stale control.sock remains"
+    );
+}
+
+#[tokio::test]
+async fn clone_overwrites_silently_and_validates_names() {
+    let h = Harness::new();
+    let (a, b) = (h.vm("mb-a"), h.vm("mb-b"));
+    h.clone_image(&a);
+    assert_eq!(h.raw(&["clone", &a, &b]).code, Some(0));
+    let marker = h.vm_dir(&b).join("marker");
+    std::fs::write(&marker, "old clone").unwrap();
+    let r = h.raw(&["clone", &a, &b]);
+    assert_eq!(r.code, Some(0), "a second clone onto an existing name succeeds: {r:?}");
+    assert!(!marker.exists(), "the old VM was replaced");
+
+    let r = h.raw(&["clone", "mb-missing", "mb-c"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(
+        r.stderr.contains("the specified VM \"mb-missing\" does not exist"),
+        "{r:?}"
+    );
+    let r = h.raw(&["clone", &a, "x/y"]);
+    assert_eq!(r.code, Some(64), "{r:?}");
+    assert!(r.stderr.starts_with("Error: "), "{r:?}");
+    let err = h.tart().clone_vm(&a, "x/y").await.expect_err("slash in the new name");
+    assert!(matches!(err, TartError::Usage { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_clone_timeout_kills_tart_and_the_next_command_collects_its_temp_dir() {
+    let h = Harness::new();
+    if h.double_only("clone_delay_secs is a double fault") {
+        return;
+    }
+    let src = h.vm("mb-src");
+    h.clone_image(&src);
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        "mb-slow".into(),
+        Fault {
+            clone_delay_secs: Some(3600.0),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+    let tart = h.tart().with_timeouts(Timeouts {
+        clone: Duration::from_secs(1),
+        ..Timeouts::default()
+    });
+    let err = tart.clone_vm(&src, "mb-slow").await.expect_err("clone must time out");
+    assert!(matches!(err, TartError::Timeout { command: "clone", .. }), "{err}");
+    wait_for("the killed clone is gone", Duration::from_secs(10), || {
+        tart.client_pids("mb-slow").unwrap().is_empty()
+    });
+    assert!(!h.vm_dir("mb-slow").exists(), "never a half VM in vms/");
+    assert_eq!(
+        std::fs::read_dir(h.home.join("tmp")).unwrap().count(),
+        1,
+        "a leftover tmp/<uuid>"
+    );
+    assert!(tart.list().await.unwrap().iter().all(|e| e.name != "mb-slow"));
+    assert_eq!(
+        std::fs::read_dir(h.home.join("tmp")).unwrap().count(),
+        0,
+        "list's GC removed it"
+    );
+}
+
+#[test]
+fn garbage_collection_spares_locked_temp_dirs_and_clone_skips_it() {
+    let h = Harness::new();
+    if h.double_only("inspects the double's home") {
+        return;
+    }
+    assert_eq!(h.raw(&["list"]).code, Some(0)); // creates the layout
+    for sub in ["vms", "cache/OCIs", "cache/IPSWs", "tmp"] {
+        assert!(h.home.join(sub).is_dir(), "{sub}");
+    }
+    let tmp = h.home.join("tmp");
+    std::fs::create_dir(tmp.join("free")).unwrap();
+    std::fs::create_dir(tmp.join("held")).unwrap();
+    let held = std::fs::File::open(tmp.join("held")).unwrap();
+    held.lock().unwrap();
+    h.clone_image("mb-gc");
+    assert!(tmp.join("free").exists(), "clone does not collect garbage");
+    assert_eq!(h.raw(&["list", "-q"]).code, Some(0));
+    assert!(!tmp.join("free").exists() && tmp.join("held").exists());
+    drop(held);
+    assert_eq!(h.raw(&["get", "mb-gc"]).code, Some(0));
+    assert!(!tmp.join("held").exists());
+}
+
+#[test]
+fn list_and_get_print_tarts_fields() {
+    let h = Harness::new();
+    let vm = h.vm("mb-fields");
+    h.clone_image(&vm);
+    let entry = h.listed(&vm).expect("listed");
+    let keys: BTreeSet<&str> = entry.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["Source", "Name", "Disk", "Size", "Accessed", "Running", "State"])
+    );
+    assert_eq!(
+        (entry["Source"].as_str(), entry["Running"].as_bool()),
+        (Some("local"), Some(false))
+    );
+    assert!(entry["Disk"].is_u64() && entry["Size"].is_u64(), "{entry}");
+    let r = h.raw(&["get", &vm, "--format", "json"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let info: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    for key in [
+        "OS",
+        "CPU",
+        "Memory",
+        "Disk",
+        "DiskFormat",
+        "Size",
+        "Display",
+        "Running",
+        "State",
+    ] {
+        assert!(info.get(key).is_some(), "get lacks {key}: {info}");
+    }
+    assert!(info["Size"].is_string(), "Size is a string: {info}");
+    if h.real {
+        return;
+    }
+    assert!(
+        r.stdout.contains("\"Running\" : false"),
+        "Swift-style pretty JSON: {}",
+        r.stdout
+    );
+    assert_eq!(h.raw(&["list", "-q"]).stdout.lines().collect::<Vec<_>>()[0], vm);
+
+    // Local entries first, each group sorted; OCI entries exist for the pulled image.
+    std::fs::create_dir(h.vm_dir("mb-aaa-incomplete")).unwrap();
+    std::fs::write(h.vm_dir("mb-aaa-incomplete").join("config.json"), "{}").unwrap();
+    h.raw(&["clone", &vm, "mb-0"]);
+    let names: Vec<String> = h
+        .list_json()
+        .iter()
+        .map(|v| v["Name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(&names[..2], ["mb-0".to_string(), vm.clone()], "{names:?}");
+    assert!(names[2..].iter().all(|n| n.starts_with("ghcr.io/")), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n == "mb-aaa-incomplete"),
+        "dirs without disk.img are omitted"
+    );
+    let local = h.raw(&["list", "--source", "local", "-q"]).stdout;
+    assert_eq!(local.lines().count(), 2, "{local}");
+
+    let mac = || {
+        let c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(h.vm_dir(&vm).join("config.json")).unwrap()).unwrap();
+        c["macAddress"].as_str().unwrap().to_string()
+    };
+    let before = mac();
+    let r = h.raw(&["set", &vm, "--cpu", "6", "--memory", "5120", "--random-mac"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_ne!(mac(), before);
+    let info: serde_json::Value = serde_json::from_str(&h.raw(&["get", &vm, "--format", "json"]).stdout).unwrap();
+    assert_eq!((info["CPU"].as_u64(), info["Memory"].as_u64()), (Some(6), Some(5120)));
+    assert_eq!(h.raw(&["set", "mb-missing", "--cpu", "2"]).code, Some(2));
+}
+
+#[test]
+fn usage_errors_exit_64_and_run_of_a_missing_vm_exits_1() {
+    let h = Harness::new();
+    let r = h.raw(&["exec", "mb-x"]);
+    assert_eq!(r.code, Some(64), "{r:?}");
+    let r = h.raw(&["list", "--format", "yaml"]);
+    assert_eq!(r.code, Some(64), "{r:?}");
+    assert!(r.stderr.starts_with("Error: "), "{r:?}");
+    let r = h.raw(&["run", "--no-graphics", "mb-nope"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("Error: the specified VM \"mb-nope\" does not exist"),
+        "{r:?}"
+    );
+    let r = h.raw(&["ip", "mb-nope"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+}
+
+#[test]
+fn the_double_works_from_a_shell_script() {
+    let h = Harness::new();
+    if h.double_only("scripts use the double") {
+        return;
+    }
+    let script = r#"
+        set -e
+        TART_HOME="$HOME_DIR" "$TART" clone ghcr.io/cirruslabs/macos-sequoia-base:latest mb-sh
+        export TART_HOME="$HOME_DIR"
+        "$TART" set mb-sh --cpu 4 --memory 4096 --random-mac
+        "$TART" run --no-graphics mb-sh & run=$!
+        until "$TART" exec mb-sh true 2>/dev/null; do :; done
+        "$TART" exec mb-sh sh -c 'echo hello-from-$(basename "$PWD")'
+        "$TART" list --format json | grep -q '"Running" : true'
+        "$TART" stop mb-sh --timeout 5
+        wait $run
+        "$TART" delete mb-sh
+        "$TART" list -q --source local | grep -c . || true
+        "$TART" --help | grep -q double-faults.json
+    "#;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("TART", &h.program)
+        .env("HOME_DIR", &h.home)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("hello-from-mb-sh"), "{stdout}");
+    assert!(stdout.trim_end().ends_with('0'), "no local VM left: {stdout}");
+}
