@@ -145,6 +145,13 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
         print!("{}", install_plan(&launchctl, &dir, &layout, &jobs)?);
         return Ok(());
     }
+    if cfg!(target_os = "macos") && !tartan::PATH.split(':').any(|d| Path::new(d).join("tart").is_file()) {
+        tracing::warn!(
+            "tart is in none of {} (the PATH the LaunchAgents get); builds will fail until \
+             `brew install cirruslabs/cli/tart` puts it there",
+            tartan::PATH
+        );
+    }
     for d in [&layout.log_dir, &layout.state_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("could not create {}", d.display()))?;
     }
