@@ -123,6 +123,28 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     obj["metadata"].as_object_mut().expect("metadata is an object")
 }
 
+/// Drops empty or null metadata collections, as Go's `omitempty` does when the object is stored.
+fn normalize_meta(obj: &mut Value) {
+    let m = meta_mut(obj);
+    for k in [
+        "finalizers",
+        "ownerReferences",
+        "labels",
+        "annotations",
+        "managedFields",
+    ] {
+        let empty = match m.get(k) {
+            Some(Value::Null) => true,
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(o)) => o.is_empty(),
+            _ => false,
+        };
+        if empty {
+            m.remove(k);
+        }
+    }
+}
+
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -599,6 +621,7 @@ impl State {
         {
             m.remove("status");
         }
+        normalize_meta(&mut obj);
         let warnings = Self::apply_schema(rt, &mut obj, &name, opts)?;
         let errs = Self::validate_meta(rt, &obj, &name);
         if !errs.is_empty() {
@@ -735,6 +758,7 @@ impl State {
             }
         };
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(cur_rv));
+        normalize_meta(&mut obj);
         let warnings = Self::apply_schema(rt, &mut obj, name, opts)?;
         let mut errs = Self::validate_meta(rt, &obj, name);
         if is_deleting(&cur) {
