@@ -23,6 +23,8 @@ pub const MAX_ATTEMPTS_LIMIT: u32 = 3;
 /// What to build: the controller writes it when it creates the MacBuild from a CustomRun.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(transform = kubernetes_schema_fixes)]
+// Every printer column repeats `type_ = "string"`; clippy takes that for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "tartan.dev",
     version = "v1alpha1",
