@@ -178,8 +178,12 @@ impl RunningVm {
     }
 
     /// Sends `signal` to `tart run` (SIGINT: hard stop, exit 0; SIGUSR2: ask the guest to shut down).
-    pub fn signal(&self, signal: Signal) -> Result<(), TartError> {
-        kill(self.pid, signal).map_err(|e| TartError::Io {
+    /// Returns `Ok(false)` without signalling if it has already exited (its pid may belong to someone else now).
+    pub fn signal(&mut self, signal: Signal) -> Result<bool, TartError> {
+        if self.try_wait()?.is_some() {
+            return Ok(false);
+        }
+        kill(self.pid, signal).map(|()| true).map_err(|e| TartError::Io {
             action: "could not signal tart run of",
             path: self.config_path.clone(),
             source: std::io::Error::other(format!("{signal} to pid {}: {e}", self.pid)),
@@ -424,7 +428,14 @@ impl Tart {
             program: self.program.clone(),
             source,
         })?;
-        let pid = Pid::from_raw(child.id().unwrap_or_default() as i32);
+        let Some(raw_pid) = child.id() else {
+            return Err(TartError::RunExitedEarly {
+                vm: name.to_string(),
+                status: "reaped before its pid was read".into(),
+                detail: "tart run exited immediately".into(),
+            });
+        };
+        let pid = Pid::from_raw(raw_pid as i32);
         tracing::info!(vm = name, %pid, "started tart run");
         Ok(RunningVm {
             name: name.to_string(),
@@ -442,6 +453,13 @@ impl Tart {
     /// their exact last stderr line: [`TartError::VmNotRunning`], [`TartError::VmDoesNotExist`],
     /// [`TartError::GuestAgentUnavailable`]. On timeout the `tart exec` process is killed.
     pub async fn exec(&self, name: &str, argv: &[String], options: &ExecOptions) -> Result<ExecOutcome, TartError> {
+        if argv.is_empty() {
+            return Err(TartError::Usage {
+                command: "exec",
+                vm: name.to_string(),
+                stderr: "no command given: tart exec needs NAME CMD [ARG...]".into(),
+            });
+        }
         let started = Instant::now();
         let mut sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
         let mut cmd = self.command();

@@ -437,10 +437,14 @@ async fn sigusr2_is_a_guest_shutdown_and_sigterm_kills_at_once() {
     let vm = h.vm("mb-sig");
     h.clone_image(&vm);
     let mut guard = h.start(&vm).await;
-    guard.vm().signal(Signal::SIGUSR2).expect("SIGUSR2");
+    assert!(guard.vm().signal(Signal::SIGUSR2).expect("SIGUSR2"));
     assert_eq!(guard.vm().wait().await.unwrap().code, Some(0));
+    assert!(
+        !guard.vm().signal(Signal::SIGINT).unwrap(),
+        "an exited run is not signalled"
+    );
     let mut guard = h.start(&vm).await;
-    guard.vm().signal(Signal::SIGTERM).expect("SIGTERM");
+    assert!(guard.vm().signal(Signal::SIGTERM).expect("SIGTERM"));
     assert_eq!(guard.vm().wait().await.unwrap().signal, Some(Signal::SIGTERM as i32));
     assert_eq!(tartan_tart::run_pid(&h.home, &vm).unwrap(), None);
 }
@@ -478,6 +482,8 @@ async fn exec_propagates_exit_codes_and_streams_output() {
             .exit_code,
         2
     );
+    let err = tart.exec(&vm, &[], &opts).await.expect_err("exec without a command");
+    assert!(matches!(err, TartError::Usage { .. }), "{err}");
     // A guest process killed by a signal comes back as 255.
     assert_eq!(
         tart.exec(&vm, &argv(&["sh", "-c", "kill -9 $$"]), &opts)

@@ -746,6 +746,14 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
         return Err(Fail::Error(format!("the specified VM \"{name}\" does not exist")));
     }
     let fault = faults_for(home, name)?;
+    // Handle SIGINT/SIGUSR2 synchronously from here on: a `stop` arriving right after the lock is taken must
+    // still end in `Stopping VM...` and exit 0.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGUSR2);
+    signals
+        .thread_block()
+        .map_err(|e| Fail::Error(format!("cannot block signals: {e}")))?;
     let global = lock_home(home)?;
     let path = dir.join("config.json");
     // This descriptor must stay open for the VM's whole life: closing any descriptor of config.json in this
@@ -762,12 +770,6 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
     let sock = dir.join("control.sock");
     fs::write(&sock, format!("{}\n", std::process::id())).map_err(|e| io_fail("cannot create", &sock, e))?;
 
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGINT);
-    signals.add(Signal::SIGUSR2);
-    signals
-        .thread_block()
-        .map_err(|e| Fail::Error(format!("cannot block signals: {e}")))?;
     if let Some(after) = fault.run_dies_after_secs {
         std::thread::spawn(move || {
             std::thread::sleep(secs(after));
