@@ -449,14 +449,21 @@ fn put_condition(conditions: &mut Vec<Condition>, cond: Condition) {
 
 /// Common start of every decision: bump `observedGeneration`; a done run is returned untouched
 /// (`Err`); otherwise mark it started if needed and return the draft and the start time.
-fn begin(run: &CustomRun, now: Timestamp) -> Result<(Draft, Timestamp), Plan> {
+fn begin(run: &CustomRun, now: Timestamp) -> Result<(Draft, Timestamp), Box<Plan>> {
     let current = run.status.clone().unwrap_or_default();
     let mut status = current.clone();
     status.observed_generation = run.metadata.generation.or(current.observed_generation);
 
     // Done runs are never touched again (a cancel patch on a finished run changes nothing).
     if current.is_done() {
-        return Err(Plan { status, action: BuildAction::None, events: vec![], requeue_after: None, finished: None });
+        let plan = Plan {
+            status,
+            action: BuildAction::None,
+            events: vec![],
+            requeue_after: None,
+            finished: None,
+        };
+        return Err(Box::new(plan));
     }
 
     let extra: Extra = current
@@ -491,7 +498,7 @@ fn begin(run: &CustomRun, now: Timestamp) -> Result<(Draft, Timestamp), Plan> {
 /// violation on create): `False/InvalidMacBuildSpec` with the API's message.
 pub fn refuse_spec(run: &CustomRun, message: String, now: Timestamp) -> Plan {
     match begin(run, now) {
-        Err(done) => done,
+        Err(done) => *done,
         Ok((d, _)) => {
             let e = SpecError::Spec(message);
             invalid(d, &e)
@@ -510,7 +517,7 @@ pub fn decide(
 ) -> Plan {
     let (mut d, start) = match begin(run, now) {
         Ok(v) => v,
-        Err(done) => return done,
+        Err(done) => return *done,
     };
     let name = run.metadata.name.clone().unwrap_or_default();
     let ns = run.metadata.namespace.clone().unwrap_or_default();

@@ -703,14 +703,16 @@ fn timeout_with_expired_lease_ends_at_grace_with_the_seed_message() {
 #[test]
 fn cancellation_table() {
     let expired = lease(secs(-15));
-    let cases: Vec<(
-        &str,
+    // (what, MacBuild, Lease, expected Succeeded, expected action, expected vmRetirement)
+    type Case<'a> = (
+        &'a str,
         Option<BuildView>,
         Option<LeaseView>,
-        (&str, &str),
+        (&'a str, &'a str),
         BuildAction,
-        Option<&str>,
-    )> = vec![
+        Option<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "no MacBuild yet",
             None,
@@ -950,13 +952,22 @@ fn status_never_carries_unknown_top_level_keys() {
 
 #[test]
 fn a_spec_the_api_refuses_fails_the_run_once() {
-    let p = refuse_spec(&run(), "MacBuild.tartan.dev \"x\" is invalid: spec.steps[0].name: Invalid value".into(), t0());
+    let p = refuse_spec(
+        &run(),
+        "MacBuild.tartan.dev \"x\" is invalid: spec.steps[0].name: Invalid value".into(),
+        t0(),
+    );
     assert_eq!(state(&p), ("False".into(), "InvalidMacBuildSpec".into()));
     assert!(msg(&p).contains("spec.steps[0].name"));
     assert_eq!(p.action, BuildAction::None);
     assert_eq!(p.status.start_time, Some(Time(t0())));
     // Never reopens a finished run.
-    let done = after(started(), Some(&finished(Stage::Succeeded, "TestsPassed")), None, secs(50));
+    let done = after(
+        started(),
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        None,
+        secs(50),
+    );
     let p = refuse_spec(&done, "late".into(), secs(60));
     assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
 }

@@ -98,7 +98,7 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, DurationError> {
 /// `45s`, `0.25s`.
 pub fn format_secs(d: Duration) -> String {
     let millis = d.as_millis();
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         format!("{}s", millis / 1000)
     } else {
         let text = format!("{}.{:03}", millis / 1000, millis % 1000);

@@ -7,5 +7,8 @@
 pub mod customrun;
 pub mod decide;
 pub mod duration;
+pub mod metrics;
 pub mod params;
+pub mod reconcile;
+pub mod run;
 pub mod view;

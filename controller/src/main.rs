@@ -18,10 +18,23 @@ struct Cli {
 enum Command {
     /// Print the MacBuild CustomResourceDefinition as YAML, for `kubectl apply -f -`.
     Crd,
+    /// Run the controller: CustomRun -> MacBuild, MacBuild status -> CustomRun status.
+    Run(tartan_controller::run::RunArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Run(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(tartan_controller::run::run(args))?;
+        }
         Command::Crd => {
             let yaml = serde_saphyr::to_string(&MacBuild::crd())
                 .context("rendering the MacBuild CRD as YAML failed; nothing was printed")?;

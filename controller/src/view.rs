@@ -16,7 +16,7 @@ use kube::Resource as _;
 use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tartan_api::{ConditionType, CUSTOM_RUN_LABEL, MacBuild, MacBuildSpec, Phase};
+use tartan_api::{CUSTOM_RUN_LABEL, ConditionType, MacBuild, MacBuildSpec, Phase};
 
 /// Prefix of every agent Lease's name.
 pub const LEASE_PREFIX: &str = "tartan-agent-";
@@ -58,7 +58,12 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
     let reason = status
         .condition(ConditionType::Succeeded)
         .map(|c| c.reason.as_str().to_string())
-        .or_else(|| status.current_attempt().and_then(|a| a.reason).map(|r| r.as_str().to_string()))
+        .or_else(|| {
+            status
+                .current_attempt()
+                .and_then(|a| a.reason)
+                .map(|r| r.as_str().to_string())
+        })
         .or_else(|| status.outcome.map(|o| o.as_str().to_string()));
     BuildView {
         namespace: meta.namespace.clone().unwrap_or_default(),
@@ -93,7 +98,10 @@ pub fn lease_view(lease: &Lease) -> LeaseView {
     LeaseView {
         holder_identity: spec.holder_identity,
         renew_time: spec.renew_time.map(|t| t.0).or(spec.acquire_time.map(|t| t.0)),
-        duration: spec.lease_duration_seconds.and_then(|s| u64::try_from(s).ok()).map(Duration::from_secs),
+        duration: spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs),
     }
 }
 
@@ -110,7 +118,9 @@ pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild
     }
     labels.insert(label::CUSTOM_RUN.into(), name.clone());
     labels.insert(CUSTOM_RUN_LABEL.into(), name.clone());
-    let mut owner = run.controller_owner_ref(&()).ok_or_else(|| "the CustomRun has no uid yet".to_string())?;
+    let mut owner = run
+        .controller_owner_ref(&())
+        .ok_or_else(|| "the CustomRun has no uid yet".to_string())?;
     // Foreground deletion of the CustomRun waits for the MacBuild (and so for the agent's
     // finalizer); needs `customruns/finalizers: update` under OwnerReferencesPermissionEnforcement.
     owner.block_owner_deletion = Some(true);
@@ -197,7 +207,10 @@ mod tests {
         assert_eq!(lease_name("agent-a"), "tartan-agent-agent-a");
         let renewed: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
         let lease = Lease {
-            metadata: ObjectMeta { name: Some(lease_name("agent-a")), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(lease_name("agent-a")),
+                ..Default::default()
+            },
             spec: Some(LeaseSpec {
                 holder_identity: Some("agent-a".into()),
                 renew_time: Some(MicroTime(renewed)),
@@ -209,7 +222,13 @@ mod tests {
         let v = lease_view(&lease);
         assert_eq!(v.renew_time, Some(renewed));
         assert_eq!(v.duration, Some(Duration::from_secs(20)));
-        let other = Lease { metadata: ObjectMeta { name: Some("kube-scheduler".into()), ..Default::default() }, spec: None };
+        let other = Lease {
+            metadata: ObjectMeta {
+                name: Some("kube-scheduler".into()),
+                ..Default::default()
+            },
+            spec: None,
+        };
         assert_eq!(lease_agent(&other), None);
         assert_eq!(lease_view(&other), LeaseView::default());
     }
@@ -229,7 +248,13 @@ mod tests {
         assert_eq!(m.metadata.namespace.as_deref(), Some("ci"));
         let owner: &OwnerReference = &m.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(
-            (owner.api_version.as_str(), owner.kind.as_str(), owner.uid.as_str(), owner.controller, owner.block_owner_deletion),
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.uid.as_str(),
+                owner.controller,
+                owner.block_owner_deletion
+            ),
             ("tekton.dev/v1beta1", "CustomRun", "run-uid", Some(true), Some(true))
         );
         let labels = m.metadata.labels.as_ref().unwrap();
