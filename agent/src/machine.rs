@@ -75,6 +75,8 @@ pub struct Attempt {
     pub build_gone: bool,
     /// Sequence number of the last journaled record of this attempt.
     pub last_seq: Option<u64>,
+    /// Time of the last journaled record (recovery re-decides a retry as of then).
+    pub last_time: Option<Timestamp>,
 }
 
 impl Attempt {
@@ -94,6 +96,7 @@ impl Attempt {
             max_attempts,
             build_gone: false,
             last_seq: None,
+            last_time: None,
         }
     }
 
@@ -117,6 +120,7 @@ impl Attempt {
             self.withdrawn = self.withdrawn.or(r.reason);
         }
         self.last_seq = Some(r.seq);
+        self.last_time = Some(r.time);
     }
 
     /// The record to journal for `t` (the status snapshot is the runtime's to fill in).
