@@ -36,6 +36,7 @@ pub const MAX_ATTEMPTS_LIMIT: u32 = 3;
     status = "MacBuildStatus",
     derive = "PartialEq",
     crates(kube_core = "::kube_core"),
+    doc = "A macOS build for a Tekton CustomRun, run by a Tartan agent in a throw-away tart VM.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Attempt", type_ = "string", json_path = ".status.claim.attempt"),
     printcolumn(name = "Host", type_ = "string", json_path = ".status.claim.holder"),
@@ -288,7 +289,7 @@ pub struct Claim {
     /// Agent name, also the holder of its Lease.
     #[schemars(length(min = 1))]
     pub holder: String,
-    /// Attempt id `<macbuild>#<n>` (see `names::attempt_id`).
+    /// Attempt id `<macbuild>#<n>`, e.g. `build-42#1`; later status writes test it.
     #[schemars(length(min = 1))]
     pub attempt: String,
     /// Increases with every claim of this MacBuild, so a stale holder's write cannot match.
