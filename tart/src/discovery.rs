@@ -174,8 +174,11 @@ impl KillReport {
 /// signal is not counted.
 pub async fn kill_vm_processes(home: &Path, name: &str, filter: &ClientFilter) -> Result<KillReport, TartError> {
     let mut targets: Vec<Pid> = Vec::new();
-    if let Some(pid) = run_pid(home, name)? {
-        targets.push(pid);
+    match run_pid(home, name) {
+        Ok(Some(pid)) => targets.push(pid),
+        Ok(None) => {}
+        // `tart run NAME` is also found by its argv below, so go on with what can be found.
+        Err(e) => tracing::warn!(vm = name, error = %e, "cannot find the VM lock holder; killing tart clients only"),
     }
     let (name_owned, filter_owned) = (name.to_string(), filter.clone());
     let clients = tokio::task::spawn_blocking(move || client_pids(&name_owned, &filter_owned))

@@ -40,7 +40,7 @@ WHAT A VM IS HERE: vms/<name>/{config.json, disk.img (sparse), nvram.bin}. `run 
 holding fcntl(F_SETLK, F_WRLCK) on config.json (the VM lock; F_GETLK reports its pid) and writing
 control.sock (its mtime marks the boot). SIGINT prints `Stopping VM...` and exits 0; SIGUSR2 exits 0 (guest
 shutdown); SIGTERM/SIGKILL kill it at once. `exec NAME CMD [ARG...]` runs CMD on the host with the VM folder as
-working directory (no shell, stdout/stderr separate, exit code propagated, 255 if killed by a signal; on Linux
+working directory (no shell, stdout/stderr separate unless -t, -i passes stdin, exit code propagated, 255 if killed by a signal; on Linux
 the command dies with the exec client). Clone sources containing `/` are registry images: the first clone
 synthesises one into cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
 
@@ -318,15 +318,15 @@ fn dispatch(cli: Cli, exec_tail: Option<Vec<OsString>>) -> Outcome {
         Cmd::Run { name, .. } => cmd_run(&home, &name),
         Cmd::Exec {
             interactive,
+            tty,
             name,
             command,
-            ..
         } => {
             let command = exec_tail.unwrap_or(command);
             if command.is_empty() {
                 return Err(Fail::Usage("Missing expected argument '<command> ...'".into()));
             }
-            cmd_exec(&home, &name, interactive, &command)
+            cmd_exec(&home, &name, interactive, tty, &command)
         }
         Cmd::Ip { name, wait, .. } => cmd_ip(&home, &name, wait),
         Cmd::Stop { name, timeout } => cmd_stop(&home, &name, timeout),
@@ -811,7 +811,8 @@ fn boot_delay(home: &Path, name: &str) -> Result<Duration, Fail> {
 
 // ---------------------------------------------------------------------------------------------------- exec
 
-fn cmd_exec(home: &Path, name: &str, interactive: bool, command: &[OsString]) -> Outcome {
+fn cmd_exec(home: &Path, name: &str, interactive: bool, tty: bool, command: &[OsString]) -> Outcome {
+    use std::os::fd::AsFd;
     let dir = require_vm(home, name)?;
     if !vm_lock(home, name)?.is_held() {
         return Err(not_running(name));
@@ -838,6 +839,14 @@ fn cmd_exec(home: &Path, name: &str, interactive: bool, command: &[OsString]) ->
     cmd.args(&command[1..]).current_dir(&dir);
     if !interactive {
         cmd.stdin(std::process::Stdio::null());
+    }
+    if tty {
+        // A guest PTY merges stderr into stdout.
+        let stdout = io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Fail::Error(format!("cannot dup stdout: {e}")))?;
+        cmd.stderr(std::process::Stdio::from(stdout));
     }
     #[cfg(target_os = "linux")]
     {
