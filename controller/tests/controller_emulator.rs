@@ -1,0 +1,451 @@
+//! The controller end to end against the testkit's Kubernetes API emulator (real HTTP, real
+//! kube `Controller`): test code plays Tekton (creates/patches CustomRuns) and the agent (writes
+//! MacBuild status and its Lease).
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt as _};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+use tartan_api::MacBuild;
+use tartan_controller::customrun::{CustomRun, CustomRunStatus};
+use tartan_controller::run::RunArgs;
+use tartan_testkit::{EmulatorHandle, Options};
+
+const NS: &str = "default";
+
+struct Harness {
+    emu: EmulatorHandle,
+    client: Client,
+    _dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    controllers: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for c in &self.controllers {
+            c.abort();
+        }
+    }
+}
+
+async fn harness() -> Harness {
+    let tekton = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/tekton-customrun-crd.yaml");
+    let emu = tartan_testkit::start(Options::default().crd_file(tekton))
+        .await
+        .expect("emulator starts");
+    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
+        .expect("MacBuild CRD installs");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig).unwrap();
+    let client = emu.client();
+    Harness {
+        emu,
+        client,
+        _dir: dir,
+        kubeconfig,
+        controllers: vec![],
+    }
+}
+
+impl Harness {
+    fn args(&self) -> RunArgs {
+        RunArgs {
+            kubeconfig: Some(self.kubeconfig.clone()),
+            namespaces: vec![NS.into()],
+            default_timeout: Duration::from_secs(3600),
+            grace: Duration::from_secs(2),
+            lease_duration: Duration::from_secs(20),
+            agent_lease_namespace: None,
+            api_timeout: Duration::from_secs(5),
+            metrics_address: "127.0.0.1:0".parse().unwrap(),
+            instance: "test".into(),
+        }
+    }
+
+    fn start_controller(&mut self) {
+        let args = self.args();
+        self.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    }
+
+    fn runs(&self) -> Api<CustomRun> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn builds(&self) -> Api<MacBuild> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    async fn create_run(&self, name: &str, extra_spec: Value) -> CustomRun {
+        let mut spec = json!({
+            "customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+            "params": [
+                {"name": "image", "value": "ghcr.io/cirruslabs/macos-sequoia-xcode:16"},
+                {"name": "steps", "value": ["xcodebuild build", "xcodebuild test"]},
+            ],
+            "serviceAccountName": "default",
+        });
+        for (k, v) in extra_spec.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let run: CustomRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": name, "labels": {"tekton.dev/pipelineRun": "build-42", "tekton.dev/pipelineTask": "mac-build"}},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.runs()
+            .create(&PostParams::default(), &run)
+            .await
+            .expect("CustomRun created")
+    }
+
+    /// The simulated agent: claim (status) and a finalizer, as the real agent does.
+    async fn agent_writes(&self, name: &str, status: Value) {
+        self.builds()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .await
+            .expect("agent status write");
+    }
+
+    async fn renew_lease(&self, agent: &str, renewed: Timestamp) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(format!("tartan-agent-{agent}")),
+                labels: Some([("tartan.dev/agent".to_string(), agent.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(agent.into()),
+                lease_duration_seconds: Some(20),
+                renew_time: Some(MicroTime(renewed)),
+                ..Default::default()
+            }),
+        };
+        let spec = serde_json::to_value(&lease.spec).unwrap();
+        match leases.get_opt(&format!("tartan-agent-{agent}")).await.unwrap() {
+            None => {
+                leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .expect("lease created");
+            }
+            Some(_) => {
+                leases
+                    .patch(
+                        &format!("tartan-agent-{agent}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": spec})),
+                    )
+                    .await
+                    .expect("lease renewed");
+            }
+        }
+    }
+
+    async fn status(&self, name: &str) -> Option<CustomRunStatus> {
+        self.runs().get(name).await.unwrap().status
+    }
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn succeeded(s: &CustomRunStatus) -> (String, String) {
+    let c = &s.conditions[0];
+    assert_eq!(c.type_, "Succeeded");
+    (c.status.clone(), c.reason.clone().unwrap_or_default())
+}
+
+async fn wait_reason(h: &Harness, name: &str, status: &str, reason: &str) -> CustomRunStatus {
+    eventually(&format!("{name} {status}/{reason}"), || async {
+        h.status(name)
+            .await
+            .filter(|s| !s.conditions.is_empty() && succeeded(s) == (status.into(), reason.into()))
+    })
+    .await
+}
+
+fn result(s: &CustomRunStatus, name: &str) -> String {
+    s.results
+        .iter()
+        .find(|r| r.name == name)
+        .map(|r| r.value.clone())
+        .unwrap_or_else(|| panic!("no result {name}"))
+}
+
+fn vm_deleted(status: &str) -> Value {
+    json!({"type": "VMDeleted", "status": status, "reason": if status == "True" { "VMDeleted" } else { "Running" },
+           "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"})
+}
+
+fn claim() -> Value {
+    json!({"holder": "agent-a", "attempt": "run#1", "epoch": 1})
+}
+
+#[tokio::test]
+async fn customrun_becomes_an_owned_macbuild_and_succeeds_only_after_vm_deleted() {
+    let mut h = harness().await;
+    h.start_controller();
+    let run = h.create_run("run", json!({"timeout": "30m0s"})).await;
+
+    let mb = eventually("MacBuild", || async { h.builds().get_opt("run").await.unwrap() }).await;
+    let owner = &mb.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("CustomRun", run.metadata.uid.as_deref().unwrap(), Some(true))
+    );
+    let labels = mb.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["tekton.dev/customRun"], "run");
+    assert_eq!(labels["tekton.dev/pipelineRun"], "build-42");
+    assert_eq!(mb.spec.timeout_seconds, 1800);
+    assert_eq!(mb.spec.steps[1].run, vec!["/bin/sh", "-c", "xcodebuild test"]);
+    let st = wait_reason(&h, "run", "Unknown", "Pending").await;
+    assert!(st.start_time.is_some());
+
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    h.agent_writes(
+        "run",
+        json!({"phase": "Running", "claim": claim(), "conditions": [vm_deleted("False")]}),
+    )
+    .await;
+    let st = wait_reason(&h, "run", "Unknown", "Running").await;
+    assert_eq!(st.extra_fields.as_ref().unwrap()["holder"], "agent-a");
+
+    // Outcome fixed, VM not yet deleted: still Unknown.
+    h.agent_writes(
+        "run",
+        json!({"phase": "Retiring", "outcome": "Succeeded",
+               "results": {"testsPassed": 2, "testsTotal": 2, "artifactUrl": "s3://ci-artifacts/app/App.ipa"}}),
+    )
+    .await;
+    wait_reason(&h, "run", "Unknown", "DeletingVM").await;
+
+    h.agent_writes(
+        "run",
+        json!({"phase": "Succeeded", "conditions": [vm_deleted("True"),
+            {"type": "Succeeded", "status": "True", "reason": "TestsPassed", "message": "2/2 tests passed", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+    )
+    .await;
+    let st = wait_reason(&h, "run", "True", "TestsPassed").await;
+    assert_eq!(result(&st, "attempt"), "run#1");
+    assert_eq!(result(&st, "testsPassed"), "2");
+    assert_eq!(result(&st, "testsTotal"), "2");
+    assert_eq!(result(&st, "artifact"), "s3://ci-artifacts/app/App.ipa");
+    assert_eq!(result(&st, "vmRetirement"), "deleted");
+    assert!(st.completion_time.is_some());
+
+    // A cancel patch on the finished run changes nothing but observedGeneration.
+    h.runs()
+        .patch(
+            "run",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
+        )
+        .await
+        .unwrap();
+    let after = eventually("observedGeneration 2", || async {
+        h.status("run").await.filter(|s| s.observed_generation == Some(2))
+    })
+    .await;
+    assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
+    assert_eq!(after.results, st.results);
+    assert!(!h.builds().get("run").await.unwrap().spec.cancel_requested);
+}
+
+#[tokio::test]
+async fn retries_are_refused_without_a_macbuild() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.create_run("retry", json!({"retries": 2})).await;
+    let st = wait_reason(&h, "retry", "False", "RetriesNotSupported").await;
+    assert!(
+        st.conditions[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("retries belong to the Tartan agent")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(h.builds().get_opt("retry").await.unwrap().is_none());
+    // Other custom tasks are left alone.
+    let other: CustomRun = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun", "metadata": {"name": "wait"},
+        "spec": {"customRef": {"apiVersion": "wait.testing.tekton.dev/v1beta1", "kind": "Wait"}, "serviceAccountName": "default"},
+    }))
+    .unwrap();
+    h.runs().create(&PostParams::default(), &other).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(h.status("wait").await.is_none_or(|s| s.conditions.is_empty()));
+}
+
+#[tokio::test]
+async fn cancellation_reaches_the_agent_and_ends_once_the_vm_is_gone() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.create_run("cancel", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("cancel").await.unwrap() }).await;
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    h.agent_writes(
+        "cancel",
+        json!({"phase": "Booting", "claim": claim(), "conditions": [vm_deleted("False")]}),
+    )
+    .await;
+    wait_reason(&h, "cancel", "Unknown", "BootingVM").await;
+
+    h.runs()
+        .patch(
+            "cancel",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"status": "RunCancelled",
+                "statusMessage": "CustomRun cancelled as the PipelineRun it belongs to has been cancelled."}})),
+        )
+        .await
+        .unwrap();
+    eventually("cancelRequested", || async {
+        h.builds()
+            .get("cancel")
+            .await
+            .unwrap()
+            .spec
+            .cancel_requested
+            .then_some(())
+    })
+    .await;
+    wait_reason(&h, "cancel", "Unknown", "Cancelling").await;
+    h.agent_writes(
+        "cancel",
+        json!({"phase": "Cancelled", "outcome": "Cancelled", "conditions": [vm_deleted("True")]}),
+    )
+    .await;
+    let st = wait_reason(&h, "cancel", "False", "CustomRunCancelled").await;
+    assert_eq!(result(&st, "vmRetirement"), "deleted");
+    // spec.status is Tekton's: never written by us.
+    let run = h.runs().get("cancel").await.unwrap();
+    assert_eq!(run.spec.status.as_deref(), Some("RunCancelled"));
+}
+
+#[tokio::test]
+async fn timeout_with_an_expired_holder_lease_ends_unconfirmed_and_requests_deletion() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.create_run("slow", json!({"timeout": "3s"})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("slow").await.unwrap() }).await;
+    // The agent claimed, added its finalizer, then stopped renewing long ago.
+    let renewed = Timestamp::now() - SignedDuration::from_secs(60);
+    h.renew_lease("agent-a", renewed).await;
+    h.builds()
+        .patch(
+            "slow",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["tartan.dev/vm-cleanup"]}})),
+        )
+        .await
+        .unwrap();
+    h.agent_writes(
+        "slow",
+        json!({"phase": "Running", "claim": claim(), "conditions": [vm_deleted("False")]}),
+    )
+    .await;
+    let st = eventually("HostUnreachable", || async {
+        h.status("slow").await.filter(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "HostUnreachable" && c.status == "True")
+        })
+    })
+    .await;
+    assert_eq!(st.conditions[0].type_, "Succeeded");
+    assert_eq!(st.conditions[0].status, "Unknown");
+
+    let st = wait_reason(&h, "slow", "False", "CustomRunTimedOut").await;
+    let renewed_text = renewed.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    assert_eq!(
+        st.conditions[0].message.as_deref().unwrap(),
+        format!(
+            "MacBuild did not finish within timeout 3s + 2s grace; VM retirement unconfirmed: agent agent-a lease expired \
+             (last renewed {renewed_text}); the MacBuild is kept until the agent returns"
+        )
+    );
+    assert_eq!(result(&st, "vmRetirement"), "unconfirmed");
+    let mb = h.builds().get("slow").await.unwrap();
+    assert!(
+        mb.metadata.deletion_timestamp.is_some(),
+        "deletion requested, held by the agent's finalizer"
+    );
+    assert!(mb.spec.cancel_requested);
+}
+
+#[tokio::test]
+async fn two_controller_instances_create_one_macbuild() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.start_controller();
+    for i in 0..3 {
+        h.create_run(&format!("twin-{i}"), json!({})).await;
+    }
+    for i in 0..3 {
+        wait_reason(&h, &format!("twin-{i}"), "Unknown", "Pending").await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let all = h.builds().list(&Default::default()).await.unwrap();
+    assert_eq!(all.items.len(), 3, "one MacBuild per CustomRun");
+    let creates = h
+        .emu
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("POST") && r.contains("/macbuilds"))
+        .count();
+    assert!(creates >= 3, "{creates}");
+    for c in &h.controllers {
+        assert!(!c.is_finished(), "both controllers still running");
+    }
+}
+
+#[tokio::test]
+async fn missing_macbuild_crd_fails_fast_with_the_fix() {
+    let tekton = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/tekton-customrun-crd.yaml");
+    let emu = tartan_testkit::start(Options::default().crd_file(tekton))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig).unwrap();
+    let h = Harness {
+        emu,
+        client: emu_client_placeholder(),
+        _dir: dir,
+        kubeconfig,
+        controllers: vec![],
+    };
+    let err = tokio::time::timeout(Duration::from_secs(10), tartan_controller::run::run(h.args()))
+        .await
+        .expect("fails fast")
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(text.contains("tartan-controller crd | kubectl apply -f -"), "{text}");
+}
+
+fn emu_client_placeholder() -> Client {
+    // Not used by this test; the harness only needs one for its fields.
+    Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap()
+}
