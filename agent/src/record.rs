@@ -77,13 +77,8 @@ impl Record {
 
     /// The attempt id used outside the journal: `<macbuild>#<n>`.
     pub fn attempt_id(&self) -> Option<String> {
-        Some(attempt_id(&self.build.as_ref()?.name, self.attempt?))
+        Some(tartan_api::attempt_id(&self.build.as_ref()?.name, self.attempt?))
     }
-}
-
-/// The attempt id used in MacBuild status and CustomRun results: `<macbuild>#<n>`.
-pub fn attempt_id(build_name: &str, attempt: u32) -> String {
-    format!("{build_name}#{attempt}")
 }
 
 impl fmt::Display for Record {
