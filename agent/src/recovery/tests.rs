@@ -1,0 +1,1246 @@
+//! Tests of the recovery planner: one per case of the source document, run through a small
+//! scripted runtime so the journal lines the plan produces can be compared with the source's.
+
+use super::*;
+use crate::machine::{Action, Deleted, Refusal, Transition, request, step};
+use AttemptState as S;
+use k8s_openapi::jiff::SignedDuration;
+
+const DEADLINE: &str = "2026-10-05T02:56:06.653639Z";
+const ME: &str = "mac-mini-07";
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+fn secs(n: i64) -> SignedDuration {
+    SignedDuration::from_secs(n)
+}
+fn deadline() -> Timestamp {
+    ts(DEADLINE)
+}
+/// First admission: the deadline is 1800 s later.
+fn t0() -> Timestamp {
+    deadline() - secs(1800)
+}
+fn me() -> AgentId {
+    AgentId(ME.into())
+}
+fn mk_build() -> BuildRef {
+    BuildRef {
+        namespace: "ci".into(),
+        name: "build-42-mac-build".into(),
+        uid: "u-42".into(),
+    }
+}
+fn vm_of(n: u32) -> String {
+    format!("mb-ci-build-42-mac-build-a{n}")
+}
+fn key(n: u32) -> AttemptKey {
+    AttemptKey {
+        build: mk_build(),
+        attempt: n,
+    }
+}
+fn mk_vm(name: &str, running: bool) -> ObservedVm {
+    ObservedVm {
+        name: name.into(),
+        running,
+    }
+}
+/// The MacBuild as the cluster shows it: claimed by us for `attempt`, status at `seq`.
+fn mk_view(attempt: u32, seq: u64) -> BuildView {
+    BuildView {
+        namespace: "ci".into(),
+        name: "build-42-mac-build".into(),
+        uid: "u-42".into(),
+        owner_deleted: false,
+        deletion_requested: false,
+        cancel_requested: false,
+        claim: Some(ClaimView {
+            holder: ME.into(),
+            attempt,
+        }),
+        journal_seq: Some(seq),
+        max_attempts: None,
+        timeout_seconds: 1800,
+        has_finalizer: true,
+    }
+}
+fn mk_cluster(views: Vec<BuildView>) -> ClusterView {
+    ClusterView { builds: views }
+}
+
+/// Writes a journal by driving the real machine, so replayed inputs are ones it produces.
+struct Journal {
+    recs: Vec<Record>,
+    seq: u64,
+    views: BTreeMap<u32, Attempt>,
+}
+
+impl Journal {
+    fn new(first_seq: u64) -> Journal {
+        Journal {
+            recs: vec![],
+            seq: first_seq,
+            views: BTreeMap::new(),
+        }
+    }
+    fn push(&mut self, n: u32, t: &Transition) {
+        let a = self.views.get_mut(&n).unwrap();
+        let r = a.record(t, self.seq);
+        self.seq += 1;
+        a.observe(&r);
+        self.recs.push(r);
+    }
+    fn request(&mut self, n: u32, retry_deadline: Option<Timestamp>, at: Timestamp) -> &mut Self {
+        let a = Attempt::new(mk_build(), n, vm_of(n), 2);
+        let next = retry_deadline.map(|deadline| NextAttempt {
+            build: mk_build(),
+            attempt: n,
+            deadline,
+        });
+        let t = request(&a, next.as_ref(), at);
+        self.views.insert(n, a);
+        self.push(n, &t);
+        self
+    }
+    fn go(&mut self, n: u32, ev: Event, at: Timestamp) -> &mut Self {
+        let t = step(&self.views[&n], ev, at, &Config::default()).unwrap();
+        self.push(n, &t);
+        self
+    }
+    /// Attempt `n` from its request along the normal path until it is in `upto`.
+    fn run_to(&mut self, n: u32, upto: AttemptState) -> &mut Self {
+        let path = [
+            (
+                S::Admitted,
+                Event::Admit {
+                    slot: 0,
+                    slots: 1,
+                    timeout: secs(1800),
+                },
+                0,
+            ),
+            (S::Booting, Event::Boot, 1),
+            (
+                S::Running,
+                Event::GuestReady {
+                    after: SignedDuration::from_millis(13_910),
+                },
+                15,
+            ),
+            (S::Collecting, Event::StepsSucceeded { steps: 2 }, 600),
+        ];
+        let retry = if n > 1 { Some(deadline()) } else { None };
+        self.request(n, retry, t0());
+        for (state, ev, at) in path {
+            if self.views[&n].state == upto {
+                break;
+            }
+            assert!(S::ALL.contains(&state));
+            self.go(n, ev, t0() + secs(at));
+        }
+        assert_eq!(self.views[&n].state, upto);
+        self
+    }
+    fn lines(&self) -> Vec<String> {
+        self.recs.iter().map(|r| r.to_string()).collect()
+    }
+}
+
+/// A scripted host: tart processes left per VM, VMs present, deletes that fail.
+#[derive(Default)]
+struct World {
+    procs: BTreeMap<String, u32>,
+    present: BTreeSet<String>,
+    failing_deletes: BTreeMap<String, u32>,
+}
+
+/// A test-only runtime: performs recovery actions and machine actions against `World`,
+/// journaling through `step`, and logs journal lines and I/O in order.
+struct Runtime {
+    rp: Replay,
+    cluster: ClusterView,
+    seq: u64,
+    now: Timestamp,
+    cfg: Config,
+    world: World,
+    log: Vec<String>,
+}
+
+impl Runtime {
+    fn new(j: &Journal, cluster: ClusterView, world: World, now: Timestamp) -> Runtime {
+        let cfg = Config::default();
+        let mut rp = replay(&j.recs, &cfg);
+        rp.see(&cluster, &cfg);
+        Runtime {
+            rp,
+            cluster,
+            seq: j.seq,
+            now,
+            cfg,
+            world,
+            log: vec![],
+        }
+    }
+
+    fn idx(&self, k: &AttemptKey) -> usize {
+        self.rp.attempts.iter().position(|a| a.key() == *k).unwrap()
+    }
+
+    fn journal(&mut self, i: usize, t: &Transition) {
+        let r = self.rp.attempts[i].record(t, self.seq);
+        self.seq += 1;
+        self.log.push(r.to_string());
+        self.rp.attempts[i].observe(&r);
+    }
+
+    fn step(&mut self, k: &AttemptKey, ev: Event) {
+        let i = self.idx(k);
+        let t = step(&self.rp.attempts[i], ev, self.now, &self.cfg).unwrap();
+        self.journal(i, &t);
+        for act in t.actions {
+            self.act(k, act);
+        }
+    }
+
+    fn delete(&mut self, vm: &str, context: DeleteContext) -> Event {
+        self.log.push(format!("tart stop+delete {vm}"));
+        match self.world.failing_deletes.get_mut(vm) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                Event::DeleteFailed {
+                    context,
+                    error: format!("tart delete {vm}: exit 1"),
+                }
+            }
+            _ => {
+                self.world.present.remove(vm);
+                Event::VmDeleted {
+                    how: context.deleted(SignedDuration::from_millis(5_010)),
+                }
+            }
+        }
+    }
+
+    fn request(&mut self, next: &NextAttempt) {
+        let a = Attempt::new(next.build.clone(), next.attempt, vm_of(next.attempt), 2);
+        let t = request(&a, Some(next), self.now);
+        self.rp.attempts.push(a);
+        let i = self.rp.attempts.len() - 1;
+        self.rp.see(&self.cluster.clone(), &self.cfg);
+        self.journal(i, &t);
+        for act in t.actions {
+            self.act(&next_key(next), act);
+        }
+    }
+
+    fn admit(&mut self, k: &AttemptKey, timeout: SignedDuration) {
+        let Some(slot) = free_slot(self.cfg.slots, &self.rp.slot_holders()) else {
+            self.log.push(format!("a{} waits for a free slot", k.attempt));
+            return;
+        };
+        let i = self.idx(k);
+        let ev = Event::Admit {
+            slot,
+            slots: self.cfg.slots,
+            timeout,
+        };
+        match step(&self.rp.attempts[i], ev.clone(), self.now, &self.cfg) {
+            Err(Refusal::RetryWindowClosed { .. }) => self.step(k, Event::DeadlinePassed { at_start: None }),
+            _ => self.step(k, ev),
+        }
+    }
+
+    fn act(&mut self, k: &AttemptKey, act: Action) {
+        match act {
+            Action::DeliverStatus => self.log.push("deliver status".into()),
+            Action::StopAndDeleteVm { vm, context } => {
+                let ev = self.delete(&vm, context);
+                self.step(k, ev);
+            }
+            Action::ConfirmVmGone { vm } => {
+                self.log.push(format!("confirm {vm} gone"));
+                let ev = if self.world.present.contains(&vm) {
+                    Event::DeleteFailed {
+                        context: DeleteContext::Watchdog,
+                        error: "still listed".into(),
+                    }
+                } else {
+                    Event::VmDeleted {
+                        how: Deleted::ByWatchdog,
+                    }
+                };
+                self.step(k, ev);
+            }
+            // The timer fires at once here: one retry.
+            Action::RetryDeleteLater { vm, .. } => {
+                self.log.push(format!("retry deleting {vm} later"));
+                self.retry_delete(k, &vm);
+            }
+            Action::RemoveDeadlineFile { vm } => self.log.push(format!("rm deadline file of {vm}")),
+            Action::ReleaseSlot { slot } => self.log.push(format!("release slot {}", slot + 1)),
+            Action::RemoveFinalizer => self.log.push("remove finalizer".into()),
+            Action::AdmitNextAttempt { attempt, deadline } => {
+                self.log.push(format!("admit a{attempt} next"));
+                let next = NextAttempt {
+                    build: k.build.clone(),
+                    attempt,
+                    deadline,
+                };
+                self.request(&next);
+                self.admit(&next_key(&next), secs(1800));
+            }
+            Action::ClaimBuild { attempt } => self.log.push(format!("claim for a{attempt}")),
+            Action::WriteDeadlineFile { vm, .. } => self.log.push(format!("write deadline file of {vm}")),
+            other => self.log.push(format!("{other:?}")),
+        }
+    }
+
+    fn retry_delete(&mut self, k: &AttemptKey, vm: &str) {
+        match self.delete(vm, DeleteContext::Retry) {
+            ev @ Event::VmDeleted { .. } => self.step(k, ev),
+            _ => self.log.push(format!("{vm} still there; will retry")),
+        }
+    }
+
+    fn perform(&mut self, plan: &[RecoveryAction]) {
+        for a in plan {
+            match a {
+                RecoveryAction::QuarantineUnknownVm { vm, slot, .. } => {
+                    let r = a.record(self.seq, self.now).unwrap();
+                    self.seq += 1;
+                    self.log.push(r.to_string());
+                    self.rp.unknown.push(UnknownVm {
+                        vm: vm.clone(),
+                        slot: *slot,
+                    });
+                }
+                RecoveryAction::ResolveUnknownVm { vm, .. } => {
+                    let r = a.record(self.seq, self.now).unwrap();
+                    self.seq += 1;
+                    self.log.push(r.to_string());
+                    self.rp.unknown.retain(|u| &u.vm != vm);
+                }
+                RecoveryAction::KillVmProcesses { attempt, vm, then, .. } => {
+                    let killed = self.world.procs.remove(vm).unwrap_or(0);
+                    self.log.push(format!("kill tart processes of {vm}: {killed}"));
+                    self.step(attempt, then.event(killed));
+                }
+                RecoveryAction::Step { attempt, event } => self.step(attempt, event.clone()),
+                RecoveryAction::DeleteVm { attempt, vm, context } => {
+                    if *context == DeleteContext::Retry {
+                        self.retry_delete(attempt, vm);
+                    } else {
+                        let ev = self.delete(vm, *context);
+                        self.step(attempt, ev);
+                    }
+                }
+                RecoveryAction::ConfirmVmGone { attempt, vm } => {
+                    self.act(attempt, Action::ConfirmVmGone { vm: vm.clone() })
+                }
+                RecoveryAction::ResumeAdmission { attempt, timeout } => self.admit(attempt, *timeout),
+                RecoveryAction::RedeliverStatus { seq, .. } => self.log.push(format!("redeliver record {seq}")),
+                RecoveryAction::AdmitNextAttempt { next } => self.request(next),
+                RecoveryAction::RemoveFinalizer { .. } => self.log.push("remove finalizer".into()),
+            }
+        }
+    }
+}
+
+fn next_key(next: &NextAttempt) -> AttemptKey {
+    AttemptKey {
+        build: next.build.clone(),
+        attempt: next.attempt,
+    }
+}
+
+fn world(vms: &[&str]) -> World {
+    World {
+        present: vms.iter().map(|s| s.to_string()).collect(),
+        ..World::default()
+    }
+}
+
+fn observed(w: &World) -> Vec<ObservedVm> {
+    w.present.iter().map(|n| mk_vm(n, false)).collect()
+}
+
+/// Plans with the default config and performs the plan; returns (plan, log).
+fn recover(j: &Journal, cluster: ClusterView, w: World, now: Timestamp) -> (Vec<RecoveryAction>, Vec<String>) {
+    let plan = plan(&j.recs, &observed(&w), &cluster, &me(), now, &Config::default());
+    let mut rt = Runtime::new(j, cluster, w, now);
+    rt.perform(&plan);
+    (plan, rt.log)
+}
+
+fn assert_lines(got: &[String], want: &[&str]) {
+    let got: Vec<&str> = got.iter().map(String::as_str).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn kill_9_mid_build_deletes_clone_then_admits_attempt_2() {
+    let mut j = Journal::new(117);
+    j.run_to(1, S::Running);
+    assert_eq!(
+        j.lines().last().unwrap(),
+        "#120 a1 Booting -> Running (GuestReady) tart exec ready after 13.91s"
+    );
+    // launchd already killed tart run/exec; the clone is still on disk.
+    let w = world(&[&vm_of(1)]);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 120)]), w, ts("2026-10-05T02:41:58.395Z"));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::AgentRestarted
+        }]
+    );
+    assert_lines(
+        &log,
+        &[
+            "kill tart processes of mb-ci-build-42-mac-build-a1: 0",
+            "#121 a1 Running -> Retiring (AgentRestarted) found Running at agent start; killed 0 tart process(es) \
+             outcome=Interrupted",
+            "deliver status",
+            "tart stop+delete mb-ci-build-42-mac-build-a1",
+            "#122 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+            "deliver status",
+            "admit a2 next",
+            "#123 a2 [*] -> Requested retry after a1 was interrupted; deadline 2026-10-05T02:56:06.653639Z kept",
+            "claim for a2",
+            "#124 a2 Requested -> Admitted (SlotFree) slot 1/1, deadline 2026-10-05T02:56:06.653639Z",
+            "write deadline file of mb-ci-build-42-mac-build-a2",
+            "deliver status",
+        ],
+    );
+}
+
+#[test]
+fn surviving_tart_processes_are_killed_and_counted_before_the_retry() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Collecting);
+    let mut w = world(&[&vm_of(1)]);
+    w.procs.insert(vm_of(1), 2);
+    let (_, log) = recover(&j, mk_cluster(vec![mk_view(1, 5)]), w, t0() + secs(700));
+    assert_eq!(log[0], "kill tart processes of mb-ci-build-42-mac-build-a1: 2");
+    assert_eq!(
+        log[1],
+        "#6 a1 Collecting -> Retiring (AgentRestarted) found Collecting at agent start; killed 2 tart process(es) \
+         outcome=Interrupted"
+    );
+    // Deletion is confirmed before the next attempt is even requested.
+    let deleted = log.iter().position(|l| l.contains("(VMDeleted)")).unwrap();
+    let admitted = log.iter().position(|l| l.contains("a2 Requested -> Admitted")).unwrap();
+    assert!(deleted < admitted);
+}
+
+#[test]
+fn admitted_attempt_found_at_start_gets_the_same_cleanup() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Admitted);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 2)]), world(&[]), t0() + secs(30));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Admitted,
+            vm: vm_of(1),
+            then: Ending::AgentRestarted
+        }]
+    );
+    assert!(log.contains(&"#4 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start".into()));
+}
+
+#[test]
+fn agent_died_after_retiring_succeeded_keeps_outcome_and_never_reruns() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Collecting)
+        .go(1, Event::TestsPassed { passed: 2, total: 2 }, t0() + secs(640));
+    let w = world(&[&vm_of(1)]);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 6)]), w, t0() + secs(650));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::DeleteVm {
+            attempt: key(1),
+            vm: vm_of(1),
+            context: DeleteContext::AgentStart
+        }]
+    );
+    assert_lines(
+        &log,
+        &[
+            "tart stop+delete mb-ci-build-42-mac-build-a1",
+            "#7 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+            "deliver status",
+            "remove finalizer",
+        ],
+    );
+    let mut rp = replay(&j.recs, &Config::default());
+    rp.see(&mk_cluster(vec![mk_view(1, 6)]), &Config::default());
+    assert_eq!(rp.attempts[0].outcome, Some(tartan_api::Outcome::Succeeded));
+}
+
+#[test]
+fn refused_terminal_status_is_redelivered_after_restart() {
+    let mut j = Journal::new(213);
+    j.run_to(1, S::Collecting)
+        .go(1, Event::TestsPassed { passed: 2, total: 2 }, t0() + secs(640))
+        .go(
+            1,
+            Event::VmDeleted {
+                how: Deleted::Stopped {
+                    took: SignedDuration::from_millis(5_010),
+                },
+            },
+            t0() + secs(646),
+        );
+    let lines = j.lines();
+    assert_eq!(
+        lines[5],
+        "#218 a1 Collecting -> Retiring (TestsPassed) 2/2 tests passed outcome=Succeeded"
+    );
+    assert_eq!(
+        lines[6],
+        "#219 a1 Retiring -> Retired (VMDeleted) stopped and deleted in 5.01s"
+    );
+    // The admission policy refused both terminal writes: the API still shows Collecting (#217).
+    let mut view = mk_view(1, 217);
+    view.has_finalizer = false;
+    let now = t0() + secs(700);
+    let (plan, log) = recover(&j, mk_cluster(vec![view.clone()]), world(&[]), now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::RedeliverStatus {
+            attempt: key(1),
+            seq: 219
+        }]
+    );
+    assert_eq!(
+        plan[0].to_string(),
+        "status behind journal (record 219); delivering it again"
+    );
+    assert_lines(&log, &["redeliver record 219"]);
+
+    // Not when the cluster is current, names another holder or attempt, or the build is gone.
+    let p = |v: Option<BuildView>| {
+        let c = mk_cluster(v.into_iter().collect());
+        super::plan(&j.recs, &[], &c, &me(), now, &Config::default())
+    };
+    assert_eq!(
+        p(Some(BuildView {
+            journal_seq: Some(219),
+            ..view.clone()
+        })),
+        vec![]
+    );
+    let other = ClaimView {
+        holder: "mac-mini-08".into(),
+        attempt: 1,
+    };
+    assert_eq!(
+        p(Some(BuildView {
+            claim: Some(other),
+            ..view.clone()
+        })),
+        vec![]
+    );
+    let later = ClaimView {
+        holder: ME.into(),
+        attempt: 2,
+    };
+    assert_eq!(
+        p(Some(BuildView {
+            claim: Some(later),
+            ..view.clone()
+        })),
+        vec![]
+    );
+    assert_eq!(p(None), vec![]);
+    // Never delivered at all: redelivered too; a finalizer still on comes off after it.
+    let fresh = BuildView {
+        journal_seq: None,
+        has_finalizer: true,
+        ..view
+    };
+    assert_eq!(
+        p(Some(fresh)),
+        vec![
+            RecoveryAction::RedeliverStatus {
+                attempt: key(1),
+                seq: 219
+            },
+            RecoveryAction::RemoveFinalizer { build: mk_build() }
+        ]
+    );
+}
+
+#[test]
+fn failed_delete_quarantines_then_resolves() {
+    let vm = "mb-default-build-7-c49f62f4";
+    let mut j = Journal::new(257);
+    j.run_to(1, S::Running);
+    // The tests' VM names differ from the source's; rename this attempt's VM.
+    for r in &mut j.recs {
+        r.vm = Some(vm.into());
+    }
+    j.views.get_mut(&1).unwrap().vm = vm.into();
+    let mut w = world(&[vm]);
+    w.failing_deletes.insert(vm.into(), 1);
+    let now = t0() + secs(300);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 260)]), w, now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm.into(),
+            then: Ending::AgentRestarted
+        }]
+    );
+    assert_lines(
+        &log[..9],
+        &[
+            "kill tart processes of mb-default-build-7-c49f62f4: 0",
+            "#261 a1 Running -> Retiring (AgentRestarted) found Running at agent start; killed 0 tart process(es) \
+             outcome=Interrupted",
+            "deliver status",
+            "tart stop+delete mb-default-build-7-c49f62f4",
+            "#262 a1 Retiring -> Quarantined (DeleteFailed) could not delete at agent start, slot quarantined: \
+             tart delete mb-default-build-7-c49f62f4: exit 1",
+            "deliver status",
+            "retry deleting mb-default-build-7-c49f62f4 later",
+            "tart stop+delete mb-default-build-7-c49f62f4",
+            "#263 a1 Quarantined -> Retired (Resolved) clone directory gone (deleted on retry); slot released",
+        ],
+    );
+    // Only then is the slot free and attempt 2 admitted.
+    assert_eq!(
+        log[9..13],
+        [
+            "rm deadline file of mb-default-build-7-c49f62f4",
+            "release slot 1",
+            "deliver status",
+            "admit a2 next"
+        ]
+    );
+    assert_eq!(
+        log[13],
+        "#264 a2 [*] -> Requested retry after a1 was interrupted; deadline 2026-10-05T02:56:06.653639Z kept"
+    );
+    assert_eq!(
+        log[15],
+        "#265 a2 Requested -> Admitted (SlotFree) slot 1/1, deadline 2026-10-05T02:56:06.653639Z"
+    );
+
+    // Restarted while quarantined: the slot stays blocked and the deletion is retried.
+    let quarantined: Vec<Record> = {
+        let mut rp = replay(&j.recs, &Config::default());
+        let mut recs = j.recs.clone();
+        let a = &mut rp.attempts[0];
+        for (ev, seq) in [
+            (Event::AgentRestarted { killed: 0 }, 261),
+            (
+                Event::DeleteFailed {
+                    context: DeleteContext::AgentStart,
+                    error: "exit 1".into(),
+                },
+                262,
+            ),
+        ] {
+            let r = a.record(&step(a, ev, now, &Config::default()).unwrap(), seq);
+            a.observe(&r);
+            recs.push(r);
+        }
+        recs
+    };
+    assert_eq!(
+        free_slot(1, &replay(&quarantined, &Config::default()).slot_holders()),
+        None
+    );
+    let j3 = Journal {
+        recs: quarantined,
+        seq: 263,
+        views: BTreeMap::new(),
+    };
+    let (plan, log) = recover(&j3, mk_cluster(vec![mk_view(1, 262)]), world(&[vm]), now + secs(60));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::DeleteVm {
+            attempt: key(1),
+            vm: vm.into(),
+            context: DeleteContext::Retry
+        }]
+    );
+    assert_eq!(
+        log[1],
+        "#263 a1 Quarantined -> Retired (Resolved) clone directory gone (deleted on retry); slot released"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("#265 a2 Requested -> Admitted (SlotFree)"))
+    );
+}
+
+#[test]
+fn unknown_vm_is_quarantined_and_blocks_slot() {
+    // An earlier build finished and retired cleanly; a stray clone with our prefix remains,
+    // next to a VM that is not ours.
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Collecting)
+        .go(1, Event::TestsPassed { passed: 2, total: 2 }, t0() + secs(640))
+        .go(
+            1,
+            Event::VmDeleted {
+                how: Deleted::Stopped { took: secs(6) },
+            },
+            t0() + secs(646),
+        );
+    let mut view = mk_view(1, 7);
+    view.has_finalizer = false;
+    let stray = "mb-ci-stray-9";
+    let w = world(&[stray, "macos-sequoia-base", &vm_of(1)]);
+    let now = t0() + secs(900);
+    let (plan, log) = recover(&j, mk_cluster(vec![view.clone()]), w, now);
+    // The retired attempt's own VM reappearing is as unaccounted for as any stray.
+    assert_eq!(
+        plan,
+        vec![
+            RecoveryAction::QuarantineUnknownVm {
+                vm: vm_of(1),
+                running: false,
+                slot: Some(0)
+            },
+            RecoveryAction::QuarantineUnknownVm {
+                vm: stray.into(),
+                running: false,
+                slot: None
+            },
+        ]
+    );
+    assert_lines(
+        &log,
+        &[
+            "#8 - [*] -> Quarantined (UnknownVM) mb-ci-build-42-mac-build-a1 (stopped) has no open attempt; \
+             left to an operator, slot 1 blocked",
+            "#9 - [*] -> Quarantined (UnknownVM) mb-ci-stray-9 (stopped) has no open attempt; left to an operator, \
+             one slot blocked",
+        ],
+    );
+    // Journal them: the slot is blocked, and a second start neither re-quarantines nor deletes.
+    let mut recs = j.recs.clone();
+    recs.extend(
+        plan.iter()
+            .enumerate()
+            .map(|(i, a)| a.record(8 + i as u64, now).unwrap()),
+    );
+    let rp = replay(&recs, &Config::default());
+    assert_eq!(rp.unknown.len(), 2);
+    assert_eq!(free_slot(1, &rp.slot_holders()), None);
+    let c = mk_cluster(vec![view]);
+    let vms = [mk_vm(stray, true), mk_vm(&vm_of(1), false)];
+    assert_eq!(plan_for(&recs, &vms, &c, now), vec![]);
+    // The operator deleted one: its slot is released, the other still blocks it.
+    let left = [mk_vm(stray, true)];
+    let p = plan_for(&recs, &left, &c, now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ResolveUnknownVm {
+            vm: vm_of(1),
+            slot: Some(0)
+        }]
+    );
+    assert_eq!(
+        p[0].record(10, now).unwrap().to_string(),
+        "#10 - Quarantined -> Retired (Resolved) mb-ci-build-42-mac-build-a1 is gone (removed by an operator); \
+         slot released"
+    );
+    recs.push(p[0].record(10, now).unwrap());
+    assert_eq!(free_slot(1, &replay(&recs, &Config::default()).slot_holders()), None);
+    recs.push(plan_for(&recs, &[], &c, now)[0].record(11, now).unwrap());
+    assert_eq!(free_slot(1, &replay(&recs, &Config::default()).slot_holders()), Some(0));
+}
+
+fn plan_for(recs: &[Record], vms: &[ObservedVm], c: &ClusterView, now: Timestamp) -> Vec<RecoveryAction> {
+    plan(recs, vms, c, &me(), now, &Config::default())
+}
+
+#[test]
+fn unknown_vm_makes_the_retry_wait_for_its_slot() {
+    let mut j = Journal::new(120);
+    j.run_to(1, S::Running);
+    let w = world(&[&vm_of(1), "mb-ci-stray-9"]);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 124)]), w, t0() + secs(900));
+    assert_eq!(
+        plan[0],
+        RecoveryAction::QuarantineUnknownVm {
+            vm: "mb-ci-stray-9".into(),
+            running: false,
+            slot: None
+        }
+    );
+    assert!(matches!(plan[1], RecoveryAction::KillVmProcesses { .. }));
+    assert!(!log.iter().any(|l| l.contains("mb-ci-stray-9") && l.contains("delete")));
+    assert_eq!(log.last().unwrap(), "a2 waits for a free slot");
+    // With two slots it takes the one the running attempt does not hold.
+    let cfg = Config {
+        slots: 2,
+        ..Config::default()
+    };
+    let vms = [mk_vm(&vm_of(1), true), mk_vm("mb-ci-stray-9", true)];
+    let p = super::plan(
+        &j.recs,
+        &vms,
+        &mk_cluster(vec![mk_view(1, 124)]),
+        &me(),
+        t0() + secs(900),
+        &cfg,
+    );
+    assert_eq!(
+        p[0],
+        RecoveryAction::QuarantineUnknownVm {
+            vm: "mb-ci-stray-9".into(),
+            running: true,
+            slot: Some(1)
+        }
+    );
+}
+
+#[test]
+fn owner_deleted_while_down_is_cancelled_not_retried() {
+    let mut j = Journal::new(30);
+    j.run_to(1, S::Running);
+    let mut view = mk_view(1, 33);
+    view.owner_deleted = true;
+    view.deletion_requested = true;
+    let (plan, log) = recover(&j, mk_cluster(vec![view]), world(&[&vm_of(1)]), t0() + secs(400));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::OwnerDeleted
+        }]
+    );
+    assert_lines(
+        &log,
+        &[
+            "kill tart processes of mb-ci-build-42-mac-build-a1: 0",
+            "#34 a1 Running -> Retiring (OwnerDeleted) owner deleted; found Running at agent start; \
+             killed 0 tart process(es) outcome=Cancelled",
+            "deliver status",
+            "tart stop+delete mb-ci-build-42-mac-build-a1",
+            "#35 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+            "deliver status",
+            "remove finalizer",
+        ],
+    );
+}
+
+#[test]
+fn owner_deleted_after_an_interruption_was_recorded_stops_the_retry() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running)
+        .go(1, Event::AgentRestarted { killed: 0 }, t0() + secs(300));
+    let mut view = mk_view(1, 5);
+    view.owner_deleted = true;
+    let (plan, log) = recover(&j, mk_cluster(vec![view]), world(&[&vm_of(1)]), t0() + secs(310));
+    assert_eq!(
+        plan,
+        vec![
+            RecoveryAction::Step {
+                attempt: key(1),
+                event: Event::OwnerDeleted { at_start: None }
+            },
+            RecoveryAction::DeleteVm {
+                attempt: key(1),
+                vm: vm_of(1),
+                context: DeleteContext::AgentStart
+            },
+        ]
+    );
+    assert_eq!(
+        log[0],
+        "#6 a1 Retiring -> Retiring (OwnerDeleted) owner deleted; outcome Interrupted already recorded and kept; no retry"
+    );
+    assert_eq!(
+        log[2],
+        "#7 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start; \
+         no retry: OwnerDeleted was recorded; a withdrawn build is never retried"
+    );
+    assert_eq!(log.last().unwrap(), "remove finalizer");
+}
+
+#[test]
+fn retry_refused_with_less_than_120s_left() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let now = deadline() - secs(95);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), world(&[&vm_of(1)]), now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::AgentRestarted
+        }]
+    );
+    assert_eq!(
+        log[4],
+        "#6 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start; no retry: \
+         95s left before the deadline 2026-10-05T02:56:06.653639Z, a retry needs 120s"
+    );
+    assert_eq!(log.last().unwrap(), "remove finalizer");
+    assert!(!log.iter().any(|l| l.contains("a2")));
+}
+
+#[test]
+fn retry_refused_at_max_attempts() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running)
+        .go(1, Event::AgentRestarted { killed: 0 }, t0() + secs(60));
+    j.go(
+        1,
+        Event::VmDeleted {
+            how: Deleted::AtAgentStart,
+        },
+        t0() + secs(61),
+    );
+    j.run_to(2, S::Running);
+    let now = t0() + secs(600);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(2, 10)]), world(&[&vm_of(2)]), now);
+    assert_eq!(
+        plan.len(),
+        1,
+        "a1 is retired and current; only a2 needs recovery: {plan:?}"
+    );
+    assert_eq!(
+        log[4],
+        "#12 a2 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start; \
+         no retry: attempt 2 of 2 used (maxAttempts 2)"
+    );
+    assert!(!log.iter().any(|l| l.contains("a3")));
+    // maxAttempts 3 would have allowed a third.
+    let mut view = mk_view(2, 10);
+    view.max_attempts = Some(3);
+    let (_, log) = recover(&j, mk_cluster(vec![view]), world(&[&vm_of(2)]), now);
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("#14 a3 Requested -> Admitted (SlotFree)")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn watchdog_removed_vm_fails_with_watchdog_deadline_without_touching_it() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    // The agent was frozen; the watchdog deleted the VM 63.75 s after the deadline.
+    let now = deadline() + SignedDuration::from_millis(100_190);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), world(&[]), now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::Step {
+            attempt: key(1),
+            event: Event::WatchdogRemovedVm
+        }]
+    );
+    assert_lines(
+        &log,
+        &[
+            "#5 a1 Running -> Retiring (WatchdogDeadline) mb-ci-build-42-mac-build-a1 gone after the deadline \
+             2026-10-05T02:56:06.653639Z: deleted by the watchdog outcome=Failed",
+            "deliver status",
+            "confirm mb-ci-build-42-mac-build-a1 gone",
+            "#6 a1 Retiring -> Retired (VMDeleted) already deleted by the watchdog",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+            "deliver status",
+            "remove finalizer",
+        ],
+    );
+    // Restarted again mid-way: still only a confirmation, never a delete.
+    let mut j2 = Journal::new(5);
+    j2.recs = j.recs.clone();
+    j2.views = j.views.clone();
+    j2.go(1, Event::WatchdogRemovedVm, now);
+    let p = plan_for(&j2.recs, &[], &mk_cluster(vec![mk_view(1, 5)]), now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ConfirmVmGone {
+            attempt: key(1),
+            vm: vm_of(1)
+        }]
+    );
+}
+
+#[test]
+fn overdue_vm_still_present_fails_with_deadline_passed() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    // nohup case without the watchdog: the guest processes survived the agent.
+    let mut w = world(&[&vm_of(1)]);
+    w.procs.insert(vm_of(1), 2);
+    let now = deadline() + SignedDuration::from_millis(100_190);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::DeadlinePassed
+        }]
+    );
+    assert_eq!(
+        log[1],
+        "#5 a1 Running -> Retiring (DeadlinePassed) host execution deadline 2026-10-05T02:56:06.653639Z passed; \
+         found Running at agent start; killed 2 tart process(es) outcome=Failed"
+    );
+    assert_eq!(log.last().unwrap(), "remove finalizer");
+}
+
+#[test]
+fn vm_gone_before_the_watchdog_grace_is_an_ordinary_restart() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let c = mk_cluster(vec![mk_view(1, 4)]);
+    let within_grace = deadline() + secs(30);
+    let p = plan_for(&j.recs, &[], &c, within_grace);
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::DeadlinePassed,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+    let before = deadline() - secs(600);
+    let p = plan_for(&j.recs, &[], &c, before);
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::AgentRestarted,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn non_prefixed_vms_are_ignored() {
+    let vms = [
+        mk_vm("macos-sequoia-base", true),
+        mk_vm("ubuntu", false),
+        mk_vm("MB-upper", false),
+    ];
+    assert_eq!(plan_for(&[], &vms, &ClusterView::default(), t0()), vec![]);
+}
+
+#[test]
+fn gone_macbuild_is_cleaned_up_without_delivery() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let (plan, log) = recover(&j, ClusterView::default(), world(&[&vm_of(1)]), t0() + secs(300));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::CancelRequested
+        }]
+    );
+    assert_lines(
+        &log,
+        &[
+            "kill tart processes of mb-ci-build-42-mac-build-a1: 0",
+            "#5 a1 Running -> Retiring (CancelRequested) MacBuild deleted; found Running at agent start; \
+             killed 0 tart process(es) outcome=Cancelled",
+            "tart stop+delete mb-ci-build-42-mac-build-a1",
+            "#6 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+        ],
+    );
+    // A recreated MacBuild of the same name is another build.
+    let recreated = BuildView {
+        uid: "u-43".into(),
+        ..mk_view(1, 4)
+    };
+    let p = plan_for(
+        &j.recs,
+        &[mk_vm(&vm_of(1), false)],
+        &mk_cluster(vec![recreated]),
+        t0() + secs(300),
+    );
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::CancelRequested,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn requested_attempt_resumes_its_claim_or_records_claim_lost() {
+    let mut j = Journal::new(1);
+    j.request(1, None, t0());
+    let now = t0() + secs(5);
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![mk_view(1, 0)]), now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ResumeAdmission {
+            attempt: key(1),
+            timeout: secs(1800)
+        }]
+    );
+    let mut other = mk_view(1, 0);
+    other.claim = Some(ClaimView {
+        holder: "mac-mini-08".into(),
+        attempt: 1,
+    });
+    let (p, log) = recover(&j, mk_cluster(vec![other]), world(&[]), now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::Step {
+            attempt: key(1),
+            event: Event::ClaimLost {
+                holder: "mac-mini-08 (a1)".into()
+            }
+        }]
+    );
+    // The loser clones nothing and writes nothing.
+    assert_lines(
+        &log,
+        &["#2 a1 Requested -> Retired (ClaimLost) claim lost to mac-mini-08 (a1); nothing cloned"],
+    );
+    let mut cancelled = mk_view(1, 0);
+    cancelled.cancel_requested = true;
+    let (_, log) = recover(&j, mk_cluster(vec![cancelled]), world(&[]), now);
+    assert_lines(
+        &log,
+        &[
+            "#2 a1 Requested -> Retired (CancelRequested) cancel requested before admission; nothing cloned \
+             outcome=Cancelled",
+            "deliver status",
+            "remove finalizer",
+        ],
+    );
+}
+
+#[test]
+fn retry_owed_by_the_last_record_is_requested_after_a_crash() {
+    // Died right after #122, before journaling a2.
+    let mut j = Journal::new(117);
+    j.run_to(1, S::Running)
+        .go(1, Event::AgentRestarted { killed: 0 }, ts("2026-10-05T02:41:58.5Z"))
+        .go(
+            1,
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            ts("2026-10-05T02:41:58.6Z"),
+        );
+    let next = NextAttempt {
+        build: mk_build(),
+        attempt: 2,
+        deadline: deadline(),
+    };
+    let now = ts("2026-10-05T02:43:00Z");
+    let (p, log) = recover(&j, mk_cluster(vec![mk_view(1, 122)]), world(&[]), now);
+    assert_eq!(
+        p,
+        vec![
+            RecoveryAction::AdmitNextAttempt { next: next.clone() },
+            RecoveryAction::ResumeAdmission {
+                attempt: key(2),
+                timeout: secs(1800)
+            },
+        ]
+    );
+    assert_eq!(
+        log[2],
+        "#124 a2 Requested -> Admitted (SlotFree) slot 1/1, deadline 2026-10-05T02:56:06.653639Z"
+    );
+    // Restarted too late for the retry: a2 is closed with DeadlinePassed, so the build ends.
+    let late = deadline() - secs(60);
+    let (p, log) = recover(&j, mk_cluster(vec![mk_view(1, 122)]), world(&[]), late);
+    assert_eq!(
+        p[1],
+        RecoveryAction::Step {
+            attempt: key(2),
+            event: Event::DeadlinePassed { at_start: None }
+        }
+    );
+    assert_eq!(
+        log[2],
+        "#124 a2 Requested -> Retired (DeadlinePassed) not admitted: 60s left before the deadline \
+         2026-10-05T02:56:06.653639Z, a retry needs 120s outcome=Failed"
+    );
+    // Cancelled while down: a2 is closed as Cancelled.
+    let mut view = mk_view(1, 122);
+    view.cancel_requested = true;
+    let (p, _) = recover(&j, mk_cluster(vec![view]), world(&[]), now);
+    assert_eq!(
+        p[1],
+        RecoveryAction::Step {
+            attempt: key(2),
+            event: Event::CancelRequested { at_start: None }
+        }
+    );
+    // A retry that is already requested (claim still names a1) is resumed, not re-requested.
+    j.request(2, Some(deadline()), ts("2026-10-05T02:41:58.7Z"));
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![mk_view(1, 122)]), now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ResumeAdmission {
+            attempt: key(2),
+            timeout: secs(1800)
+        }]
+    );
+}
+
+#[test]
+fn recovery_action_log_lines_name_what_happens() {
+    let next = NextAttempt {
+        build: mk_build(),
+        attempt: 2,
+        deadline: deadline(),
+    };
+    assert_eq!(
+        RecoveryAction::AdmitNextAttempt { next }.to_string(),
+        "ci/build-42-mac-build a1 was interrupted; requesting a2 (deadline 2026-10-05T02:56:06.653639Z kept)"
+    );
+    let kill = RecoveryAction::KillVmProcesses {
+        attempt: key(1),
+        found: S::Running,
+        vm: vm_of(1),
+        then: Ending::AgentRestarted,
+    };
+    assert_eq!(
+        kill.to_string(),
+        "ci/build-42-mac-build a1 found Running at agent start; killing tart processes of \
+         mb-ci-build-42-mac-build-a1 (AgentRestarted)"
+    );
+    assert_eq!(kill.record(1, t0()), None);
+}
