@@ -7,3 +7,5 @@ pub mod machine;
 pub mod record;
 pub mod recovery;
 pub mod service;
+pub mod cluster;
+pub mod config;

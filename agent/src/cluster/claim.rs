@@ -1,0 +1,612 @@
+//! Claiming a MacBuild, and its finalizer.
+//!
+//! # Order of the writes, and why a crash anywhere is safe
+//!
+//! 1. **Claim** (status subresource, fenced): the first claim tests `metadata.resourceVersion`
+//!    (any write since our read fails it: 422), a later claim by the same agent (attempt n+1)
+//!    tests `status.claim.holder` and `status.claim.attempt` of attempt n. The claim sets
+//!    `status.claim {holder, attempt "<name>#<n>", epoch}`, phase `Pending` and a message.
+//! 2. **Finalizer and agent label** (main resource; the status subresource cannot write metadata):
+//!    a JSON patch testing the resourceVersion read in step 1 *and* our claim, adding
+//!    `tartan.dev/vm-cleanup` and `tartan.dev/agent=<agent id>`.
+//! 3. Only after [`ClaimOutcome::Won`] does the caller journal `Admitted`, write the deadline file
+//!    and clone.
+//!
+//! A crash between 1 and 2 leaves a MacBuild that names us but has no finalizer — and no VM, since
+//! nothing is cloned before step 2 succeeded; deleting it then leaks nothing. [`claim`] is
+//! idempotent: called again for the same attempt it sees its own claim and only adds what is
+//! missing. The other order (finalizer first) would leave, after a crash or a lost race, a
+//! finalizer on a build we do not hold, blocking its deletion with nobody to remove it.
+//!
+//! The finalizer is removed by [`release`] only when the caller says the VM is confirmed gone,
+//! with a `test` on the finalizer's index so a concurrent change to the list cannot make us remove
+//! someone else's entry.
+
+use super::{op_add, op_remove, op_replace, op_test, patch_params, timed};
+use crate::record::BuildRef;
+use json_patch::Patch as JsonPatch;
+use kube::api::{Api, Patch};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tartan_api::{AGENT_LABEL, Claim, FINALIZER, MacBuild, Phase, attempt_id, parse_attempt_id};
+
+/// Why this agent does not claim a MacBuild (see [`claimable`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotClaimable {
+    /// Its namespace is not one the agent serves.
+    NamespaceNotServed,
+    /// `spec.hostSelector` asks for a label this host lacks (or has with another value).
+    HostSelector { key: String },
+    /// Someone holds it already.
+    Claimed { holder: String },
+    /// It is being deleted.
+    Deleting,
+    /// Cancellation was requested.
+    Cancelled,
+    /// It already finished.
+    Finished(Phase),
+}
+
+/// Whether an agent with `host_labels`, serving `namespaces` (empty = all), may make the first
+/// claim on `mb`.
+pub fn claimable(
+    mb: &MacBuild,
+    host_labels: &BTreeMap<String, String>,
+    namespaces: &[String],
+) -> Result<(), NotClaimable> {
+    let ns = mb.metadata.namespace.as_deref().unwrap_or_default();
+    if !namespaces.is_empty() && !namespaces.iter().any(|n| n == ns) {
+        return Err(NotClaimable::NamespaceNotServed);
+    }
+    if let Some((key, _)) = mb
+        .spec
+        .host_selector
+        .iter()
+        .find(|(k, v)| host_labels.get(*k) != Some(*v))
+    {
+        return Err(NotClaimable::HostSelector { key: key.clone() });
+    }
+    open_for_first_claim(mb)
+}
+
+/// Not deleting, not cancelled, not claimed, not finished.
+fn open_for_first_claim(mb: &MacBuild) -> Result<(), NotClaimable> {
+    if mb.metadata.deletion_timestamp.is_some() {
+        return Err(NotClaimable::Deleting);
+    }
+    if mb.spec.cancel_requested {
+        return Err(NotClaimable::Cancelled);
+    }
+    let status = mb.status.as_ref();
+    if let Some(claim) = status.and_then(|s| s.claim.as_ref())
+        && !claim.holder.is_empty()
+    {
+        return Err(NotClaimable::Claimed {
+            holder: claim.holder.clone(),
+        });
+    }
+    if let Some(phase) = status.and_then(|s| s.phase)
+        && phase.is_terminal()
+    {
+        return Err(NotClaimable::Finished(phase));
+    }
+    Ok(())
+}
+
+/// The claim `holder` makes for attempt `attempt` of `mb`: epoch 1 for attempt 1, else one more
+/// than the current claim's epoch.
+pub fn claim_for(mb: &MacBuild, holder: &str, attempt: u32) -> Claim {
+    let current = mb.status.as_ref().and_then(|s| s.claim.as_ref());
+    Claim {
+        holder: holder.to_string(),
+        attempt: attempt_id(&name(mb), attempt),
+        epoch: if attempt <= 1 {
+            1
+        } else {
+            current.map_or(attempt.into(), |c| c.epoch + 1)
+        },
+    }
+}
+
+fn name(mb: &MacBuild) -> String {
+    mb.metadata.name.clone().unwrap_or_default()
+}
+
+fn claim_message(claim: &Claim) -> String {
+    format!(
+        "claimed by {} for attempt {}; admitting it",
+        claim.holder, claim.attempt
+    )
+}
+
+/// The first claim: `test` the resourceVersion read, then `add` the claim (the whole `/status`
+/// if there is none yet; `add`, not `replace`, since `replace` needs the path to exist).
+pub fn first_claim_patch(mb: &MacBuild, claim: &Claim) -> JsonPatch {
+    let rv = mb.metadata.resource_version.clone().unwrap_or_default();
+    let mut ops = vec![op_test(&["metadata", "resourceVersion"], json!(rv))];
+    if mb.status.is_none() {
+        ops.push(op_add(
+            &["status"],
+            json!({"claim": claim, "phase": Phase::Pending, "message": claim_message(claim)}),
+        ));
+    } else {
+        ops.push(op_add(&["status", "claim"], json!(claim)));
+        ops.push(op_add(&["status", "phase"], json!(Phase::Pending)));
+        ops.push(op_add(&["status", "message"], json!(claim_message(claim))));
+    }
+    JsonPatch(ops)
+}
+
+/// A later claim by the same agent: `test` that `previous` (holder and attempt) is still the
+/// claim, then move the claim on.
+pub fn next_claim_patch(uid: &str, previous: &Claim, next: &Claim) -> JsonPatch {
+    JsonPatch(vec![
+        op_test(&["metadata", "uid"], json!(uid)),
+        op_test(&["status", "claim", "holder"], json!(previous.holder)),
+        op_test(&["status", "claim", "attempt"], json!(previous.attempt)),
+        op_replace(&["status", "claim"], json!(next)),
+        op_add(&["status", "phase"], json!(Phase::Pending)),
+        op_add(&["status", "message"], json!(claim_message(next))),
+    ])
+}
+
+/// Adds the finalizer and the agent label, testing the resourceVersion and our claim; `None` if
+/// both are there already.
+pub fn finalizer_patch(mb: &MacBuild, claim: &Claim) -> Option<JsonPatch> {
+    let meta = &mb.metadata;
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
+    let labels = meta.labels.as_ref();
+    let has_label = labels.and_then(|l| l.get(AGENT_LABEL)) == Some(&claim.holder);
+    if has_finalizer && has_label {
+        return None;
+    }
+    let rv = meta.resource_version.clone().unwrap_or_default();
+    let mut ops = vec![
+        op_test(&["metadata", "resourceVersion"], json!(rv)),
+        op_test(&["status", "claim", "holder"], json!(claim.holder)),
+        op_test(&["status", "claim", "attempt"], json!(claim.attempt)),
+    ];
+    if !has_finalizer {
+        ops.push(match meta.finalizers {
+            None => op_add(&["metadata", "finalizers"], json!([FINALIZER])),
+            Some(_) => op_add(&["metadata", "finalizers", "-"], json!(FINALIZER)),
+        });
+    }
+    if !has_label {
+        ops.push(match labels {
+            None => op_add(&["metadata", "labels"], json!({AGENT_LABEL: claim.holder})),
+            Some(_) => op_add(&["metadata", "labels", AGENT_LABEL], json!(claim.holder)),
+        });
+    }
+    Some(JsonPatch(ops))
+}
+
+/// Removes our finalizer, testing that it is still at the index we saw; `None` if it is gone.
+pub fn finalizer_removal_patch(mb: &MacBuild) -> Option<JsonPatch> {
+    let index = mb.metadata.finalizers.as_ref()?.iter().position(|f| f == FINALIZER)?;
+    let index = index.to_string();
+    Some(JsonPatch(vec![
+        op_test(&["metadata", "finalizers", &index], json!(FINALIZER)),
+        op_remove(&["metadata", "finalizers", &index]),
+    ]))
+}
+
+/// What a claim came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClaimOutcome {
+    /// We hold the claim and the finalizer is on; the MacBuild as the API returned it.
+    Won { claim: Claim, macbuild: Box<MacBuild> },
+    /// Someone else got there first (or the build changed or went away): journal `ClaimLost` and
+    /// clone nothing.
+    Lost { reason: String },
+}
+
+/// A claim or release that could not be completed; nothing is known to be lost. Try again later;
+/// never clone after an error.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} MacBuild {build} failed: {detail}; nothing is cloned, it will be tried again")]
+pub struct ClaimError {
+    pub action: &'static str,
+    pub build: String,
+    pub detail: String,
+}
+
+fn build_of(mb: &MacBuild) -> String {
+    format!("{}/{}", mb.metadata.namespace.as_deref().unwrap_or_default(), name(mb))
+}
+
+fn is_ours(mb: &MacBuild, claim: &Claim) -> bool {
+    mb.status
+        .as_ref()
+        .and_then(|s| s.claim.as_ref())
+        .is_some_and(|c| c.holder == claim.holder && c.attempt == claim.attempt)
+}
+
+fn describe_claim(mb: &MacBuild) -> String {
+    match mb.status.as_ref().and_then(|s| s.claim.as_ref()) {
+        Some(c) => format!("claimed by {} for {} (epoch {})", c.holder, c.attempt, c.epoch),
+        None => "not claimed".into(),
+    }
+}
+
+/// Claims attempt `attempt` of `mb` (as last read) for `holder`, then adds the finalizer and agent
+/// label. Attempt 1 needs an unclaimed build; attempt n > 1 needs our own claim of attempt n−1.
+/// Idempotent: if `mb` already shows this claim, only the missing metadata is added.
+///
+/// 409/422 are resolved by reading the MacBuild again: our claim there → won (an earlier answer
+/// was lost in transit); someone else's claim, a changed resourceVersion, or deletion → lost; the
+/// same resourceVersion and no claim → the write was refused (e.g. by an admission policy) →
+/// [`ClaimError`].
+pub async fn claim(
+    client: &kube::Client,
+    api_timeout: Duration,
+    mb: &MacBuild,
+    holder: &str,
+    attempt: u32,
+) -> Result<ClaimOutcome, ClaimError> {
+    let build = build_of(mb);
+    let ns = mb.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<MacBuild> = Api::namespaced(client.clone(), &ns);
+    let name = name(mb);
+    let err = |action: &'static str, detail: String| ClaimError {
+        action,
+        build: build.clone(),
+        detail,
+    };
+    let wanted = claim_for(mb, holder, attempt);
+    let lost = |reason: String| Ok(ClaimOutcome::Lost { reason });
+
+    // Step 1: the claim, unless `mb` shows it already.
+    let mut current = if is_ours(mb, &wanted) {
+        mb.clone()
+    } else {
+        let patch = if attempt <= 1 {
+            // The caller matched labels and namespaces; here only the build's own state matters.
+            if let Err(why) = open_for_first_claim(mb) {
+                return lost(format!("not claimable: {why:?}"));
+            }
+            first_claim_patch(mb, &wanted)
+        } else {
+            let previous = Claim {
+                holder: holder.to_string(),
+                attempt: attempt_id(&name, attempt - 1),
+                epoch: 0,
+            };
+            if !is_ours(mb, &previous) {
+                return lost(format!(
+                    "attempt {} is not ours to follow: {}",
+                    previous.attempt,
+                    describe_claim(mb)
+                ));
+            }
+            next_claim_patch(mb.metadata.uid.as_deref().unwrap_or_default(), &previous, &wanted)
+        };
+        match timed(
+            api_timeout,
+            api.patch_status(&name, &patch_params(), &Patch::Json::<()>(patch)),
+        )
+        .await
+        {
+            Ok(updated) => updated,
+            Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
+            Err(e) if e.is_precondition() => {
+                let fresh = match timed(api_timeout, api.get_opt(&name)).await {
+                    Ok(Some(fresh)) => fresh,
+                    Ok(None) => return lost("the MacBuild was deleted".into()),
+                    Err(read) => {
+                        return Err(err(
+                            "claiming",
+                            format!("the claim got {e}, and reading it again failed: {read}"),
+                        ));
+                    }
+                };
+                if fresh.metadata.uid != mb.metadata.uid {
+                    return lost("the MacBuild was deleted and created again".into());
+                }
+                if is_ours(&fresh, &wanted) {
+                    fresh
+                } else if fresh.metadata.resource_version == mb.metadata.resource_version {
+                    // Nothing changed, so no test failed: the write itself was refused.
+                    return Err(err("claiming", format!("the claim was refused: {e}")));
+                } else {
+                    return lost(format!(
+                        "the claim's test failed ({e}); it is now {}",
+                        describe_claim(&fresh)
+                    ));
+                }
+            }
+            Err(e) => return Err(err("claiming", e.to_string())),
+        }
+    };
+
+    // Step 2: finalizer and label, fenced on the resourceVersion and our claim.
+    for _ in 0..3 {
+        if current.metadata.deletion_timestamp.is_some() {
+            return lost("the MacBuild is being deleted; no finalizer can be added".into());
+        }
+        let Some(patch) = finalizer_patch(&current, &wanted) else {
+            return Ok(ClaimOutcome::Won {
+                claim: wanted,
+                macbuild: Box::new(current),
+            });
+        };
+        match timed(
+            api_timeout,
+            api.patch(&name, &patch_params(), &Patch::Json::<()>(patch)),
+        )
+        .await
+        {
+            Ok(updated) => {
+                return Ok(ClaimOutcome::Won {
+                    claim: wanted,
+                    macbuild: Box::new(updated),
+                });
+            }
+            Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
+            Err(e) if e.is_precondition() => {
+                let fresh = match timed(api_timeout, api.get_opt(&name)).await {
+                    Ok(Some(fresh)) => fresh,
+                    Ok(None) => return lost("the MacBuild was deleted".into()),
+                    Err(read) => {
+                        return Err(err(
+                            "adding the finalizer to",
+                            format!("the patch got {e}, and reading it again failed: {read}"),
+                        ));
+                    }
+                };
+                if !is_ours(&fresh, &wanted) {
+                    return lost(format!(
+                        "the claim changed before the finalizer was added: {}",
+                        describe_claim(&fresh)
+                    ));
+                }
+                if fresh.metadata.resource_version == current.metadata.resource_version {
+                    return Err(err("adding the finalizer to", format!("the patch was refused: {e}")));
+                }
+                current = fresh;
+            }
+            Err(e) => return Err(err("adding the finalizer to", e.to_string())),
+        }
+    }
+    Err(err(
+        "adding the finalizer to",
+        "the MacBuild kept changing (3 tries)".into(),
+    ))
+}
+
+/// Removes our finalizer from `build` — call it only once the VM is confirmed gone. Done when the
+/// MacBuild, or the finalizer, is already gone (or the name now belongs to a new MacBuild).
+pub async fn release(client: &kube::Client, api_timeout: Duration, build: &BuildRef) -> Result<(), ClaimError> {
+    let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
+    let err = |detail: String| ClaimError {
+        action: "removing the finalizer from",
+        build: build.to_string(),
+        detail,
+    };
+    for _ in 0..3 {
+        let mb = match timed(api_timeout, api.get_opt(&build.name)).await {
+            Ok(Some(mb)) => mb,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(err(format!("reading it: {e}"))),
+        };
+        if mb.metadata.uid.as_deref() != Some(build.uid.as_str()) {
+            return Ok(());
+        }
+        let Some(patch) = finalizer_removal_patch(&mb) else {
+            return Ok(());
+        };
+        match timed(
+            api_timeout,
+            api.patch(&build.name, &patch_params(), &Patch::Json::<()>(patch)),
+        )
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(()),
+            // The list changed since our read; read again.
+            Err(e) if e.is_precondition() => tracing::debug!("finalizer of {build}: {e}; reading it again"),
+            Err(e) => return Err(err(e.to_string())),
+        }
+    }
+    Err(err("the finalizer list kept changing (3 tries)".into()))
+}
+
+/// The attempt number of `claim`, if its attempt id is well formed.
+pub fn attempt_number(claim: &Claim) -> Option<u32> {
+    parse_attempt_id(&claim.attempt).map(|(_, n)| n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tartan_api::{MacBuildSpec, MacBuildStatus, Step};
+
+    fn mb(status: Option<MacBuildStatus>) -> MacBuild {
+        let mut mb = MacBuild::new(
+            "b",
+            MacBuildSpec {
+                image: "img".into(),
+                source: None,
+                steps: vec![Step {
+                    name: "build".into(),
+                    run: vec!["true".into()],
+                }],
+                test_report: None,
+                artifacts: None,
+                timeout_seconds: 100,
+                max_attempts: 2,
+                resources: None,
+                host_selector: BTreeMap::from([("xcode".to_string(), "16".to_string())]),
+                cancel_requested: false,
+            },
+        );
+        mb.metadata.namespace = Some("ci".into());
+        mb.metadata.uid = Some("uid-1".into());
+        mb.metadata.resource_version = Some("41".into());
+        mb.status = status;
+        mb
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn claim(holder: &str, attempt: &str, epoch: u64) -> Claim {
+        Claim {
+            holder: holder.into(),
+            attempt: attempt.into(),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn claimable_checks_selector_claim_deletion_cancel_and_namespace() {
+        let host = labels(&[("xcode", "16"), ("arch", "arm64")]);
+        assert_eq!(claimable(&mb(None), &host, &[]), Ok(()));
+        assert_eq!(claimable(&mb(None), &host, &["ci".into()]), Ok(()));
+        assert_eq!(
+            claimable(&mb(None), &host, &["other".into()]),
+            Err(NotClaimable::NamespaceNotServed)
+        );
+        assert_eq!(
+            claimable(&mb(None), &labels(&[("xcode", "15")]), &[]),
+            Err(NotClaimable::HostSelector { key: "xcode".into() })
+        );
+        assert_eq!(
+            claimable(&mb(None), &labels(&[]), &[]),
+            Err(NotClaimable::HostSelector { key: "xcode".into() })
+        );
+        let claimed = mb(Some(MacBuildStatus {
+            claim: Some(claim("a", "b#1", 1)),
+            ..Default::default()
+        }));
+        assert_eq!(
+            claimable(&claimed, &host, &[]),
+            Err(NotClaimable::Claimed { holder: "a".into() })
+        );
+        let mut deleting = mb(None);
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(claimable(&deleting, &host, &[]), Err(NotClaimable::Deleting));
+        let mut cancelled = mb(None);
+        cancelled.spec.cancel_requested = true;
+        assert_eq!(claimable(&cancelled, &host, &[]), Err(NotClaimable::Cancelled));
+        let done = mb(Some(MacBuildStatus {
+            phase: Some(Phase::Failed),
+            ..Default::default()
+        }));
+        assert_eq!(claimable(&done, &host, &[]), Err(NotClaimable::Finished(Phase::Failed)));
+    }
+
+    #[test]
+    fn first_claim_tests_the_resource_version_and_adds_status() {
+        let c = claim_for(&mb(None), "mac-mini-07", 1);
+        assert_eq!(c, claim("mac-mini-07", "b#1", 1));
+        let p = serde_json::to_value(first_claim_patch(&mb(None), &c)).unwrap();
+        assert_eq!(
+            p,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "add", "path": "/status", "value": {
+                    "claim": {"holder": "mac-mini-07", "attempt": "b#1", "epoch": 1},
+                    "phase": "Pending",
+                    "message": "claimed by mac-mini-07 for attempt b#1; admitting it"}},
+            ])
+        );
+        // With a status already there, only the claim's fields are added.
+        let p = serde_json::to_value(first_claim_patch(&mb(Some(MacBuildStatus::default())), &c)).unwrap();
+        let paths: Vec<&str> = p
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/metadata/resourceVersion",
+                "/status/claim",
+                "/status/phase",
+                "/status/message"
+            ]
+        );
+        assert!(p.as_array().unwrap()[1..].iter().all(|o| o["op"] == "add"));
+    }
+
+    #[test]
+    fn next_claim_tests_holder_and_previous_attempt() {
+        let current = mb(Some(MacBuildStatus {
+            claim: Some(claim("mac-mini-07", "b#1", 1)),
+            ..Default::default()
+        }));
+        let next = claim_for(&current, "mac-mini-07", 2);
+        assert_eq!(next, claim("mac-mini-07", "b#2", 2));
+        let p = serde_json::to_value(next_claim_patch("uid-1", &claim("mac-mini-07", "b#1", 1), &next)).unwrap();
+        assert_eq!(p[0], json!({"op": "test", "path": "/metadata/uid", "value": "uid-1"}));
+        assert_eq!(
+            p[1],
+            json!({"op": "test", "path": "/status/claim/holder", "value": "mac-mini-07"})
+        );
+        assert_eq!(
+            p[2],
+            json!({"op": "test", "path": "/status/claim/attempt", "value": "b#1"})
+        );
+        assert_eq!(
+            p[3],
+            json!({"op": "replace", "path": "/status/claim", "value": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2}})
+        );
+        assert_eq!(attempt_number(&next), Some(2));
+    }
+
+    #[test]
+    fn finalizer_patch_escapes_the_label_key_and_appends_to_existing_lists() {
+        let c = claim("mac-mini-07", "b#1", 1);
+        let mut m = mb(Some(MacBuildStatus {
+            claim: Some(c.clone()),
+            ..Default::default()
+        }));
+        let p = serde_json::to_value(finalizer_patch(&m, &c).unwrap()).unwrap();
+        assert_eq!(
+            p,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/status/claim/holder", "value": "mac-mini-07"},
+                {"op": "test", "path": "/status/claim/attempt", "value": "b#1"},
+                {"op": "add", "path": "/metadata/finalizers", "value": ["tartan.dev/vm-cleanup"]},
+                {"op": "add", "path": "/metadata/labels", "value": {"tartan.dev/agent": "mac-mini-07"}},
+            ])
+        );
+        m.metadata.finalizers = Some(vec!["other/f".into()]);
+        m.metadata.labels = Some(labels(&[("app", "x")]));
+        let p = serde_json::to_value(finalizer_patch(&m, &c).unwrap()).unwrap();
+        assert_eq!(
+            p[3],
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER})
+        );
+        assert_eq!(
+            p[4],
+            json!({"op": "add", "path": "/metadata/labels/tartan.dev~1agent", "value": "mac-mini-07"})
+        );
+        m.metadata.finalizers = Some(vec!["other/f".into(), FINALIZER.into()]);
+        m.metadata.labels = Some(labels(&[(AGENT_LABEL, "mac-mini-07")]));
+        assert_eq!(finalizer_patch(&m, &c), None);
+    }
+
+    #[test]
+    fn finalizer_removal_tests_its_index() {
+        let mut m = mb(None);
+        assert_eq!(finalizer_removal_patch(&m), None);
+        m.metadata.finalizers = Some(vec!["other/f".into(), FINALIZER.into()]);
+        let p = serde_json::to_value(finalizer_removal_patch(&m).unwrap()).unwrap();
+        assert_eq!(
+            p,
+            json!([
+                {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ])
+        );
+    }
+}

@@ -1,0 +1,642 @@
+//! The agent's config file, read by `tartan-agent run --config FILE`.
+//!
+//! A small TOML file; every key is optional and documented below with its default
+//! ([`Config::documented_example`] prints them all, and `agent/examples/agent.toml` is that text).
+//! Unknown keys are refused, so a misspelt key is an error naming the file and line instead of a
+//! silently ignored setting. Durations are written the humane way: `"500ms"`, `"5s"`, `"2m"`,
+//! `"1h"`, `"1m30s"`.
+//!
+//! Paths must be absolute: launchd, which starts the agent, expands neither `~` nor `$HOME`.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tartan_api::VM_PREFIX;
+
+/// The example config shipped as `agent/examples/agent.toml`: every key with its default.
+const DOCUMENTED_EXAMPLE: &str = include_str!("../examples/agent.toml");
+
+/// macOS's licence and Virtualization.framework allow at most two macOS VMs on one host.
+pub const MAX_SLOTS: u8 = 2;
+
+/// The parsed, checked config. Build it with [`Config::load`] or [`Config::from_toml`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// This agent's name: `status.claim.holder` of what it claims, its Lease
+    /// `tartan-agent-<agent_id>` and the `tartan.dev/agent` label.
+    pub agent_id: String,
+    /// Where the journal, lock and deadline files live.
+    pub state_dir: PathBuf,
+    /// Kubeconfig file; `None` = standard inference (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context; `None` = the current context.
+    pub context: Option<String>,
+    /// Namespaces whose MacBuilds this agent serves; empty = all.
+    pub namespaces: Vec<String>,
+    /// Namespace of the agent's Lease.
+    pub lease_namespace: String,
+    /// Concurrent VMs (1 or 2).
+    pub slots: u8,
+    /// Matched against each MacBuild's `spec.hostSelector`.
+    pub host_labels: BTreeMap<String, String>,
+    /// The tart program.
+    pub tart: PathBuf,
+    /// `TART_HOME` for tart; `None` = tart's default.
+    pub tart_home: Option<PathBuf>,
+    /// Artifact publishing defaults.
+    pub artifacts: ArtifactsConfig,
+    /// Where `/metrics` is served.
+    pub metrics_address: SocketAddr,
+    /// Timing constants.
+    pub timing: Timing,
+}
+
+/// Artifact publishing: the destination used when a MacBuild names none, and S3 settings.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactsConfig {
+    /// `s3://bucket/prefix/` or `file:///absolute/dir/`; `None` = a MacBuild without
+    /// `spec.artifacts.destination` publishes nothing.
+    #[serde(default)]
+    pub destination: Option<String>,
+    /// S3 region; `None` = `$AWS_REGION`.
+    #[serde(default)]
+    pub s3_region: Option<String>,
+    /// S3 endpoint URL for S3-compatible stores (MinIO, R2); `None` = AWS.
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    /// Access key id; `None` = `$AWS_ACCESS_KEY_ID`.
+    #[serde(default)]
+    pub s3_access_key_id: Option<String>,
+    /// Secret key; `None` = `$AWS_SECRET_ACCESS_KEY`. Prefer the environment; if you put it here,
+    /// make the file readable by its owner only.
+    #[serde(default)]
+    pub s3_secret_access_key: Option<String>,
+}
+
+impl fmt::Debug for ArtifactsConfig {
+    // The secret never reaches a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArtifactsConfig")
+            .field("destination", &self.destination)
+            .field("s3_region", &self.s3_region)
+            .field("s3_endpoint", &self.s3_endpoint)
+            .field("s3_access_key_id", &self.s3_access_key_id)
+            .field(
+                "s3_secret_access_key",
+                &self.s3_secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Timing constants; defaults are the source document's figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// How often the Lease is renewed (5 s).
+    pub lease_renew: Duration,
+    /// `leaseDurationSeconds` of the Lease, and how long after the last successful renewal the
+    /// agent stops claiming (20 s).
+    pub lease_duration: Duration,
+    /// Longest wait for one Kubernetes API request (4 s); shorter than `lease_renew`, so a hung
+    /// renewal never skips the next one.
+    pub api_timeout: Duration,
+    /// A retry starts only with at least this much left before the host execution deadline (120 s).
+    pub retry_min_window: Duration,
+    /// First wait before a refused or failed status write is sent again (1 s); doubles per try.
+    pub status_retry_initial: Duration,
+    /// Longest wait between two tries of a status write (30 s).
+    pub status_retry_max: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            lease_renew: Duration::from_secs(5),
+            lease_duration: Duration::from_secs(20),
+            api_timeout: Duration::from_secs(4),
+            retry_min_window: Duration::from_secs(120),
+            status_retry_initial: Duration::from_secs(1),
+            status_retry_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What went wrong reading the config; the message names the file and what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}; the agent cannot start without it")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// A TOML syntax error, an unknown key or a value of the wrong type; `detail` carries toml's
+    /// line and column.
+    #[error("config file {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    /// A value that parses but is not allowed.
+    #[error("config file {path}: {key}: {detail}")]
+    Invalid {
+        path: PathBuf,
+        key: &'static str,
+        detail: String,
+    },
+}
+
+/// The file as written: every field optional.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    agent_id: Option<String>,
+    state_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+    #[serde(default)]
+    namespaces: Vec<String>,
+    lease_namespace: Option<String>,
+    slots: Option<i64>,
+    #[serde(default)]
+    host_labels: BTreeMap<String, String>,
+    tart: Option<PathBuf>,
+    tart_home: Option<PathBuf>,
+    vm_prefix: Option<String>,
+    #[serde(default)]
+    artifacts: ArtifactsConfig,
+    metrics_address: Option<String>,
+    #[serde(default)]
+    timing: RawTiming,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTiming {
+    lease_renew: Option<HumaneDuration>,
+    lease_duration: Option<HumaneDuration>,
+    api_timeout: Option<HumaneDuration>,
+    retry_min_window: Option<HumaneDuration>,
+    status_retry_initial: Option<HumaneDuration>,
+    status_retry_max: Option<HumaneDuration>,
+}
+
+/// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"` or a sum such as `"1m30s"`.
+struct HumaneDuration(Duration);
+
+impl<'de> Deserialize<'de> for HumaneDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text)
+            .map(HumaneDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`: numbers each followed by `ms`, `s`, `m`
+/// or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration; write e.g. \"500ms\", \"5s\", \"2m\" or \"1m30s\"");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let part = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+            _ => return Err(bad()),
+        };
+        total = total.checked_add(part).ok_or_else(bad)?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// Whether `id` can name an agent: a Lease name suffix and a label value, so at most 63
+/// characters of `[a-z0-9.-]`, starting and ending with a letter or digit.
+fn check_agent_id(id: &str) -> Result<(), String> {
+    let ok_chars = id.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'));
+    let ends_ok = id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if id.is_empty() || id.len() > 63 || !ok_chars || !ends_ok {
+        return Err(format!(
+            "{id:?} cannot name an agent: use 1 to 63 characters of a-z, 0-9, '-' and '.', starting and ending \
+             with a letter or digit (it becomes the Lease tartan-agent-<agent_id> and a label value)"
+        ));
+    }
+    Ok(())
+}
+
+/// The default agent id from the host name: its first label, lowercased (`Mac-Mini-07.local` →
+/// `mac-mini-07`).
+pub fn agent_id_from_hostname(hostname: &str) -> String {
+    hostname.split('.').next().unwrap_or_default().to_ascii_lowercase()
+}
+
+impl Config {
+    /// Every key with its default and meaning, as TOML (the text of `agent/examples/agent.toml`).
+    pub fn documented_example() -> &'static str {
+        DOCUMENTED_EXAMPLE
+    }
+
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let hostname = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        Config::from_toml(path, &text, &hostname, home.as_deref())
+    }
+
+    /// Parses `text` (read from `path`, which only names it in errors); `hostname` and `home` give
+    /// the defaults of `agent_id` and `state_dir`.
+    pub fn from_toml(path: &Path, text: &str, hostname: &str, home: Option<&Path>) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            detail: e.to_string().trim_end().to_string(),
+        })?;
+        let invalid = |key: &'static str, detail: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            detail,
+        };
+        let absolute = |key: &'static str, p: PathBuf| -> Result<PathBuf, ConfigError> {
+            if p.is_absolute() {
+                Ok(p)
+            } else {
+                Err(invalid(
+                    key,
+                    format!(
+                        "{} is not an absolute path (launchd expands neither ~ nor $HOME)",
+                        p.display()
+                    ),
+                ))
+            }
+        };
+
+        let agent_id = match raw.agent_id {
+            Some(id) => id,
+            None => agent_id_from_hostname(hostname),
+        };
+        check_agent_id(&agent_id).map_err(|d| invalid("agent_id", d))?;
+
+        let state_dir = match raw.state_dir {
+            Some(p) => absolute("state_dir", p)?,
+            None => match home {
+                Some(home) if home.is_absolute() => home.join("Library/Application Support/Tartan"),
+                _ => {
+                    return Err(invalid(
+                        "state_dir",
+                        "not set and $HOME is unknown; set state_dir to an absolute path".into(),
+                    ));
+                }
+            },
+        };
+        let kubeconfig = raw.kubeconfig.map(|p| absolute("kubeconfig", p)).transpose()?;
+        if raw.context.as_deref() == Some("") {
+            return Err(invalid(
+                "context",
+                "is empty; leave it out to use the current context".into(),
+            ));
+        }
+        for ns in &raw.namespaces {
+            if ns.is_empty() {
+                return Err(invalid("namespaces", "contains an empty name".into()));
+            }
+        }
+        let lease_namespace = raw.lease_namespace.unwrap_or_else(|| "default".into());
+        if lease_namespace.is_empty() {
+            return Err(invalid("lease_namespace", "is empty".into()));
+        }
+
+        let slots = match raw.slots.unwrap_or(1) {
+            n @ 1..=2 => n as u8,
+            n if n > i64::from(MAX_SLOTS) => {
+                return Err(invalid(
+                    "slots",
+                    format!("{n} is more than macOS allows: at most {MAX_SLOTS} macOS VMs run on one host"),
+                ));
+            }
+            n => return Err(invalid("slots", format!("{n}: an agent needs 1 or 2 slots"))),
+        };
+
+        let tart = raw.tart.unwrap_or_else(|| PathBuf::from("tart"));
+        // A bare program name is looked up on PATH; anything with a directory must be absolute.
+        let tart = if tart.components().count() > 1 {
+            absolute("tart", tart)?
+        } else {
+            tart
+        };
+        let tart_home = raw.tart_home.map(|p| absolute("tart_home", p)).transpose()?;
+
+        // The prefix is part of an on-disk contract shared with the watchdog and recovery (which
+        // delete only `mb-` VMs and quarantine unaccounted ones): accept it spelt out, refuse
+        // anything else rather than orphan or touch VMs the other parts do not expect.
+        if let Some(prefix) = raw.vm_prefix
+            && prefix != VM_PREFIX
+        {
+            return Err(invalid(
+                "vm_prefix",
+                format!(
+                    "{prefix:?}: the VM prefix is fixed at {VM_PREFIX:?} (the watchdog and recovery only ever delete \
+                     VMs with it); remove the key, or use a separate tart_home to keep agents apart"
+                ),
+            ));
+        }
+
+        if let Some(dest) = &raw.artifacts.destination
+            && !(dest.starts_with("s3://") && dest.len() > "s3://".len() || dest.starts_with("file:///"))
+        {
+            return Err(invalid(
+                "artifacts.destination",
+                format!("{dest:?} must be s3://bucket/prefix/ or file:///absolute/dir/"),
+            ));
+        }
+
+        let metrics_address = match raw.metrics_address {
+            None => SocketAddr::from(([127, 0, 0, 1], 9464)),
+            Some(a) => a.parse().map_err(|e| {
+                invalid(
+                    "metrics_address",
+                    format!("{a:?} is not an address like 127.0.0.1:9464: {e}"),
+                )
+            })?,
+        };
+
+        let d = Timing::default();
+        let t = raw.timing;
+        let pick = |v: Option<HumaneDuration>, default: Duration| v.map_or(default, |h| h.0);
+        let timing = Timing {
+            lease_renew: pick(t.lease_renew, d.lease_renew),
+            lease_duration: pick(t.lease_duration, d.lease_duration),
+            api_timeout: pick(t.api_timeout, d.api_timeout),
+            retry_min_window: pick(t.retry_min_window, d.retry_min_window),
+            status_retry_initial: pick(t.status_retry_initial, d.status_retry_initial),
+            status_retry_max: pick(t.status_retry_max, d.status_retry_max),
+        };
+        timing.check().map_err(|(key, detail)| invalid(key, detail))?;
+
+        Ok(Config {
+            agent_id,
+            state_dir,
+            kubeconfig,
+            context: raw.context,
+            namespaces: raw.namespaces,
+            lease_namespace,
+            slots,
+            host_labels: raw.host_labels,
+            tart,
+            tart_home,
+            artifacts: raw.artifacts,
+            metrics_address,
+            timing,
+        })
+    }
+
+    /// Whether this agent serves MacBuilds of `namespace`.
+    pub fn serves_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+impl Timing {
+    /// The relations the agent relies on; returns the offending key and why.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+        if self.lease_renew.is_zero() {
+            return Err(("timing.lease_renew", "must be more than 0".into()));
+        }
+        if self.lease_duration.as_secs() == 0 || self.lease_duration.subsec_nanos() != 0 {
+            return Err((
+                "timing.lease_duration",
+                format!(
+                    "{} must be a whole number of seconds, at least 1 (leaseDurationSeconds)",
+                    secs(self.lease_duration)
+                ),
+            ));
+        }
+        if self.lease_renew >= self.lease_duration {
+            return Err((
+                "timing.lease_renew",
+                format!(
+                    "{} must be shorter than timing.lease_duration ({}), or the Lease expires between renewals",
+                    secs(self.lease_renew),
+                    secs(self.lease_duration)
+                ),
+            ));
+        }
+        if self.api_timeout.is_zero() || self.api_timeout >= self.lease_renew {
+            return Err((
+                "timing.api_timeout",
+                format!(
+                    "{} must be more than 0 and shorter than timing.lease_renew ({})",
+                    secs(self.api_timeout),
+                    secs(self.lease_renew)
+                ),
+            ));
+        }
+        if self.status_retry_initial.is_zero() || self.status_retry_initial > self.status_retry_max {
+            return Err((
+                "timing.status_retry_initial",
+                format!(
+                    "{} must be more than 0 and at most timing.status_retry_max ({})",
+                    secs(self.status_retry_initial),
+                    secs(self.status_retry_max)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(
+            Path::new("/etc/agent.toml"),
+            text,
+            "Mac-Mini-07.local",
+            Some(Path::new("/Users/ci")),
+        )
+    }
+
+    #[test]
+    fn an_empty_file_gives_the_documented_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.agent_id, "mac-mini-07");
+        assert_eq!(c.state_dir, Path::new("/Users/ci/Library/Application Support/Tartan"));
+        assert_eq!(c.kubeconfig, None);
+        assert_eq!(c.context, None);
+        assert!(c.namespaces.is_empty());
+        assert!(c.serves_namespace("anything"));
+        assert_eq!(c.lease_namespace, "default");
+        assert_eq!(c.slots, 1);
+        assert!(c.host_labels.is_empty());
+        assert_eq!(c.tart, Path::new("tart"));
+        assert_eq!(c.tart_home, None);
+        assert_eq!(c.artifacts, ArtifactsConfig::default());
+        assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.timing, Timing::default());
+        assert_eq!(c.timing.lease_renew, Duration::from_secs(5));
+        assert_eq!(c.timing.lease_duration, Duration::from_secs(20));
+        assert_eq!(c.timing.retry_min_window, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn the_documented_example_parses_to_the_defaults() {
+        assert_eq!(parse(Config::documented_example()).unwrap(), parse("").unwrap());
+        for key in [
+            "agent_id",
+            "state_dir",
+            "kubeconfig",
+            "lease_namespace",
+            "slots",
+            "vm_prefix",
+            "[timing]",
+        ] {
+            assert!(Config::documented_example().contains(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn every_key_can_be_set() {
+        let c = parse(
+            r#"
+agent_id = "mac-mini-07"
+state_dir = "/var/tartan"
+kubeconfig = "/Users/ci/.config/tartan/kubeconfig"
+context = "tartan"
+namespaces = ["ci", "release"]
+lease_namespace = "tartan-system"
+slots = 2
+host_labels = { xcode = "16", arch = "arm64" }
+tart = "/opt/homebrew/bin/tart"
+tart_home = "/Users/ci/.tart"
+vm_prefix = "mb-"
+metrics_address = "0.0.0.0:9100"
+
+[artifacts]
+destination = "s3://ci-artifacts/app/"
+s3_region = "eu-west-1"
+s3_endpoint = "https://minio.example:9000"
+s3_access_key_id = "AKIA"
+s3_secret_access_key = "hunter2"
+
+[timing]
+lease_renew = "2s"
+lease_duration = "10s"
+api_timeout = "1500ms"
+retry_min_window = "3m"
+status_retry_initial = "250ms"
+status_retry_max = "1m30s"
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubeconfig.as_deref(),
+            Some(Path::new("/Users/ci/.config/tartan/kubeconfig"))
+        );
+        assert_eq!(c.context.as_deref(), Some("tartan"));
+        assert!(c.serves_namespace("ci") && !c.serves_namespace("default"));
+        assert_eq!(c.lease_namespace, "tartan-system");
+        assert_eq!(c.slots, 2);
+        assert_eq!(c.host_labels["xcode"], "16");
+        assert_eq!(c.tart, Path::new("/opt/homebrew/bin/tart"));
+        assert_eq!(c.artifacts.s3_region.as_deref(), Some("eu-west-1"));
+        assert!(!format!("{:?}", c.artifacts).contains("hunter2"));
+        assert_eq!(c.metrics_address.port(), 9100);
+        assert_eq!(c.timing.api_timeout, Duration::from_millis(1500));
+        assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
+        assert_eq!(c.timing.status_retry_max, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn more_than_two_slots_is_refused_naming_macos() {
+        let err = parse("slots = 3").unwrap_err().to_string();
+        assert!(err.contains("/etc/agent.toml") && err.contains("slots"), "{err}");
+        assert!(err.contains("at most 2 macOS VMs"), "{err}");
+        assert!(parse("slots = 0").unwrap_err().to_string().contains("1 or 2"));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_file_and_line() {
+        let err = parse("slots = 1\nlease_renw = \"5s\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("config file /etc/agent.toml:"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("lease_renw"), "{err}");
+        let err = parse("[timing]\nrenew = \"5s\"\n").unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("renew"), "{err}");
+        let err = parse("[artifacts]\nbucket = \"x\"\n").unwrap_err().to_string();
+        assert!(err.contains("bucket"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key() {
+        for (text, key) in [
+            ("vm_prefix = \"ci-\"", "vm_prefix"),
+            ("state_dir = \"~/tartan\"", "state_dir"),
+            ("kubeconfig = \"kube/config\"", "kubeconfig"),
+            ("tart = \"bin/tart\"", "tart"),
+            ("agent_id = \"Mac_Mini\"", "agent_id"),
+            ("metrics_address = \"localhost\"", "metrics_address"),
+            ("[artifacts]\ndestination = \"http://x\"", "artifacts.destination"),
+            ("[timing]\nlease_renew = \"20s\"", "timing.lease_renew"),
+            ("[timing]\nlease_duration = \"1500ms\"", "timing.lease_duration"),
+            ("[timing]\napi_timeout = \"5s\"", "timing.api_timeout"),
+            ("[timing]\nstatus_retry_initial = \"1m\"", "timing.status_retry_initial"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let err = parse("[timing]\nlease_renew = \"5 seconds\"").unwrap_err().to_string();
+        assert!(err.contains("not a duration") && err.contains("line 2"), "{err}");
+        let err = parse("slots = \"two\"").unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn state_dir_needs_home_when_not_set() {
+        let err = Config::from_toml(Path::new("a.toml"), "", "h", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("state_dir") && err.contains("$HOME"), "{err}");
+    }
+
+    #[test]
+    fn durations_parse_the_humane_way() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "5", "s", "5x", "-5s", "5 s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn agent_id_defaults_to_the_short_lowercased_host_name() {
+        assert_eq!(agent_id_from_hostname("Mac-Mini-07.local"), "mac-mini-07");
+        assert_eq!(agent_id_from_hostname("builder"), "builder");
+        // A host name that cannot name an agent asks for agent_id.
+        let err = Config::from_toml(Path::new("a.toml"), "", "my_mac", Some(Path::new("/h")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("agent_id"), "{err}");
+    }
+}
