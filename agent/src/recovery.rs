@@ -190,6 +190,8 @@ pub enum RecoveryAction {
     /// A quarantined unknown VM is gone: journal `Quarantined -> Retired (Resolved)`.
     ResolveUnknownVm { vm: String, slot: Option<u8> },
     /// Kill the VM's surviving tart processes (count them), then step `then.event(count)`.
+    /// The only I/O before its record: the count belongs in the record, and the kill is safe to
+    /// repeat (the process that ran the attempt is gone; after a crash here it finds 0).
     KillVmProcesses {
         attempt: AttemptKey,
         found: AttemptState,

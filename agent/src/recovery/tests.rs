@@ -848,6 +848,52 @@ fn owner_deleted_while_down_is_cancelled_not_retried() {
 }
 
 #[test]
+fn cancel_while_down_during_quarantine_is_recorded_and_the_delete_retried() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running)
+        .go(1, Event::AgentRestarted { killed: 0 }, t0() + secs(60))
+        .go(
+            1,
+            Event::DeleteFailed {
+                context: DeleteContext::AgentStart,
+                error: "exit 1".into(),
+            },
+            t0() + secs(61),
+        );
+    let mut view = mk_view(1, 6);
+    view.cancel_requested = true;
+    let (plan, log) = recover(&j, mk_cluster(vec![view]), world(&[&vm_of(1)]), t0() + secs(120));
+    assert_eq!(
+        plan,
+        vec![
+            RecoveryAction::Step {
+                attempt: key(1),
+                event: Event::CancelRequested { at_start: None }
+            },
+            RecoveryAction::DeleteVm {
+                attempt: key(1),
+                vm: vm_of(1),
+                context: DeleteContext::Retry
+            },
+        ]
+    );
+    assert_lines(
+        &log,
+        &[
+            "#7 a1 Quarantined -> Quarantined (CancelRequested) cancel requested; outcome Interrupted already \
+             recorded and kept; no retry",
+            "tart stop+delete mb-ci-build-42-mac-build-a1",
+            "#8 a1 Quarantined -> Retired (Resolved) clone directory gone (deleted on retry); slot released; \
+             no retry: CancelRequested was recorded; a withdrawn build is never retried",
+            "rm deadline file of mb-ci-build-42-mac-build-a1",
+            "release slot 1",
+            "deliver status",
+            "remove finalizer",
+        ],
+    );
+}
+
+#[test]
 fn owner_deleted_after_an_interruption_was_recorded_stops_the_retry() {
     let mut j = Journal::new(1);
     j.run_to(1, S::Running)
