@@ -180,12 +180,19 @@ impl EmulatorHandle {
         self.inner.addr
     }
 
-    /// A `kube::Client` for this emulator, default namespace `default`.
-    pub fn client(&self) -> kube::Client {
+    /// A `kube::Config` for this emulator (default namespace `default`), to adjust before
+    /// building a client. Note kube's default retry policy retries 503/429/504 up to 15 times
+    /// with exponential backoff; set `default_retry = false` to see a 503 at once.
+    pub fn config(&self) -> kube::Config {
         let mut config = kube::Config::new(self.url.parse().expect("emulator URL is a valid URI"));
         config.default_namespace = "default".into();
         config.read_timeout = None;
-        kube::Client::try_from(config).expect("kube client for the emulator")
+        config
+    }
+
+    /// A `kube::Client` for this emulator with kube's defaults, default namespace `default`.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("kube client for the emulator")
     }
 
     /// Writes a kubeconfig (cluster, user with a dummy token, context `kube-emulator`).

@@ -1,0 +1,217 @@
+//! Fault controls: deny rules standing in for a ValidatingAdmissionPolicy, unavailability, refused
+//! connections and latency, through the handle and over HTTP.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tartan_testkit::{Availability, DenyRule, PredicateOp, Target};
+
+fn terminal_status_rule() -> DenyRule {
+    DenyRule::new("mac-ci-deny-terminal-status")
+        .operations(&["UPDATE"])
+        .resource("tartan.dev", "macbuilds")
+        .subresource("status")
+        .when(
+            Target::OldObject,
+            "status.phase",
+            PredicateOp::In,
+            &[json!("Succeeded"), json!("Failed")],
+        )
+        .message("status of a finished MacBuild is immutable")
+}
+
+#[tokio::test]
+async fn deny_rule_refuses_matching_writes_like_a_validating_admission_policy() {
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    api.create(&PostParams::default(), &macbuild("d", json!({"image": "x"})))
+        .await
+        .unwrap();
+    emu.add_deny_rule(terminal_status_rule());
+    // Not terminal yet: allowed.
+    api.patch_status(
+        "d",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+    // Terminal now: a rewrite is denied with the VAP's shape.
+    let s = status_of(
+        api.patch_status(
+            "d",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    let why = "ValidatingAdmissionPolicy 'mac-ci-deny-terminal-status' with binding 'mac-ci-deny-terminal-status' denied request: status of a finished MacBuild is immutable";
+    assert_eq!(s.message, format!("macbuilds.tartan.dev \"d\" is forbidden: {why}"));
+    let details = s.details.unwrap();
+    assert_eq!(details.causes[0].message, why);
+    assert_eq!(api.get("d").await.unwrap().data["status"]["phase"], json!("Succeeded"));
+    // The main resource is not covered by the rule.
+    api.patch(
+        "d",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+    )
+    .await
+    .unwrap();
+
+    // A Forbidden (403) rule on creates in one namespace, set over HTTP.
+    let http = reqwest_like_post(
+        &emu,
+        json!({"deny": [{"policy": "no-builds-in-default", "operations": ["CREATE"], "resource": "macbuilds",
+                          "namespace": "default", "reason": "Forbidden", "message": "use the ci namespace"}]}),
+    )
+    .await;
+    assert_eq!(http["deny"][0]["policy"], json!("no-builds-in-default"));
+    let f = status_of(
+        api.create(&PostParams::default(), &macbuild("e", json!({"image": "x"})))
+            .await,
+    );
+    assert_eq!((f.code, f.reason.as_str()), (403, "Forbidden"));
+    assert!(
+        f.message.ends_with("denied request: use the ci namespace"),
+        "{}",
+        f.message
+    );
+    emu.clear_deny_rules();
+    api.create(&PostParams::default(), &macbuild("e", json!({"image": "x"})))
+        .await
+        .unwrap();
+}
+
+/// POST /emulator/faults with a plain HTTP/1.1 request (no client library).
+async fn reqwest_like_post(emu: &tartan_testkit::EmulatorHandle, body: Value) -> Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+    let b = body.to_string();
+    let req = format!(
+        "POST /emulator/faults HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+        b.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let body = out.split("\r\n\r\n").nth(1).unwrap();
+    serde_json::from_str(body).unwrap()
+}
+
+#[tokio::test]
+async fn unavailable_refused_and_slow() {
+    let emu = emulator().await;
+    let mut config = emu.config();
+    config.default_retry = false;
+    let api = macbuilds(&kube::Client::try_from(config).unwrap(), "default");
+    emu.set_availability(Availability::Unavailable);
+    let s = status_of(api.get("x").await);
+    assert_eq!((s.code, s.reason.as_str()), (503, "ServiceUnavailable"));
+    // kube's default client retries a 503 with backoff, so it rides out a short outage.
+    let retrying = macbuilds(&emu.client(), "default");
+    let outage = tokio::spawn({
+        let emu_requests = emu.requests().len();
+        async move { (retrying.get("x").await, emu_requests) }
+    });
+    eventually(10, "a retried request", || async {
+        (emu.requests().len() >= 3).then_some(())
+    })
+    .await;
+    emu.set_availability(Availability::Up);
+    let (retried, _) = outage.await.unwrap();
+    assert_eq!(
+        status_of(retried).code,
+        404,
+        "the retried request got through once the server was back"
+    );
+    assert_eq!(status_of(api.get("x").await).code, 404);
+
+    emu.set_availability(Availability::Refuse);
+    eventually(10, "connections refused", || async {
+        tokio::net::TcpStream::connect(emu.addr()).await.is_err().then_some(())
+    })
+    .await;
+    assert!(matches!(api.get("x").await, Err(e) if !matches!(e, kube::Error::Api(_))));
+    emu.set_availability(Availability::Up);
+    eventually(10, "serving again", || {
+        let api = api.clone();
+        async move { matches!(api.get("x").await, Err(kube::Error::Api(s)) if s.code == 404).then_some(()) }
+    })
+    .await;
+
+    emu.set_latency(Duration::from_millis(300));
+    let t = Instant::now();
+    let _ = api.get("x").await;
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    emu.set_latency(Duration::ZERO);
+}
+
+#[tokio::test]
+async fn control_port_restores_a_refusing_server() {
+    let emu = emulator_with(tartan_testkit::Options {
+        control_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    })
+    .await;
+    let control: std::net::SocketAddr = emu
+        .control_url()
+        .unwrap()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let post = |body: Value| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(control).await.unwrap();
+        let b = body.to_string();
+        let req = format!(
+            "POST /emulator/faults HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            b.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    assert!(
+        post(json!({"availability": "refuse"}))
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    eventually(10, "API port refused", || async {
+        tokio::net::TcpStream::connect(emu.addr()).await.is_err().then_some(())
+    })
+    .await;
+    assert!(post(json!({"availability": "up"})).await.starts_with("HTTP/1.1 200"));
+    let api = macbuilds(&emu.client(), "default");
+    eventually(10, "API back", || {
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &macbuild("back", json!({"image": "x"})))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    // A timed outage restores itself.
+    assert!(
+        post(json!({"availability": "unavailable", "forMs": 200}))
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    let mut config = emu.config();
+    config.default_retry = false;
+    let no_retry = macbuilds(&kube::Client::try_from(config).unwrap(), "default");
+    assert_eq!(status_of(no_retry.get("back").await).code, 503);
+    eventually(10, "timed outage over", || {
+        let api = api.clone();
+        async move { api.get("back").await.ok() }
+    })
+    .await;
+}
