@@ -80,8 +80,8 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// A not yet journaled attempt in `Requested`; pass it to [`request`] for its first record.
-    /// `deadline` is the original deadline when this is a retry.
+    /// A not yet journaled attempt in `Requested`; pass it to [`request`] for its first record
+    /// (a retry's original deadline arrives through that record).
     pub fn new(build: BuildRef, number: u32, vm: impl Into<String>, max_attempts: u8) -> Attempt {
         Attempt {
             build,
