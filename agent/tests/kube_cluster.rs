@@ -1,0 +1,768 @@
+//! The agent's Kubernetes side against the API emulator, over real HTTP: Lease, claim, finalizer,
+//! status delivery and Events.
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
+use kube::CustomResourceExt;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+use tartan_agent::cluster::claim::{self, ClaimOutcome, first_claim_patch};
+use tartan_agent::cluster::delivery::{Delivered, Delivery, DeliveryConfig, deliver_once};
+use tartan_agent::cluster::events::Events;
+use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState};
+use tartan_agent::config::Config;
+use tartan_agent::record::{BuildRef, RECORD_VERSION, Record};
+use tartan_api::{
+    AGENT_LABEL, AttemptState, Claim, FINALIZER, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Reason, Step,
+};
+use tartan_testkit::{Availability, DenyRule, EmulatorHandle, Options, PredicateOp, Target};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const API_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn emulator() -> EmulatorHandle {
+    let emu = tartan_testkit::start(Options::default())
+        .await
+        .expect("emulator starts");
+    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
+        .expect("MacBuild CRD installs");
+    let namespaces: Api<Namespace> = Api::all(emu.client());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("ci".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace ci");
+    emu
+}
+
+async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
+    let mut mb = MacBuild::new(
+        name,
+        MacBuildSpec {
+            image: "ghcr.io/cirruslabs/macos-sequoia-xcode:16".into(),
+            source: None,
+            steps: vec![Step {
+                name: "build".into(),
+                run: vec!["true".into()],
+            }],
+            test_report: None,
+            artifacts: None,
+            timeout_seconds: 600,
+            max_attempts: 2,
+            resources: None,
+            host_selector: BTreeMap::from([("xcode".to_string(), "16".to_string())]),
+            cancel_requested: false,
+        },
+    );
+    mb.metadata.namespace = Some("ci".into());
+    builds(emu)
+        .create(&PostParams::default(), &mb)
+        .await
+        .expect("MacBuild created")
+}
+
+fn builds(emu: &EmulatorHandle) -> Api<MacBuild> {
+    Api::namespaced(emu.client(), "ci")
+}
+
+async fn get(emu: &EmulatorHandle, name: &str) -> MacBuild {
+    builds(emu).get(name).await.expect("MacBuild readable")
+}
+
+fn build_ref(mb: &MacBuild) -> BuildRef {
+    BuildRef {
+        namespace: mb.metadata.namespace.clone().unwrap(),
+        name: mb.metadata.name.clone().unwrap(),
+        uid: mb.metadata.uid.clone().unwrap(),
+    }
+}
+
+/// Waits (at most `limit`) until `fact` holds, checking it every 20 ms.
+async fn eventually<F, Fut>(what: &str, limit: Duration, mut fact: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !fact().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_state(
+    rx: &mut watch::Receiver<LeaseState>,
+    what: &str,
+    limit: Duration,
+    pred: impl FnMut(&LeaseState) -> bool,
+) -> LeaseState {
+    tokio::time::timeout(limit, rx.wait_for(pred))
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for: {what}"))
+        .expect("lease keeper alive")
+        .clone()
+}
+
+fn short_lease(agent: &str) -> LeaseConfig {
+    LeaseConfig {
+        agent_id: agent.into(),
+        namespace: "default".into(),
+        renew_every: Duration::from_millis(100),
+        duration: Duration::from_secs(1),
+        api_timeout: Duration::from_millis(80),
+    }
+}
+
+fn claimed_status(claim: &Claim, phase: Phase, message: &str) -> MacBuildStatus {
+    MacBuildStatus {
+        phase: Some(phase),
+        claim: Some(claim.clone()),
+        message: Some(message.into()),
+        ..Default::default()
+    }
+}
+
+fn quick_delivery() -> DeliveryConfig {
+    DeliveryConfig {
+        api_timeout: API_TIMEOUT,
+        retry_initial: Duration::from_millis(30),
+        retry_max: Duration::from_millis(200),
+    }
+}
+
+async fn won(emu: &EmulatorHandle, mb: &MacBuild, agent: &str, attempt: u32) -> (Claim, MacBuild) {
+    match claim::claim(&emu.client(), API_TIMEOUT, mb, agent, attempt)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Won { claim, macbuild } => (claim, *macbuild),
+        ClaimOutcome::Lost { reason } => panic!("claim lost: {reason}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lease
+
+#[tokio::test]
+async fn lease_is_created_and_renewed_with_the_controllers_conventions() {
+    let emu = emulator().await;
+    let keeper = LeaseKeeper::spawn(emu.client(), short_lease("mac-a"));
+    let mut rx = keeper.state();
+    let first = wait_state(&mut rx, "first renewal", Duration::from_secs(5), |s| s.renewals >= 1).await;
+    assert!(first.can_claim(Instant::now()));
+    let leases: Api<Lease> = Api::namespaced(emu.client(), "default");
+    let lease = leases.get("tartan-agent-mac-a").await.unwrap();
+    assert_eq!(lease.metadata.labels.as_ref().unwrap()[AGENT_LABEL], "mac-a");
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("mac-a"));
+    assert_eq!(spec.lease_duration_seconds, Some(1));
+    let acquired = spec.acquire_time.unwrap().0;
+    let renewed = spec.renew_time.unwrap().0;
+
+    wait_state(&mut rx, "three more renewals", Duration::from_secs(5), |s| {
+        s.renewals >= 4
+    })
+    .await;
+    let later = leases.get("tartan-agent-mac-a").await.unwrap().spec.unwrap();
+    assert!(later.renew_time.unwrap().0 > renewed, "renewTime moves on");
+    assert_eq!(later.acquire_time.unwrap().0, acquired, "acquireTime is kept");
+    assert!(keeper.can_claim());
+    keeper.stop();
+}
+
+#[tokio::test]
+async fn lease_with_the_default_timings_renews_every_5s_for_20s() {
+    let emu = emulator().await;
+    let config = Config::from_toml(
+        std::path::Path::new("agent.toml"),
+        "agent_id = \"mac-defaults\"",
+        "host",
+        Some(std::path::Path::new("/h")),
+    )
+    .unwrap();
+    let cfg = LeaseConfig::from_config(&config);
+    assert_eq!(
+        (cfg.renew_every, cfg.duration),
+        (Duration::from_secs(5), Duration::from_secs(20))
+    );
+    let keeper = LeaseKeeper::spawn(emu.client(), cfg);
+    let mut rx = keeper.state();
+    let s1 = wait_state(&mut rx, "first renewal", Duration::from_secs(3), |s| s.renewals >= 1).await;
+    let t1 = s1.last_renewed.unwrap();
+    assert_eq!(s1.expires_at(), Some(t1 + Duration::from_secs(20)));
+    let leases: Api<Lease> = Api::namespaced(emu.client(), "default");
+    let spec = leases.get("tartan-agent-mac-defaults").await.unwrap().spec.unwrap();
+    assert_eq!(spec.lease_duration_seconds, Some(20));
+    let s2 = wait_state(&mut rx, "second renewal", Duration::from_secs(8), |s| s.renewals >= 2).await;
+    let period = s2.last_renewed.unwrap() - t1;
+    assert!(
+        period >= Duration::from_millis(4900) && period <= Duration::from_millis(5500),
+        "renewed after {period:?}"
+    );
+    keeper.stop();
+}
+
+#[tokio::test]
+async fn a_foreign_write_gives_409_then_the_lease_is_read_again_and_still_ours() {
+    let emu = emulator().await;
+    let keeper = LeaseKeeper::spawn(emu.client(), short_lease("mac-b"));
+    let mut rx = keeper.state();
+    wait_state(&mut rx, "first renewal", Duration::from_secs(5), |s| s.renewals >= 1).await;
+    // Someone (say, kubectl label) touches the Lease: its resourceVersion moves on.
+    let leases: Api<Lease> = Api::namespaced(emu.client(), "default");
+    leases
+        .patch(
+            "tartan-agent-mac-b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    let after = wait_state(&mut rx, "a 409 and a renewal after it", Duration::from_secs(5), |s| {
+        s.conflicts >= 1
+    })
+    .await;
+    let renewals = after.renewals;
+    let s = wait_state(&mut rx, "renewals go on", Duration::from_secs(5), |s| {
+        s.renewals > renewals
+    })
+    .await;
+    assert_eq!(s.held_by_other, None);
+    assert!(s.can_claim(Instant::now()));
+    let lease = leases.get("tartan-agent-mac-b").await.unwrap();
+    assert_eq!(
+        lease.metadata.labels.as_ref().unwrap()["touched"],
+        "yes",
+        "merge kept the label"
+    );
+    keeper.stop();
+}
+
+#[tokio::test]
+async fn a_lease_held_by_someone_else_stops_claiming_until_it_is_ours_again() {
+    let emu = emulator().await;
+    let keeper = LeaseKeeper::spawn(emu.client(), short_lease("mac-c"));
+    let mut rx = keeper.state();
+    wait_state(&mut rx, "first renewal", Duration::from_secs(5), |s| s.renewals >= 1).await;
+    let leases: Api<Lease> = Api::namespaced(emu.client(), "default");
+    let intrude = |holder: &'static str| {
+        let leases = leases.clone();
+        async move {
+            leases
+                .patch(
+                    "tartan-agent-mac-c",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"holderIdentity": holder}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    intrude("intruder").await;
+    let s = wait_state(&mut rx, "the other holder noticed", Duration::from_secs(5), |s| {
+        s.held_by_other.is_some()
+    })
+    .await;
+    assert_eq!(s.held_by_other.as_deref(), Some("intruder"));
+    assert!(!s.can_claim(Instant::now()), "not ours: no claiming at once");
+    // The agent keeps looking but never writes over another holder.
+    let renewals = s.renewals;
+    let count = |method: &'static str| {
+        emu.requests()
+            .iter()
+            .filter(|r| r.starts_with(method) && r.contains("/leases/tartan-agent-mac-c"))
+            .count()
+    };
+    let (gets, patches) = (count("GET "), count("PATCH "));
+    eventually("two more reads of the Lease", Duration::from_secs(5), || async {
+        count("GET ") >= gets + 2
+    })
+    .await;
+    assert_eq!(count("PATCH "), patches, "no write over another holder");
+    let lease = leases.get("tartan-agent-mac-c").await.unwrap();
+    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("intruder"));
+    assert_eq!(rx.borrow().renewals, renewals);
+
+    intrude("mac-c").await;
+    let s = wait_state(&mut rx, "ours again", Duration::from_secs(5), |s| s.renewals > renewals).await;
+    assert!(s.can_claim(Instant::now()));
+    keeper.stop();
+}
+
+#[tokio::test]
+async fn renewals_failing_for_the_lease_duration_stop_claiming_on_the_monotonic_clock() {
+    let emu = emulator().await;
+    let keeper = LeaseKeeper::spawn(emu.client(), short_lease("mac-d"));
+    let mut rx = keeper.state();
+    wait_state(&mut rx, "first renewal", Duration::from_secs(5), |s| s.renewals >= 1).await;
+    emu.set_availability(Availability::Unavailable);
+    let failing = wait_state(&mut rx, "a failed renewal", Duration::from_secs(5), |s| {
+        s.last_error.is_some()
+    })
+    .await;
+    let last_ok = failing.last_renewed.unwrap();
+    assert!(failing.can_claim(Instant::now()), "one failure is not expiry");
+    // The state changes on every failed try, so this re-checks the clock every period.
+    let expired = wait_state(&mut rx, "self-expiry", Duration::from_secs(5), |s| {
+        !s.can_claim(Instant::now())
+    })
+    .await;
+    assert_eq!(expired.last_renewed, Some(last_ok), "no renewal succeeded meanwhile");
+    assert!(Instant::now() - last_ok >= Duration::from_secs(1));
+
+    emu.set_availability(Availability::Up);
+    let back = wait_state(&mut rx, "renewed again", Duration::from_secs(5), |s| {
+        s.can_claim(Instant::now())
+    })
+    .await;
+    assert!(back.last_renewed.unwrap() > last_ok);
+    assert_eq!(back.last_error, None);
+    keeper.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claim and finalizer
+
+#[tokio::test]
+async fn two_agents_race_for_one_macbuild_and_exactly_one_wins() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "race").await;
+    let host = BTreeMap::from([("xcode".to_string(), "16".to_string())]);
+    assert_eq!(claim::claimable(&mb, &host, &[]), Ok(()));
+    // Both read the same resourceVersion, then claim at once.
+    let (client_a, client_b) = (emu.client(), emu.client());
+    let (a, b) = tokio::join!(
+        claim::claim(&client_a, API_TIMEOUT, &mb, "mac-a", 1),
+        claim::claim(&client_b, API_TIMEOUT, &mb, "mac-b", 1),
+    );
+    let outcomes = [("mac-a", a.unwrap()), ("mac-b", b.unwrap())];
+    let winners: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, ClaimOutcome::Won { .. }))
+        .map(|(a, _)| *a)
+        .collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    let loser = outcomes.iter().find(|(a, _)| *a != winners[0]).unwrap();
+    assert!(matches!(&loser.1, ClaimOutcome::Lost { .. }), "{:?}", loser.1);
+
+    let now = get(&emu, "race").await;
+    let status = now.status.as_ref().unwrap();
+    assert_eq!(
+        status.claim,
+        Some(Claim {
+            holder: winners[0].into(),
+            attempt: "race#1".into(),
+            epoch: 1
+        })
+    );
+    assert_eq!(status.phase, Some(Phase::Pending));
+    assert_eq!(now.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+    assert_eq!(now.metadata.labels.as_ref().unwrap()[AGENT_LABEL], winners[0]);
+    // The loser, now reading the claimed build, is not even allowed to try.
+    assert!(claim::claimable(&now, &host, &[]).is_err());
+    match claim::claim(&emu.client(), API_TIMEOUT, &now, loser.0, 1)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Lost { reason } => assert!(reason.contains("Claimed"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_claim_based_on_a_stale_read_is_lost() {
+    let emu = emulator().await;
+    let stale = create_build(&emu, "stale").await;
+    // The controller touches the build after our read.
+    builds(&emu)
+        .patch(
+            "stale",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    match claim::claim(&emu.client(), API_TIMEOUT, &stale, "mac-a", 1)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Lost { reason } => assert!(reason.contains("test failed"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let now = get(&emu, "stale").await;
+    assert_eq!(now.status, None);
+    assert_eq!(now.metadata.finalizers, None);
+}
+
+#[tokio::test]
+async fn a_crash_between_claim_and_finalizer_is_healed_by_claiming_again() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "healed").await;
+    // The first write landed, then the agent died before adding the finalizer.
+    let c = claim::claim_for(&mb, "mac-a", 1);
+    builds(&emu)
+        .patch_status(
+            "healed",
+            &PatchParams::default(),
+            &Patch::Json::<()>(first_claim_patch(&mb, &c)),
+        )
+        .await
+        .unwrap();
+    let half = get(&emu, "healed").await;
+    assert_eq!(half.metadata.finalizers, None);
+    let (again, after) = won(&emu, &half, "mac-a", 1).await;
+    assert_eq!(again, c);
+    assert_eq!(after.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+    // And from the original (pre-claim) read too: our own claim is recognised, not "lost".
+    let (_, again) = won(&emu, &mb, "mac-a", 1).await;
+    assert_eq!(again.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+}
+
+#[tokio::test]
+async fn the_finalizer_holds_deletion_until_released() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "fin").await;
+    let (_, mb) = won(&emu, &mb, "mac-a", 1).await;
+    builds(&emu).delete("fin", &DeleteParams::default()).await.unwrap();
+    let deleting = get(&emu, "fin").await;
+    assert!(deleting.metadata.deletion_timestamp.is_some(), "held by the finalizer");
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+        .await
+        .unwrap();
+    eventually("MacBuild gone after release", Duration::from_secs(5), || async {
+        builds(&emu).get_opt("fin").await.unwrap().is_none()
+    })
+    .await;
+    // Releasing again is a no-op.
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn release_removes_only_our_finalizer() {
+    let emu = emulator().await;
+    create_build(&emu, "others").await;
+    builds(&emu)
+        .patch(
+            "others",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+        )
+        .await
+        .unwrap();
+    let mb = builds(&emu).get("others").await.unwrap();
+    let (_, mb) = won(&emu, &mb, "mac-a", 1).await;
+    assert_eq!(
+        mb.metadata.finalizers,
+        Some(vec!["example.com/keep".to_string(), FINALIZER.to_string()])
+    );
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&emu, "others").await.metadata.finalizers,
+        Some(vec!["example.com/keep".to_string()])
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Status delivery
+
+#[tokio::test]
+async fn a_stale_attempts_status_write_is_fenced_out() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "retry").await;
+    let (c1, mb1) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb1);
+    let running = claimed_status(&c1, Phase::Running, "attempt 1 runs");
+    assert_eq!(
+        deliver_once(&emu.client(), API_TIMEOUT, &build, &running, 10)
+            .await
+            .unwrap(),
+        Delivered::Written
+    );
+    // Attempt 1 was interrupted; the same agent claims attempt 2.
+    let (c2, _) = won(&emu, &get(&emu, "retry").await, "mac-a", 2).await;
+    assert_eq!((c2.attempt.as_str(), c2.epoch), ("retry#2", 2));
+    // A late write of attempt 1 is refused by its test and changes nothing.
+    let late = claimed_status(&c1, Phase::Succeeded, "attempt 1 (stale) says done");
+    let before = get(&emu, "retry").await;
+    match deliver_once(&emu.client(), API_TIMEOUT, &build, &late, 11)
+        .await
+        .unwrap()
+    {
+        Delivered::FencedOut { now } => assert_eq!(now, Some(c2.clone())),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(get(&emu, "retry").await.status, before.status);
+
+    // Through the queue: reported, not retried, and later snapshots of attempt 1 are ignored.
+    let delivery = Delivery::spawn(emu.client(), quick_delivery());
+    let mut progress = delivery.progress(&build);
+    delivery.submit(&build, late.clone(), 12);
+    let p = tokio::time::timeout(Duration::from_secs(5), progress.wait_for(|p| p.fenced_out.is_some()))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert_eq!(p.fenced_out, Some(("retry#1".to_string(), Some(c2.clone()))));
+    assert_eq!((p.delivered, p.pending, p.failed_tries), (None, None, 0));
+    delivery.submit(&build, late, 13);
+    assert_eq!(progress.borrow().pending, None, "stale attempt not queued again");
+    // Attempt 2's writes go through.
+    delivery.submit(&build, claimed_status(&c2, Phase::Running, "attempt 2 runs"), 14);
+    tokio::time::timeout(Duration::from_secs(5), progress.wait_for(|p| p.delivered == Some(14)))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = get(&emu, "retry").await.status.unwrap();
+    assert_eq!((status.journal_seq, status.claim), (Some(14), Some(c2)));
+}
+
+#[tokio::test]
+async fn deliveries_of_one_build_arrive_in_order_and_never_go_back() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "order").await;
+    let (c, mb) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb);
+    // Watch every version of the object the API stores.
+    let stream = builds(&emu)
+        .watch(
+            &WatchParams::default().fields("metadata.name=order"),
+            mb.metadata.resource_version.as_deref().unwrap(),
+        )
+        .await
+        .unwrap();
+    let seen = tokio::spawn(async move {
+        let mut seqs = Vec::new();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Ok(WatchEvent::Modified(m)) = ev
+                && let Some(seq) = m.status.and_then(|s| s.journal_seq)
+            {
+                seqs.push(seq);
+                if seq == 30 {
+                    break;
+                }
+            }
+        }
+        seqs
+    });
+    let delivery = Delivery::spawn(emu.client(), quick_delivery());
+    let phases = [
+        Phase::Admitted,
+        Phase::Booting,
+        Phase::Running,
+        Phase::Collecting,
+        Phase::Retiring,
+    ];
+    for (i, phase) in phases.iter().enumerate() {
+        delivery.submit(&build, claimed_status(&c, *phase, "step"), 26 + i as u64);
+    }
+    let seqs = tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "journalSeq went back: {seqs:?}");
+    assert_eq!(seqs.last(), Some(&30));
+    assert_eq!(delivery.delivered(&build), Some(30));
+    let status = get(&emu, "order").await.status.unwrap();
+    assert_eq!((status.phase, status.journal_seq), (Some(Phase::Retiring), Some(30)));
+    // An older snapshot submitted late is never sent.
+    let requests = emu.requests().len();
+    delivery.submit(&build, claimed_status(&c, Phase::Running, "old"), 28);
+    assert_eq!(delivery.progress(&build).borrow().pending, None);
+    assert_eq!(get(&emu, "order").await.status.unwrap().journal_seq, Some(30));
+    assert_eq!(emu.requests().len(), requests + 1, "only our own read above");
+}
+
+#[tokio::test]
+async fn a_denied_terminal_status_is_retried_until_the_policy_is_lifted_while_other_builds_proceed() {
+    let emu = emulator().await;
+    let a = create_build(&emu, "denied").await;
+    let b = create_build(&emu, "other").await;
+    let (ca, a) = won(&emu, &a, "mac-a", 1).await;
+    let (cb, b) = won(&emu, &b, "mac-a", 1).await;
+    let (ra, rb) = (build_ref(&a), build_ref(&b));
+    emu.add_deny_rule(
+        DenyRule::new("mac-ci-deny-terminal-status")
+            .resource("tartan.dev", "macbuilds")
+            .subresource("status")
+            .when(
+                Target::Object,
+                "status.phase",
+                PredicateOp::In,
+                &[json!("Succeeded"), json!("Failed")],
+            ),
+    );
+    let delivery = Delivery::spawn(emu.client(), quick_delivery());
+    let mut pa = delivery.progress(&ra);
+    let mut pb = delivery.progress(&rb);
+    delivery.submit(&ra, claimed_status(&ca, Phase::Collecting, "collecting"), 218);
+    tokio::time::timeout(Duration::from_secs(5), pa.wait_for(|p| p.delivered == Some(218)))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut done = claimed_status(&ca, Phase::Succeeded, "2/2 tests passed");
+    done.outcome = Some(tartan_api::Outcome::Succeeded);
+    delivery.submit(&ra, done, 219);
+    let p = tokio::time::timeout(Duration::from_secs(5), pa.wait_for(|p| p.failed_tries >= 3))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert!(
+        p.last_error.as_deref().unwrap().contains("mac-ci-deny-terminal-status"),
+        "{p:?}"
+    );
+    assert_eq!(
+        (p.delivered, p.pending, p.fenced_out.as_ref()),
+        (Some(218), Some(219), None)
+    );
+    // Meanwhile another build's deliveries go through.
+    delivery.submit(&rb, claimed_status(&cb, Phase::Running, "running"), 300);
+    tokio::time::timeout(Duration::from_secs(5), pb.wait_for(|p| p.delivered == Some(300)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&emu, "denied").await.status.unwrap().phase, Some(Phase::Collecting));
+
+    emu.clear_deny_rules();
+    let p = tokio::time::timeout(Duration::from_secs(5), pa.wait_for(|p| p.delivered == Some(219)))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert_eq!((p.pending, p.last_error), (None, None));
+    let status = get(&emu, "denied").await.status.unwrap();
+    assert_eq!((status.phase, status.journal_seq), (Some(Phase::Succeeded), Some(219)));
+}
+
+#[tokio::test]
+async fn a_forbidden_write_is_retried_and_a_gone_build_stops_delivery() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "forbidden").await;
+    let (c, mb) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb);
+    emu.add_deny_rule(
+        DenyRule::new("no-status")
+            .resource("tartan.dev", "macbuilds")
+            .subresource("status")
+            .forbidden(),
+    );
+    let snapshot = claimed_status(&c, Phase::Running, "running");
+    let err = deliver_once(&emu.client(), API_TIMEOUT, &build, &snapshot, 5)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("refused:"), "{err}");
+    emu.clear_deny_rules();
+    // The MacBuild goes away (finalizer released, then deleted).
+    claim::release(&emu.client(), API_TIMEOUT, &build).await.unwrap();
+    builds(&emu)
+        .delete("forbidden", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("MacBuild deleted", Duration::from_secs(5), || async {
+        builds(&emu).get_opt("forbidden").await.unwrap().is_none()
+    })
+    .await;
+    let delivery = Delivery::spawn(emu.client(), quick_delivery());
+    let mut p = delivery.progress(&build);
+    delivery.submit(&build, snapshot, 6);
+    tokio::time::timeout(Duration::from_secs(5), p.wait_for(|p| p.gone))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.borrow().delivered, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+#[tokio::test]
+async fn each_transition_becomes_an_event_on_the_macbuild() {
+    use k8s_openapi::api::events::v1::Event;
+    let emu = emulator().await;
+    let mb = create_build(&emu, "described").await;
+    let build = build_ref(&mb);
+    let events = Events::spawn(emu.client(), "mac-a", API_TIMEOUT);
+    let record = |seq: u64, from: AttemptState, to: AttemptState, reason: Reason, detail: &str| Record {
+        version: RECORD_VERSION,
+        seq,
+        time: Timestamp::now(),
+        build: Some(build.clone()),
+        attempt: Some(1),
+        vm: Some("mb-ci-described-1".into()),
+        from: Some(from),
+        to,
+        reason: Some(reason),
+        detail: detail.into(),
+        outcome: None,
+        slot: Some(0),
+        deadline: None,
+        status: None,
+    };
+    events.transition(&record(
+        120,
+        AttemptState::Booting,
+        AttemptState::Running,
+        Reason::GuestReady,
+        "tart exec ready after 13.91s",
+    ));
+    events.transition(&record(
+        122,
+        AttemptState::Retiring,
+        AttemptState::Retired,
+        Reason::VMDeleted,
+        "stopped and deleted in 6.03s",
+    ));
+    let api: Api<Event> = Api::namespaced(emu.client(), "ci");
+    eventually("two events", Duration::from_secs(5), || async {
+        api.list(&Default::default()).await.unwrap().items.len() >= 2
+    })
+    .await;
+    let mut notes: Vec<(String, String)> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            let regarding = e.regarding.unwrap();
+            assert_eq!(regarding.name.as_deref(), Some("described"));
+            assert_eq!(regarding.uid.as_deref(), Some(build.uid.as_str()));
+            assert_eq!(e.reporting_instance.as_deref(), Some("mac-a"));
+            (e.reason.unwrap(), e.note.unwrap())
+        })
+        .collect();
+    notes.sort();
+    assert_eq!(
+        notes,
+        [
+            (
+                "GuestReady".to_string(),
+                "#120 a1 Booting -> Running (GuestReady) tart exec ready after 13.91s".to_string()
+            ),
+            (
+                "VMDeleted".to_string(),
+                "#122 a1 Retiring -> Retired (VMDeleted) stopped and deleted in 6.03s".to_string()
+            ),
+        ]
+    );
+}
