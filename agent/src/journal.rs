@@ -342,7 +342,7 @@ impl Journal {
         });
         let mut removed_files = 0;
         let old_files = match list_files(&self.dir) {
-            Ok((files, _)) => files,
+            Ok(listing) => listing.files,
             Err(e) => {
                 tracing::warn!("compaction: {e}; the superseded files are removed at the next open");
                 Vec::new()
@@ -397,8 +397,15 @@ fn file_name(id: u64) -> String {
     format!("{id:020}{FILE_SUFFIX}")
 }
 
-/// Journal files by id, and leftover temporary files.
-pub(crate) fn list_files(dir: &Path) -> Result<(Vec<(u64, PathBuf)>, Vec<PathBuf>), JournalError> {
+/// The journal directory's contents.
+pub(crate) struct Listing {
+    /// Journal files, by id.
+    pub files: Vec<(u64, PathBuf)>,
+    /// Leftover temporary files of a compaction or repair.
+    pub tmps: Vec<PathBuf>,
+}
+
+pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
     let entries = fs::read_dir(dir).map_err(JournalError::io(
         "listing journal directory",
         dir,
@@ -421,7 +428,7 @@ pub(crate) fn list_files(dir: &Path) -> Result<(Vec<(u64, PathBuf)>, Vec<PathBuf
         }
     }
     files.sort();
-    Ok((files, tmps))
+    Ok(Listing { files, tmps })
 }
 
 /// A change the writer makes on open to leave the journal readable whole.
@@ -456,7 +463,7 @@ struct Plan {
 
 /// Reads every file and decides what replay returns and what the writer must repair. Reads only.
 fn plan(dir: &Path) -> Result<Plan, JournalError> {
-    let (files, tmps) = list_files(dir)?;
+    let Listing { files, tmps } = list_files(dir)?;
     let mut plan = Plan {
         next_seq: 1,
         max_id: files.last().map_or(0, |(id, _)| *id),

@@ -183,8 +183,7 @@ pub(crate) fn find_next_frame(bytes: &[u8], from: usize) -> Option<usize> {
     (from..=last_start).find(|&p| {
         let len = u32::from_le_bytes(bytes[p..p + 4].try_into().expect("4 bytes")) as usize;
         // Cheap filters first: a plausible length that fits, and a JSON object after the header.
-        len >= 2
-            && len <= MAX_RECORD_BYTES
+        (2..=MAX_RECORD_BYTES).contains(&len)
             && p + FRAME_HEADER_LEN + len <= bytes.len()
             && bytes[p + FRAME_HEADER_LEN] == b'{'
             && !matches!(decode_frame(bytes, p), Frame::Bad(_))

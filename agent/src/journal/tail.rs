@@ -58,7 +58,7 @@ impl Tail {
         let mut out = Vec::new();
         loop {
             let files = match list_files(&self.dir) {
-                Ok((files, _)) => files,
+                Ok(listing) => listing.files,
                 Err(JournalError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => return Ok(out),
                 Err(e) => return Err(e),
             };

@@ -64,7 +64,7 @@ fn seqs(records: &[Record]) -> Vec<u64> {
 fn files(state: &Path) -> Vec<PathBuf> {
     list_files(&state.join(JOURNAL_DIR))
         .unwrap()
-        .0
+        .files
         .into_iter()
         .map(|(_, p)| p)
         .collect()
