@@ -59,6 +59,9 @@ fn type_schema(rt: &ResourceType, v2: bool) -> Value {
     };
     let mut s = match &rt.schema {
         Some(s) => s.clone(),
+        // Built-ins are published without a schema: kubectl's client-side validation then treats
+        // them as arbitrary objects instead of rejecting every field it was not told about.
+        None if v2 => return json!({"description": rt.kind, "x-kubernetes-group-version-kind": [gvk(rt)]}),
         None => json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
     };
     if v2 {

@@ -111,7 +111,13 @@ pub fn table(rt: &ResourceType, items: &[Value], rv: &str, include_object: Optio
             let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or_default()];
             for c in &rt.columns {
                 let results = jsonpath::eval(&c.json_path, o).unwrap_or_default();
-                cells.push(cell(&c.type_, &results));
+                // Built-in printers show "Created At" as the timestamp itself.
+                let type_ = if c.name == "Created At" {
+                    "string"
+                } else {
+                    c.type_.as_str()
+                };
+                cells.push(cell(type_, &results));
             }
             let mut row = json!({"cells": cells});
             match include_object {
