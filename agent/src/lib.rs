@@ -9,3 +9,4 @@ pub mod recovery;
 pub mod service;
 pub mod cluster;
 pub mod config;
+pub mod host;

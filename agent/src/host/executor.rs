@@ -1,0 +1,795 @@
+//! [`AttemptExecutor`]: performs the attempt machine's host actions for one attempt and turns
+//! each result into the event the machine expects next.
+
+use k8s_openapi::jiff::Timestamp;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tartan_api::deadline::{
+    DEADLINES_DIR, DeadlineFile, deadline_file_name, remove_deadline_file, write_deadline_file,
+};
+use tartan_api::{BuildResults, MacBuildSpec};
+use tartan_tart::{ExecOptions, RunOptions, RunningVm, SetOptions, Tart, TartError};
+use tokio::sync::watch;
+
+use super::artifacts::{Destination, UploadPolicy, artifact_key, upload};
+use super::junit::{TestCounts, parse_report};
+use super::steps::{GuestCommand, checkout_commands, log_dir, step_log};
+use crate::machine::{Action, DeleteContext, Deleted, Event};
+use crate::record::BuildRef;
+
+/// Why the build is being withdrawn (the reason the machine records).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// The MacBuild asked for cancellation (or is being deleted).
+    CancelRequested,
+    /// The MacBuild's owner (the CustomRun) was deleted.
+    OwnerDeleted,
+}
+
+type Signal = Option<(Withdrawal, Instant)>;
+
+/// The runtime's side of the cancellation signal: [`CancelHandle::cancel`] stops the attempt in
+/// whatever phase it is, at once.
+#[derive(Debug)]
+pub struct CancelHandle(watch::Sender<Signal>);
+
+/// The executor's side of the cancellation signal.
+#[derive(Clone, Debug)]
+pub struct CancelSignal(watch::Receiver<Signal>);
+
+/// A connected pair of cancellation handle and signal.
+pub fn cancel_pair() -> (CancelHandle, CancelSignal) {
+    let (tx, rx) = watch::channel(None);
+    (CancelHandle(tx), CancelSignal(rx))
+}
+
+impl CancelHandle {
+    /// Withdraws the build. The first call wins; later ones change nothing.
+    pub fn cancel(&self, why: Withdrawal) {
+        self.0.send_if_modified(|v| {
+            if v.is_some() {
+                return false;
+            }
+            *v = Some((why, Instant::now()));
+            true
+        });
+    }
+}
+
+impl CancelSignal {
+    /// The withdrawal, if one was signalled.
+    pub fn current(&self) -> Option<Withdrawal> {
+        self.0.borrow().map(|(w, _)| w)
+    }
+
+    /// Resolves once a withdrawal is signalled (never, if the handle was dropped without one).
+    async fn wait(&mut self) -> (Withdrawal, Instant) {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(v) => v.expect("wait_for returned a signalled value"),
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// The attempt an executor works for (from the journal's `Admitted` record and the MacBuild).
+#[derive(Clone, Debug)]
+pub struct HostAttempt {
+    pub build: BuildRef,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    pub vm: String,
+    pub spec: MacBuildSpec,
+    /// The host execution deadline: at it, whatever phase, the attempt fails with `DeadlinePassed`.
+    pub deadline: Timestamp,
+    /// The agent's name, written into the deadline file.
+    pub agent: String,
+}
+
+/// Limits and places of the host side. Defaults suit a real Mac.
+#[derive(Clone, Debug)]
+pub struct ExecutorConfig {
+    /// The agent's state directory: `deadlines/`, `logs/<vm>/`, `tmp/<vm>/` live under it.
+    pub state_dir: PathBuf,
+    /// From `tart run` until `tart exec NAME true` answers; then `VMStartFailed`.
+    pub boot_timeout: Duration,
+    /// Pause between readiness probes.
+    pub probe_interval: Duration,
+    /// Limit of one readiness probe (`tart exec` waits ~10 s for an absent guest agent).
+    pub probe_timeout: Duration,
+    /// `tart stop --timeout` (SIGINT, then SIGKILL after this).
+    pub stop_timeout: Duration,
+    /// Size cap of each step's log file.
+    pub step_log_cap: u64,
+    /// Bytes of each step's output kept for status.
+    pub tail_bytes: usize,
+    /// Largest test report read from the guest.
+    pub report_cap: u64,
+    /// Largest artifact read from the guest.
+    pub artifact_cap: u64,
+    /// Guest directory (relative to the exec working directory) the source is checked out into.
+    pub checkout_dir: String,
+    /// Retries of each artifact upload.
+    pub upload: UploadPolicy,
+}
+
+impl ExecutorConfig {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        ExecutorConfig {
+            state_dir: state_dir.into(),
+            boot_timeout: Duration::from_secs(180),
+            probe_interval: Duration::from_millis(500),
+            probe_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(10),
+            step_log_cap: 64 << 20,
+            tail_bytes: 4 << 10,
+            report_cap: 32 << 20,
+            artifact_cap: 16 << 30,
+            checkout_dir: "src".to_string(),
+            upload: UploadPolicy::default(),
+        }
+    }
+}
+
+/// What [`AttemptExecutor::perform`] did with one action.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Performed {
+    /// Done; go on with the transition's next action.
+    Done,
+    /// The action ended in this event: journal it (through the machine) and drop the
+    /// transition's remaining actions.
+    Event(Event),
+    /// Not a host action (claim, slot, status, finalizer, next attempt): the runtime's to do.
+    NotHost,
+}
+
+enum Interrupt {
+    Withdrawn(Withdrawal, Instant),
+    Deadline,
+}
+
+/// Performs the host actions of one attempt. Every tart call has a timeout, a cancellation or
+/// the deadline interrupts any action of an open phase at once (the in-flight tart child is
+/// SIGKILLed, `tart run` too), and nothing is done that its transition did not ask for, so
+/// with "journal, then [`perform`](Self::perform)" no side effect precedes its record.
+pub struct AttemptExecutor {
+    attempt: HostAttempt,
+    tart: Tart,
+    cfg: ExecutorConfig,
+    cancel: CancelSignal,
+    run: Option<RunningVm>,
+    boot_started: Option<Instant>,
+    refused_existing: bool,
+    counts: Option<TestCounts>,
+    report_error: Option<String>,
+    artifact_url: Option<String>,
+    last_step: Option<(String, String)>,
+    interrupt_latency: Option<Duration>,
+}
+
+impl AttemptExecutor {
+    pub fn new(attempt: HostAttempt, tart: Tart, cfg: ExecutorConfig, cancel: CancelSignal) -> Self {
+        AttemptExecutor {
+            attempt,
+            tart,
+            cfg,
+            cancel,
+            run: None,
+            boot_started: None,
+            refused_existing: false,
+            counts: None,
+            report_error: None,
+            artifact_url: None,
+            last_step: None,
+            interrupt_latency: None,
+        }
+    }
+
+    pub fn attempt(&self) -> &HostAttempt {
+        &self.attempt
+    }
+
+    /// Test counts and artifact location gathered so far (for the status snapshot).
+    pub fn results(&self) -> BuildResults {
+        BuildResults {
+            tests_passed: self.counts.map(|c| c.passed()),
+            tests_total: self.counts.map(|c| c.total),
+            artifact_url: self.artifact_url.clone(),
+        }
+    }
+
+    /// Why the test report could not be counted (the attempt then failed with `TestsFailed` 0/0).
+    pub fn report_error(&self) -> Option<&str> {
+        self.report_error.as_deref()
+    }
+
+    /// The last step run and the tail of its output (or tart's error), for status messages.
+    pub fn last_step(&self) -> Option<(&str, &str)> {
+        self.last_step.as_ref().map(|(s, t)| (s.as_str(), t.as_str()))
+    }
+
+    /// How long the last cancellation took from [`CancelHandle::cancel`] until the in-flight
+    /// work was stopped and the tart children killed.
+    pub fn interrupt_latency(&self) -> Option<Duration> {
+        self.interrupt_latency
+    }
+
+    /// `<state>/deadlines/<vm>.json`.
+    pub fn deadline_file(&self) -> PathBuf {
+        self.deadlines_dir().join(deadline_file_name(&self.attempt.vm))
+    }
+
+    fn deadlines_dir(&self) -> PathBuf {
+        self.cfg.state_dir.join(DEADLINES_DIR)
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.cfg.state_dir.join("tmp").join(&self.attempt.vm)
+    }
+
+    /// Performs one action of a journaled transition.
+    pub async fn perform(&mut self, action: &Action) -> Performed {
+        let vm = self.attempt.vm.clone();
+        if let Some(target) = action_vm(action)
+            && target != vm
+        {
+            tracing::error!(%vm, %target, ?action, "action names another VM; refusing it");
+            return Performed::NotHost;
+        }
+        match action {
+            Action::WriteDeadlineFile { deadline, .. } => {
+                let deadline = *deadline;
+                self.guarded(|s| Box::pin(s.write_deadline(deadline))).await
+            }
+            Action::CloneVm { .. } => self.guarded(|s| Box::pin(s.clone_vm())).await,
+            Action::SetVm { .. } => self.guarded(|s| Box::pin(s.set_vm())).await,
+            Action::StartVm { .. } => self.guarded(|s| Box::pin(s.start_vm())).await,
+            Action::ProbeReady { .. } => self.guarded(|s| Box::pin(s.probe_ready())).await,
+            Action::RunSteps { .. } => self.guarded(|s| Box::pin(s.run_steps())).await,
+            Action::CollectResults { .. } => self.guarded(|s| Box::pin(s.collect_results())).await,
+            Action::UploadArtifacts { .. } => self.guarded(|s| Box::pin(s.upload_artifacts())).await,
+            Action::StopAndDeleteVm { context, .. } => self.stop_and_delete_vm(*context).await,
+            Action::ConfirmVmGone { .. } => self.confirm_gone().await,
+            Action::RetryDeleteLater { after, .. } => {
+                let after = Duration::try_from(*after).unwrap_or(Duration::from_secs(30));
+                loop {
+                    tokio::time::sleep(after).await;
+                    match self.retry_delete().await {
+                        Ok(_) => return Performed::Event(Event::VmDeleted { how: Deleted::OnRetry }),
+                        Err(error) => {
+                            tracing::warn!(%vm, %error, retry_in = ?after, "quarantined VM still not deleted; retrying")
+                        }
+                    }
+                }
+            }
+            Action::RemoveDeadlineFile { .. } => {
+                let dir = self.deadlines_dir();
+                let v = vm.clone();
+                match tokio::task::spawn_blocking(move || remove_deadline_file(&dir, &v)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => tracing::warn!(%vm, %error, "deadline file not removed"),
+                    Err(error) => tracing::warn!(%vm, %error, "deadline file removal task failed"),
+                }
+                Performed::Done
+            }
+            Action::ClaimBuild { .. }
+            | Action::ReleaseSlot { .. }
+            | Action::DeliverStatus
+            | Action::RemoveFinalizer
+            | Action::AdmitNextAttempt { .. } => Performed::NotHost,
+        }
+    }
+
+    /// Runs `work` unless a withdrawal or the deadline comes first; if one does, the work is
+    /// dropped (its tart child is SIGKILLed by `kill_on_drop`) and every tart process of the VM
+    /// is killed before the matching event is returned.
+    async fn guarded<F>(&mut self, work: F) -> Performed
+    where
+        F: for<'a> FnOnce(&'a mut Self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Performed> + Send + 'a>>,
+    {
+        let mut cancel = self.cancel.clone();
+        let deadline = self.attempt.deadline;
+        let interrupt = if let Some((w, at)) = *cancel.0.borrow() {
+            Some(Interrupt::Withdrawn(w, at))
+        } else if Timestamp::now() >= deadline {
+            Some(Interrupt::Deadline)
+        } else {
+            tokio::select! {
+                biased;
+                (w, at) = cancel.wait() => Some(Interrupt::Withdrawn(w, at)),
+                () = until(deadline) => Some(Interrupt::Deadline),
+                done = work(self) => return done,
+            }
+        };
+        let Some(interrupt) = interrupt else {
+            return Performed::Done;
+        };
+        let killed = self.kill_children().await;
+        let vm = &self.attempt.vm;
+        match interrupt {
+            Interrupt::Withdrawn(why, at) => {
+                let took = at.elapsed();
+                self.interrupt_latency = Some(took);
+                tracing::info!(%vm, ?why, killed, took = ?took, "build withdrawn; tart children killed");
+                Performed::Event(match why {
+                    Withdrawal::CancelRequested => Event::CancelRequested { at_start: None },
+                    Withdrawal::OwnerDeleted => Event::OwnerDeleted { at_start: None },
+                })
+            }
+            Interrupt::Deadline => {
+                tracing::warn!(%vm, deadline = %self.attempt.deadline, killed, "host execution deadline passed; tart children killed");
+                Performed::Event(Event::DeadlinePassed { at_start: None })
+            }
+        }
+    }
+
+    /// SIGKILLs our `tart run` and every other tart process of the VM; returns how many died.
+    async fn kill_children(&mut self) -> usize {
+        let vm = self.attempt.vm.clone();
+        let mut killed = 0;
+        if let Some(run) = self.run.as_mut() {
+            match run.try_wait() {
+                Ok(None) => match run.kill().await {
+                    Ok(_) => killed += 1,
+                    Err(error) => tracing::warn!(%vm, %error, "could not kill tart run"),
+                },
+                Ok(Some(_)) => {}
+                Err(error) => tracing::warn!(%vm, %error, "could not poll tart run"),
+            }
+        }
+        self.run = None;
+        match self.tart.kill_vm_processes(&vm).await {
+            Ok(report) => killed += report.count(),
+            Err(error) => tracing::warn!(%vm, %error, "could not kill every tart process; stop and delete go on"),
+        }
+        killed
+    }
+
+    fn fail_start(&self, error: String) -> Performed {
+        tracing::warn!(vm = %self.attempt.vm, %error, "VM start failed");
+        Performed::Event(Event::VmStartFailed { error })
+    }
+
+    async fn write_deadline(&mut self, deadline: Timestamp) -> Performed {
+        let a = &self.attempt;
+        let file = DeadlineFile {
+            vm: a.vm.clone(),
+            namespace: a.build.namespace.clone(),
+            name: a.build.name.clone(),
+            uid: a.build.uid.clone(),
+            attempt: a.attempt,
+            deadline,
+            agent: a.agent.clone(),
+            written_at: Timestamp::now(),
+        };
+        let dir = self.deadlines_dir();
+        match tokio::task::spawn_blocking(move || write_deadline_file(&dir, &file)).await {
+            Ok(Ok(_)) => Performed::Done,
+            Ok(Err(e)) => self.fail_start(format!("{e}; nothing was cloned")),
+            Err(e) => self.fail_start(format!("deadline file task failed: {e}; nothing was cloned")),
+        }
+    }
+
+    async fn clone_vm(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let image = self.attempt.spec.image.clone();
+        if !self.deadline_file().is_file() {
+            return self.fail_start(format!(
+                "no deadline file at {}; refusing to clone {vm} without one (the watchdog could not find it)",
+                self.deadline_file().display()
+            ));
+        }
+        let dir = match self.tart.vm_dir(&vm) {
+            Ok(d) => d,
+            Err(e) => return self.fail_start(e.to_string()),
+        };
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            self.refused_existing = true;
+            return self.fail_start(format!(
+                "{} already exists before the clone; refusing to clone {image} over it (tart overwrites silently) \
+                 and leaving it for an operator",
+                dir.display()
+            ));
+        }
+        let started = Instant::now();
+        match self.tart.clone_vm(&image, &vm).await {
+            Ok(()) => {
+                tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
+                Performed::Done
+            }
+            Err(e) => self.fail_start(e.to_string()),
+        }
+    }
+
+    async fn set_vm(&mut self) -> Performed {
+        let res = self.attempt.spec.resources.clone().unwrap_or_default();
+        let options = SetOptions {
+            cpu: res.cpu,
+            memory_mb: res.memory_mib.map(u64::from),
+            random_mac: true,
+        };
+        match self.tart.set(&self.attempt.vm, &options).await {
+            Ok(()) => Performed::Done,
+            Err(e) => self.fail_start(e.to_string()),
+        }
+    }
+
+    async fn start_vm(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let logs = log_dir(&self.cfg.state_dir, &vm);
+        if let Err(e) = std::fs::create_dir_all(&logs) {
+            return self.fail_start(format!(
+                "creating log folder {}: {e}; tart run not started",
+                logs.display()
+            ));
+        }
+        let options = RunOptions {
+            log_path: Some(logs.join("_tart-run.log")),
+            extra_args: Vec::new(),
+        };
+        self.boot_started = Some(Instant::now());
+        match self.tart.run(&vm, &options) {
+            Ok(run) => self.run = Some(run),
+            Err(e) => return self.fail_start(e.to_string()),
+        }
+        let timeout = self.cfg.boot_timeout;
+        let run = self.run.as_mut().expect("just set");
+        match run.wait_until_running(timeout).await {
+            Ok(()) => Performed::Done,
+            Err(e) => self.fail_start(e.to_string()),
+        }
+    }
+
+    async fn probe_ready(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let started = *self.boot_started.get_or_insert_with(Instant::now);
+        let limit = started + self.cfg.boot_timeout;
+        let log = step_log(&self.cfg.state_dir, &vm, "_probe");
+        let mut last = String::from("no probe finished");
+        loop {
+            if let Some(run) = self.run.as_mut()
+                && let Ok(Some(exit)) = run.try_wait()
+            {
+                self.run = None;
+                return self.fail_start(format!(
+                    "tart run {vm} exited ({exit}) before the guest answered tart exec"
+                ));
+            }
+            let now = Instant::now();
+            if now >= limit {
+                return self.fail_start(format!(
+                    "the guest did not answer tart exec {vm} true within {:?} of tart run (last: {last})",
+                    self.cfg.boot_timeout
+                ));
+            }
+            let mut options = ExecOptions::new(&log, self.cfg.probe_timeout.min(limit - now));
+            options.log_cap = 64 << 10;
+            options.tail_bytes = 1024;
+            match self.tart.exec(&vm, &["true".to_string()], &options).await {
+                Ok(out) if out.exit_code == 0 => {
+                    let after = started.elapsed();
+                    tracing::info!(%vm, ?after, "guest ready");
+                    return Performed::Event(Event::GuestReady {
+                        after: after.try_into().unwrap_or_default(),
+                    });
+                }
+                Ok(out) => last = format!("`true` exited {} in the guest: {}", out.exit_code, out.tail.trim()),
+                Err(e @ (TartError::VmNotRunning { .. } | TartError::VmDoesNotExist { .. })) => {
+                    return self.fail_start(e.to_string());
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(self.cfg.probe_interval).await;
+        }
+    }
+
+    /// The exec limit of a guest command: until the deadline (which interrupts first) plus a
+    /// margin, so that even a missed interrupt cannot leave `tart exec` running for ever.
+    fn exec_timeout(&self) -> Duration {
+        let left = Timestamp::now().duration_until(self.attempt.deadline);
+        Duration::try_from(left).unwrap_or_default() + Duration::from_secs(30)
+    }
+
+    async fn run_steps(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let mut commands: Vec<GuestCommand> = Vec::new();
+        if let Some(source) = &self.attempt.spec.source {
+            match checkout_commands(source, &self.cfg.checkout_dir) {
+                Ok(c) => commands.extend(c),
+                Err(e) => {
+                    self.last_step = Some((super::steps::CHECKOUT_STEP.to_string(), e.to_string()));
+                    return Performed::Event(Event::StepFailed {
+                        step: super::steps::CHECKOUT_STEP.to_string(),
+                        exit_code: -1,
+                    });
+                }
+            }
+        }
+        commands.extend(self.attempt.spec.steps.iter().map(|s| GuestCommand {
+            name: s.name.clone(),
+            argv: s.run.clone(),
+        }));
+        let logs = log_dir(&self.cfg.state_dir, &vm);
+        if let Err(e) = std::fs::create_dir_all(&logs) {
+            let msg = format!("creating log folder {}: {e}", logs.display());
+            let step = commands.first().map(|c| c.name.clone()).unwrap_or_default();
+            self.last_step = Some((step.clone(), msg));
+            return Performed::Event(Event::StepFailed { step, exit_code: -1 });
+        }
+        for cmd in commands {
+            let options = ExecOptions {
+                log_path: step_log(&self.cfg.state_dir, &vm, &cmd.name),
+                log_cap: self.cfg.step_log_cap,
+                tail_bytes: self.cfg.tail_bytes,
+                timeout: self.exec_timeout(),
+            };
+            tracing::info!(%vm, step = %cmd.name, argv = ?cmd.argv, "step started");
+            match self.tart.exec(&vm, &cmd.argv, &options).await {
+                Ok(out) => {
+                    tracing::info!(%vm, step = %cmd.name, code = out.exit_code, took = ?out.elapsed, "step finished");
+                    self.last_step = Some((cmd.name.clone(), out.tail));
+                    if out.exit_code != 0 {
+                        return Performed::Event(Event::StepFailed {
+                            step: cmd.name,
+                            exit_code: out.exit_code,
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%vm, step = %cmd.name, error = %e, "tart exec of a step failed");
+                    self.last_step = Some((cmd.name.clone(), e.to_string()));
+                    return Performed::Event(Event::StepFailed {
+                        step: cmd.name,
+                        exit_code: -1,
+                    });
+                }
+            }
+        }
+        Performed::Event(Event::StepsSucceeded {
+            steps: self.attempt.spec.steps.len() as u32,
+        })
+    }
+
+    /// Copies guest file `path` to host file `to` through `tart exec NAME cat PATH` (at most `cap`
+    /// bytes). Returns the size.
+    async fn read_guest_file(&self, path: &str, to: &Path, cap: u64) -> Result<u64, String> {
+        let vm = &self.attempt.vm;
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+        }
+        match std::fs::remove_file(to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing stale {}: {e}", to.display())),
+        }
+        let options = ExecOptions {
+            log_path: to.to_path_buf(),
+            log_cap: cap,
+            tail_bytes: 2048,
+            timeout: self.exec_timeout(),
+        };
+        let argv = vec!["cat".to_string(), path.to_string()];
+        let out = self.tart.exec(vm, &argv, &options).await.map_err(|e| e.to_string())?;
+        if out.exit_code != 0 {
+            return Err(format!(
+                "`cat {path}` in the guest exited {}: {}",
+                out.exit_code,
+                out.tail.trim()
+            ));
+        }
+        if out.truncated {
+            return Err(format!("{path} is larger than the {cap}-byte limit"));
+        }
+        Ok(out.output_bytes)
+    }
+
+    async fn collect_results(&mut self) -> Performed {
+        let Some(report) = self.attempt.spec.test_report.clone() else {
+            return Performed::Done;
+        };
+        let host = self.tmp_dir().join("test-report.xml");
+        let counted = match self.read_guest_file(&report, &host, self.cfg.report_cap).await {
+            Err(e) => Err(format!("test report {report} could not be read from the guest: {e}")),
+            Ok(_) => match std::fs::read(&host) {
+                Err(e) => Err(format!("reading {}: {e}", host.display())),
+                Ok(bytes) => parse_report(&report, &bytes).map_err(|e| e.to_string()),
+            },
+        };
+        let _ = std::fs::remove_file(&host);
+        match counted {
+            Ok(c) => {
+                tracing::info!(vm = %self.attempt.vm, total = c.total, failed = c.failed(), skipped = c.skipped, "test report counted");
+                self.counts = Some(c);
+                if c.failed() > 0 {
+                    Performed::Event(Event::TestsFailed {
+                        failed: c.failed(),
+                        total: c.total,
+                    })
+                } else {
+                    Performed::Done
+                }
+            }
+            Err(e) => {
+                // The machine has no event for an unreadable report; it fails the attempt as
+                // TestsFailed 0/0 and the reason is kept for the status message.
+                tracing::warn!(vm = %self.attempt.vm, error = %e, "test report unusable; the attempt fails");
+                self.report_error = Some(e);
+                Performed::Event(Event::TestsFailed { failed: 0, total: 0 })
+            }
+        }
+    }
+
+    async fn upload_artifacts(&mut self) -> Performed {
+        let counts = self.counts.unwrap_or_default();
+        let passed = Event::TestsPassed {
+            passed: counts.passed(),
+            total: counts.total,
+        };
+        let Some(artifacts) = self.attempt.spec.artifacts.clone() else {
+            return Performed::Event(passed);
+        };
+        let failed = |error: String| Performed::Event(Event::ArtifactUploadFailed { error });
+        let dest = match Destination::parse(&artifacts.destination) {
+            Ok(d) => d,
+            Err(e) => return failed(e.to_string()),
+        };
+        let vm = self.attempt.vm.clone();
+        let mut urls = Vec::new();
+        for (i, path) in artifacts.paths.iter().enumerate() {
+            let key = match artifact_key(&vm, path) {
+                Ok(k) => k,
+                Err(e) => return failed(e.to_string()),
+            };
+            let host = self.tmp_dir().join(format!("artifact-{i}"));
+            let size = match self.read_guest_file(path, &host, self.cfg.artifact_cap).await {
+                Ok(n) => n,
+                Err(e) => return failed(format!("artifact {path} could not be read from the guest: {e}")),
+            };
+            let result = upload(&dest, &key, &host, &self.cfg.upload).await;
+            let _ = std::fs::remove_file(&host);
+            match result {
+                Ok(url) => {
+                    tracing::info!(%vm, %path, %url, size, "artifact published");
+                    urls.push(url);
+                }
+                Err(e) => return failed(e.to_string()),
+            }
+        }
+        self.artifact_url = match urls.as_slice() {
+            [one] => Some(one.clone()),
+            _ => Some(dest.url_of(&format!("{vm}/"))),
+        };
+        Performed::Event(passed)
+    }
+
+    async fn stop_and_delete_vm(&mut self, context: DeleteContext) -> Performed {
+        let started = Instant::now();
+        let result = if self.refused_existing {
+            self.check_gone()
+                .map_err(|e| format!("{e}; it existed before this attempt's clone, so it is not deleted"))
+        } else {
+            self.stop_and_delete().await
+        };
+        match result {
+            Ok(()) => {
+                let took = started.elapsed();
+                tracing::info!(vm = %self.attempt.vm, ?took, "stopped and deleted");
+                Performed::Event(Event::VmDeleted {
+                    how: context.deleted(took.try_into().unwrap_or_default()),
+                })
+            }
+            Err(error) => {
+                tracing::warn!(vm = %self.attempt.vm, %error, "VM not deleted");
+                Performed::Event(Event::DeleteFailed { context, error })
+            }
+        }
+    }
+
+    /// One more try at deleting a quarantined VM (stop, delete, check the folder is gone).
+    /// A VM found before this attempt's clone is never deleted: it only counts as gone once an
+    /// operator removed it. Returns how long it took.
+    pub async fn retry_delete(&mut self) -> Result<Duration, String> {
+        let started = Instant::now();
+        if self.refused_existing {
+            self.check_gone()?;
+        } else {
+            self.stop_and_delete().await?;
+        }
+        Ok(started.elapsed())
+    }
+
+    fn check_gone(&self) -> Result<(), String> {
+        let dir = self.tart.vm_dir(&self.attempt.vm).map_err(|e| e.to_string())?;
+        match std::fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("cannot check {}: {e}", dir.display())),
+            Ok(_) => Err(format!("{} still exists", dir.display())),
+        }
+    }
+
+    /// `tart stop` (killing the VM's processes if that fails), `tart delete` (absent counts as
+    /// deleted), then the VM folder must be gone.
+    async fn stop_and_delete(&mut self) -> Result<(), String> {
+        let vm = self.attempt.vm.clone();
+        match self.tart.stop(&vm, self.cfg.stop_timeout).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_running() || e.is_vm_missing() => {}
+            Err(e) => {
+                tracing::warn!(%vm, error = %e, "tart stop failed; killing the VM's tart processes");
+                self.tart
+                    .kill_vm_processes(&vm)
+                    .await
+                    .map_err(|k| format!("{e}; killing its processes failed too: {k}"))?;
+            }
+        }
+        if let Some(mut run) = self.run.take() {
+            // `tart stop` has returned, so our `tart run` has exited or is about to.
+            if tokio::time::timeout(Duration::from_secs(5), run.wait()).await.is_err() {
+                let _ = run.kill().await;
+            }
+        }
+        match self.tart.delete(&vm).await {
+            Ok(()) => {}
+            Err(e) if e.is_vm_missing() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        self.check_gone()
+            .map_err(|e| format!("tart delete {vm} returned, but {e}"))?;
+        let _ = std::fs::remove_dir_all(self.tmp_dir());
+        Ok(())
+    }
+
+    async fn confirm_gone(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let listed = match self.tart.list().await {
+            Ok(list) => list.iter().any(|e| e.is_local() && e.name == vm),
+            Err(e) => {
+                return Performed::Event(Event::DeleteFailed {
+                    context: DeleteContext::Watchdog,
+                    error: format!("cannot confirm {vm} is gone: {e}"),
+                });
+            }
+        };
+        match (listed, self.check_gone()) {
+            (false, Ok(())) => Performed::Event(Event::VmDeleted {
+                how: Deleted::ByWatchdog,
+            }),
+            (true, _) => Performed::Event(Event::DeleteFailed {
+                context: DeleteContext::Watchdog,
+                error: format!("{vm} is still listed by tart list"),
+            }),
+            (false, Err(e)) => Performed::Event(Event::DeleteFailed {
+                context: DeleteContext::Watchdog,
+                error: e,
+            }),
+        }
+    }
+}
+
+fn action_vm(action: &Action) -> Option<&str> {
+    match action {
+        Action::WriteDeadlineFile { vm, .. }
+        | Action::CloneVm { vm }
+        | Action::SetVm { vm }
+        | Action::StartVm { vm }
+        | Action::ProbeReady { vm }
+        | Action::RunSteps { vm }
+        | Action::CollectResults { vm }
+        | Action::UploadArtifacts { vm }
+        | Action::StopAndDeleteVm { vm, .. }
+        | Action::ConfirmVmGone { vm }
+        | Action::RetryDeleteLater { vm, .. }
+        | Action::RemoveDeadlineFile { vm } => Some(vm),
+        _ => None,
+    }
+}
+
+/// Resolves once the wall clock reaches `deadline`.
+async fn until(deadline: Timestamp) {
+    loop {
+        let left = Timestamp::now().duration_until(deadline);
+        match Duration::try_from(left) {
+            Ok(d) if !d.is_zero() => tokio::time::sleep(d.min(Duration::from_secs(60))).await,
+            _ => return,
+        }
+    }
+}
