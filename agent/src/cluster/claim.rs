@@ -98,9 +98,14 @@ fn open_for_first_claim(mb: &MacBuild) -> Result<(), NotClaimable> {
 /// than the current claim's epoch.
 pub fn claim_for(mb: &MacBuild, holder: &str, attempt: u32) -> Claim {
     let current = mb.status.as_ref().and_then(|s| s.claim.as_ref());
+    let id = attempt_id(&name(mb), attempt);
+    // Already made (claiming again after a crash): the claim is the one the MacBuild shows.
+    if let Some(c) = current.filter(|c| c.holder == holder && c.attempt == id) {
+        return c.clone();
+    }
     Claim {
         holder: holder.to_string(),
-        attempt: attempt_id(&name(mb), attempt),
+        attempt: id,
         epoch: if attempt <= 1 {
             1
         } else {
@@ -559,6 +564,13 @@ mod tests {
             json!({"op": "replace", "path": "/status/claim", "value": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2}})
         );
         assert_eq!(attempt_number(&next), Some(2));
+        // Claiming attempt 2 again once it is made does not move the epoch on.
+        let made = mb(Some(MacBuildStatus {
+            claim: Some(next.clone()),
+            ..Default::default()
+        }));
+        assert_eq!(claim_for(&made, "mac-mini-07", 2), next);
+        assert_eq!(claim_for(&made, "other", 2), claim("other", "b#2", 3));
     }
 
     #[test]
