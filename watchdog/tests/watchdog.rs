@@ -152,7 +152,7 @@ async fn vms_without_prefix_or_deadline_file_are_never_touched_and_bad_files_are
     let mut host = Host::new();
     host.running_vm("mb-no-file").await;
     host.running_vm("foreign-vm").await;
-    host.running_vm("mb-due").await;
+    host.running_vm("mb-first-due").await;
     let past = plus(Timestamp::now(), secs_f(-600.0));
     // A file the agent would never write: a VM without the prefix. And a malformed file.
     host.write_raw(
@@ -162,10 +162,10 @@ async fn vms_without_prefix_or_deadline_file_are_never_touched_and_bad_files_are
         ),
     );
     host.write_raw("mb-garbled.json", "{\"version\":1,\"vm\":");
-    host.write_deadline("mb-due", past);
+    host.write_deadline("mb-first-due", past);
     let watchdog = InProcess::start(host.config(secs_f(0.5)));
 
-    host.wait_line("mb-due", "deleted", LIMIT).await;
+    host.wait_line("mb-first-due", "deleted", LIMIT).await;
     // A deadline file written while it runs is noticed within a rescan; its deletion also proves
     // that later rescans happened without recording the bad files again.
     host.running_vm("mb-later").await;
@@ -329,22 +329,25 @@ async fn one_slow_delete_does_not_make_another_vm_late() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_is_bounded() {
     let mut host = Host::new();
-    host.running_vm("mb-slow").await;
+    host.running_vm("mb-slow-first").await;
     host.running_vm("mb-next").await;
     let release = host.root.join("release");
     let mut config = host.config(secs_f(0.5));
-    config.tart_program = slow_delete_tart(&host, "mb-slow", &release);
+    config.tart_program = slow_delete_tart(&host, "mb-slow-first", &release);
     config.concurrency = 1;
-    // Both are due at the first wake; mb-slow is more overdue, so it goes first.
+    // Both are due at the first wake; mb-slow-first is more overdue, so it goes first.
     let now = Timestamp::now();
-    host.write_deadline("mb-slow", plus(now, secs_f(-10.0)));
+    host.write_deadline("mb-slow-first", plus(now, secs_f(-10.0)));
     host.write_deadline("mb-next", plus(now, secs_f(-9.0)));
     let watchdog = InProcess::start(config);
 
-    // With one job at a time, mb-next waits for mb-slow. Once mb-slow's delete is blocked, give an
+    // With one job at a time, mb-next waits for mb-slow-first. Once mb-slow-first's delete is blocked, give an
     // unbounded watchdog ample time (1 s) to have started on mb-next, and check it did not.
     let entered = host.root.join("release.entered");
-    wait_for("mb-slow's delete to start", LIMIT, || entered.exists().then_some(())).await;
+    wait_for("mb-slow-first's delete to start", LIMIT, || {
+        entered.exists().then_some(())
+    })
+    .await;
     let looked = Timestamp::now();
     wait_for("a second to pass", LIMIT, || {
         (Timestamp::now() > plus(looked, secs_f(1.0))).then_some(())
@@ -356,7 +359,7 @@ async fn concurrency_is_bounded() {
     );
 
     std::fs::write(&release, "").unwrap();
-    host.wait_line("mb-slow", "deleted", LIMIT).await;
+    host.wait_line("mb-slow-first", "deleted", LIMIT).await;
     host.wait_line("mb-next", "deleted", LIMIT).await;
     assert!(!host.vm_exists("mb-next"));
     watchdog.stop().await.unwrap();
