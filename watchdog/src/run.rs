@@ -389,3 +389,189 @@ pub async fn terminated() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::read_lines;
+    use tartan_api::deadline::{DeadlineFile, write_deadline_file};
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn write(dir: &Path, vm: &str, deadline: &str) {
+        let file = DeadlineFile {
+            vm: vm.into(),
+            namespace: "ci".into(),
+            name: "b".into(),
+            uid: "u".into(),
+            attempt: 1,
+            deadline: ts(deadline),
+            agent: "a".into(),
+            written_at: ts(deadline),
+        };
+        write_deadline_file(dir, &file).unwrap();
+    }
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        dir: PathBuf,
+        record: Record,
+        picture: Picture,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join(DEADLINES_DIR);
+            let record = Record::open(tmp.path()).unwrap();
+            Fixture {
+                _tmp: tmp,
+                dir,
+                record,
+                picture: Picture::default(),
+            }
+        }
+        fn rescan(&mut self) {
+            rescan(&self.dir, &mut self.picture, &self.record);
+        }
+        fn actions(&self) -> Vec<(String, Action)> {
+            read_lines(self.record.path())
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.vm, l.action))
+                .collect()
+        }
+        fn tracked(&self) -> Vec<(&str, Timestamp, bool)> {
+            self.picture
+                .tracked
+                .iter()
+                .map(|(vm, t)| (vm.as_str(), t.deadline, t.in_flight))
+                .collect()
+        }
+    }
+
+    const D1: &str = "2026-10-05T02:55:36.40012Z";
+    const D2: &str = "2026-10-05T03:00:00Z";
+
+    #[test]
+    fn rescan_follows_added_changed_and_removed_files() {
+        let mut f = Fixture::new();
+        f.rescan(); // no folder yet: nothing, no error
+        assert!(f.picture.tracked.is_empty() && f.picture.list_error.is_none());
+        write(&f.dir, "mb-a", D1);
+        write(&f.dir, "mb-b", D1);
+        f.rescan();
+        assert_eq!(f.tracked(), vec![("mb-a", ts(D1), false), ("mb-b", ts(D1), false)]);
+        write(&f.dir, "mb-a", D2);
+        std::fs::remove_file(f.dir.join("mb-b.json")).unwrap();
+        f.rescan();
+        assert_eq!(f.tracked(), vec![("mb-a", ts(D2), false)]);
+        assert!(f.actions().is_empty());
+    }
+
+    #[test]
+    fn a_bad_file_is_recorded_once_per_version_and_never_tracked() {
+        let mut f = Fixture::new();
+        std::fs::create_dir_all(&f.dir).unwrap();
+        std::fs::write(f.dir.join("mb-bad.json"), "{").unwrap();
+        f.rescan();
+        f.rescan();
+        f.rescan();
+        assert_eq!(f.actions(), vec![("mb-bad".to_string(), Action::BadDeadlineFile)]);
+        assert!(f.picture.tracked.is_empty());
+        // Repaired by the agent: tracked, nothing more recorded.
+        write(&f.dir, "mb-bad", D1);
+        f.rescan();
+        assert_eq!(f.tracked(), vec![("mb-bad", ts(D1), false)]);
+        // Broken again (a new version): recorded again, once, and no longer tracked.
+        std::fs::write(f.dir.join("mb-bad.json"), "[]").unwrap();
+        f.rescan();
+        f.rescan();
+        assert_eq!(f.actions().len(), 2);
+        assert!(f.picture.tracked.is_empty());
+    }
+
+    #[test]
+    fn a_file_recreated_while_its_vm_is_busy_does_not_start_a_second_job() {
+        let mut f = Fixture::new();
+        write(&f.dir, "mb-a", D1);
+        f.rescan();
+        // The loop started a job on mb-a.
+        f.picture.busy.insert("mb-a".into());
+        f.picture.tracked.get_mut("mb-a").unwrap().in_flight = true;
+        std::fs::remove_file(f.dir.join("mb-a.json")).unwrap();
+        f.rescan();
+        assert!(f.picture.tracked.is_empty());
+        write(&f.dir, "mb-a", D1);
+        f.rescan();
+        assert_eq!(f.tracked(), vec![("mb-a", ts(D1), true)]);
+        assert!(plan::overdue(&f.picture.tracked, ts(D2), SignedDuration::ZERO).is_empty());
+    }
+
+    fn config() -> Config {
+        let mut c = Config::new("/nonexistent");
+        c.retry_base = Duration::from_secs(2);
+        c.retry_cap = Duration::from_secs(5);
+        c
+    }
+
+    fn busy(f: &mut Fixture, vm: &str) {
+        f.picture.busy.insert(vm.into());
+        f.picture.tracked.insert(
+            vm.into(),
+            Tracked {
+                in_flight: true,
+                ..Tracked::new(ts(D1))
+            },
+        );
+    }
+
+    #[test]
+    fn finished_jobs_are_booked() {
+        let mut f = Fixture::new();
+        let c = config();
+        busy(&mut f, "mb-done");
+        finish(Ok(("mb-done".into(), Outcome::Done)), &mut f.picture, &c);
+        assert!(f.picture.tracked.is_empty() && f.picture.busy.is_empty());
+
+        busy(&mut f, "mb-gone");
+        finish(Ok(("mb-gone".into(), Outcome::Skipped(Skip::Gone))), &mut f.picture, &c);
+        assert!(f.picture.tracked.is_empty() && f.picture.busy.is_empty());
+
+        busy(&mut f, "mb-later");
+        finish(
+            Ok(("mb-later".into(), Outcome::Skipped(Skip::NotDue(ts(D2))))),
+            &mut f.picture,
+            &c,
+        );
+        assert_eq!(f.tracked(), vec![("mb-later", ts(D2), false)]);
+        f.picture.tracked.clear();
+
+        busy(&mut f, "mb-fail");
+        let before = Timestamp::now();
+        for n in 1..=3u32 {
+            finish(Ok(("mb-fail".into(), Outcome::Failed)), &mut f.picture, &c);
+            let t = &f.picture.tracked["mb-fail"];
+            assert_eq!((t.failures, t.in_flight), (n, false));
+            let wait = plan::backoff(n, c.retry_base, c.retry_cap);
+            let retry = t.retry_at.unwrap();
+            assert!(
+                retry >= plan::add(before, SignedDuration::try_from(wait).unwrap()),
+                "retry {n} waits {wait:?}"
+            );
+            assert!(retry <= plan::add(Timestamp::now(), SignedDuration::try_from(wait).unwrap()));
+        }
+        assert!(f.picture.busy.is_empty());
+    }
+
+    #[test]
+    fn a_failed_job_whose_file_was_removed_is_not_retried() {
+        let mut f = Fixture::new();
+        busy(&mut f, "mb-a");
+        f.picture.tracked.clear(); // the rescan saw the file go while the job ran
+        finish(Ok(("mb-a".into(), Outcome::Failed)), &mut f.picture, &config());
+        assert!(f.picture.tracked.is_empty() && f.picture.busy.is_empty());
+    }
+}
