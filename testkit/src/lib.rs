@@ -1,5 +1,32 @@
 //! Test support for Tartan: a Kubernetes API emulator faithful to kube-apiserver on what Tartan
-//! uses (see [`emulator`]).
+//! uses, served over plain HTTP so `kube::Client`, `kube::runtime::watcher`/`Controller` and
+//! kubectl (current, and Debian's 1.20) run against it unchanged.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file("deploy/crd.yaml")).await?;
+//! let client = emu.client(); // or emu.write_kubeconfig(path) for kubectl / another process
+//! emu.add_deny_rule(tartan_testkit::DenyRule::new("mac-ci-deny-terminal-status").resource("tartan.dev", "macbuilds"));
+//! # Ok(()) }
+//! ```
+//!
+//! Served: CRDs from YAML (files at start, or POSTed / `kubectl apply`-ed at runtime), plus `v1`
+//! namespaces (`default`, `kube-system`, `kube-public` exist), secrets, events,
+//! `events.k8s.io/v1` events (one store with `v1` events), `coordination.k8s.io/v1` leases.
+//!
+//! Fault control over HTTP (also on `Options::control_addr`, which stays up while the API port
+//! refuses connections): `GET|POST|DELETE /emulator/faults` with
+//! `{"deny": [DenyRule...], "availability": "up|unavailable|refuse", "forMs": N, "latencyMs": N}`
+//! (fields given replace those parts), `POST /emulator/compact` (drop watch history: older
+//! resourceVersions get 410), `GET /emulator/requests` (every API request seen).
+//!
+//! Knowingly not faithful: no authentication/authorization/RBAC; server-side apply merges maps
+//! and replaces everything else without field ownership (no managedFields, no apply conflicts,
+//! fields dropped from an apply are not removed); strategic merge patch on built-ins is a JSON
+//! merge patch (no list merge keys); CEL `x-kubernetes-validations`, `anyOf`/`oneOf`/`allOf`/`not`,
+//! list-type/map-type semantics and conversion webhooks are ignored; a `continue` token is a plain
+//! offset (no snapshot); the watch window is global rather than per resource; deny rules and the
+//! garbage collector's own writes bypass each other; no aggregated discovery (kubectl falls back).
 
 pub mod emulator;
 

@@ -116,16 +116,13 @@ async fn unavailable_refused_and_slow() {
     assert_eq!((s.code, s.reason.as_str()), (503, "ServiceUnavailable"));
     // kube's default client retries a 503 with backoff, so it rides out a short outage.
     let retrying = macbuilds(&emu.client(), "default");
-    let outage = tokio::spawn({
-        let emu_requests = emu.requests().len();
-        async move { (retrying.get("x").await, emu_requests) }
-    });
+    let outage = tokio::spawn(async move { retrying.get("x").await });
     eventually(10, "a retried request", || async {
         (emu.requests().len() >= 3).then_some(())
     })
     .await;
     emu.set_availability(Availability::Up);
-    let (retried, _) = outage.await.unwrap();
+    let retried = outage.await.unwrap();
     assert_eq!(
         status_of(retried).code,
         404,

@@ -342,3 +342,48 @@ async fn controller_reconciles_against_the_emulator() {
     .await;
     task.abort();
 }
+
+#[tokio::test]
+async fn streaming_list_watcher_uses_send_initial_events() {
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    for n in ["s1", "s2"] {
+        api.create(&PostParams::default(), &macbuild(n, json!({"image": "x"})))
+            .await
+            .unwrap();
+    }
+    let mut stream = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            watcher::Event::InitApply(o) => initial.push(o.metadata.name.unwrap()),
+            watcher::Event::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(initial, vec!["s1", "s2"]);
+    assert!(
+        emu.requests().iter().any(|r| r.contains("sendInitialEvents=true")),
+        "{:?}",
+        emu.requests()
+    );
+    api.create(&PostParams::default(), &macbuild("s3", json!({"image": "x"})))
+        .await
+        .unwrap();
+    loop {
+        if let watcher::Event::Apply(o) = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            && o.metadata.name.as_deref() == Some("s3")
+        {
+            break;
+        }
+    }
+}

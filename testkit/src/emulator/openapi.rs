@@ -96,13 +96,9 @@ fn to_v2(s: &mut Value) {
             m.remove("properties");
             m.remove("items");
         }
-        for v in m.values_mut() {
-            if v.is_object() {
-                if let Some(props) = v.as_object_mut() {
-                    for p in props.values_mut() {
-                        to_v2(p);
-                    }
-                }
+        if let Some(props) = m.get_mut("properties").and_then(Value::as_object_mut) {
+            for p in props.values_mut() {
+                to_v2(p);
             }
         }
         if let Some(items) = m.get_mut("items") {

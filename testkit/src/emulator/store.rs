@@ -400,6 +400,7 @@ impl State {
         Ok(warnings)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
         rt: &ResourceType,
