@@ -64,9 +64,11 @@ impl CancelSignal {
 
     /// Resolves once a withdrawal is signalled (never, if the handle was dropped without one).
     async fn wait(&mut self) -> (Withdrawal, Instant) {
-        match self.0.wait_for(Option::is_some).await {
-            Ok(v) => v.expect("wait_for returned a signalled value"),
-            Err(_) => std::future::pending().await,
+        let signalled = self.0.wait_for(Option::is_some).await.map(|v| *v);
+        match signalled {
+            Ok(Some(v)) => v,
+            // The handle is gone without a withdrawal: none will come.
+            Ok(None) | Err(_) => std::future::pending().await,
         }
     }
 }
@@ -80,6 +82,8 @@ pub struct HostAttempt {
     pub vm: String,
     pub spec: MacBuildSpec,
     /// The host execution deadline: at it, whatever phase, the attempt fails with `DeadlinePassed`.
+    /// Replaced by the deadline of the `WriteDeadlineFile` action when that runs (the admission
+    /// fixes it), so an executor made before admission may pass a provisional one.
     pub deadline: Timestamp,
     /// The agent's name, written into the deadline file.
     pub agent: String,
@@ -237,7 +241,9 @@ impl AttemptExecutor {
         }
         match action {
             Action::WriteDeadlineFile { deadline, .. } => {
+                // The admission fixed the deadline; from here on it is the one enforced.
                 let deadline = *deadline;
+                self.attempt.deadline = deadline;
                 self.guarded(|s| Box::pin(s.write_deadline(deadline))).await
             }
             Action::CloneVm { .. } => self.guarded(|s| Box::pin(s.clone_vm())).await,
@@ -288,7 +294,8 @@ impl AttemptExecutor {
     {
         let mut cancel = self.cancel.clone();
         let deadline = self.attempt.deadline;
-        let interrupt = if let Some((w, at)) = *cancel.0.borrow() {
+        let signalled = *cancel.0.borrow();
+        let interrupt = if let Some((w, at)) = signalled {
             Some(Interrupt::Withdrawn(w, at))
         } else if Timestamp::now() >= deadline {
             Some(Interrupt::Deadline)

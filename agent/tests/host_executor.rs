@@ -1,0 +1,414 @@
+//! The host executor against real `tart-double` processes: whole attempts driven through the
+//! attempt machine with an in-memory journal, from admission to the VM's confirmed deletion.
+
+mod host_common;
+
+use host_common::*;
+use std::time::{Duration, Instant};
+use tartan_agent::host::{Withdrawal, cancel_pair, drive};
+use tartan_agent::machine::Config;
+use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
+use tartan_tart::double::{Fault, Faults};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+const JUNIT: &str =
+    r#"<testsuites><testsuite name="AppTests"><testcase name="a"/><testcase name="b"/></testsuite></testsuites>"#;
+
+fn machine() -> Config {
+    Config {
+        quarantine_retry: k8s_openapi::jiff::SignedDuration::from_millis(200),
+        ..Config::default()
+    }
+}
+
+fn vm_fault(vm: &str, f: Fault) -> Faults {
+    let mut faults = Faults::default();
+    faults.vms.insert(vm.to_string(), f);
+    faults
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_attempt_counts_tests_publishes_the_artifact_and_deletes_the_vm() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let mut spec = spec(vec![
+        step("build", "mkdir -p out && printf built > out/App.ipa && echo compiling"),
+        step("test", &format!("printf '%s' '{JUNIT}' > out/junit.xml && echo tested")),
+    ]);
+    spec.test_report = Some("out/junit.xml".into());
+    spec.artifacts = Some(Artifacts {
+        paths: vec!["out/App.ipa".into()],
+        destination: format!("file://{}/", dest.path().display()),
+    });
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "ok", spec, signal);
+    let vm = a.vm.clone();
+    // Journal first, then act: at each record, nothing of its actions has happened yet.
+    let (deadline_file, vm_dir) = (rig.deadline_file(&vm), rig.vm_dir(&vm));
+    let journal = MemJournal::with_hook(move |r| match r.to {
+        S::Admitted => assert!(
+            !deadline_file.exists(),
+            "deadline file written before Admitted was journaled"
+        ),
+        S::Booting => {
+            assert!(deadline_file.is_file(), "Booting journaled without a deadline file");
+            assert!(!vm_dir.exists(), "VM cloned before Booting was journaled");
+        }
+        _ => {}
+    });
+    let mut hooks = journal.clone();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks))
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let lines = journal.lines();
+    assert_eq!(
+        journal.states(),
+        vec![
+            S::Admitted,
+            S::Booting,
+            S::Running,
+            S::Collecting,
+            S::Retiring,
+            S::Retired
+        ],
+        "{lines:#?}"
+    );
+    assert!(
+        lines[2].contains("Booting -> Running (GuestReady) tart exec ready after "),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[3].contains("Running -> Collecting 2 step(s) succeeded"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[4].ends_with("Collecting -> Retiring (TestsPassed) 2/2 tests passed outcome=Succeeded"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[5].contains("Retiring -> Retired (VMDeleted) stopped and deleted in "),
+        "{lines:#?}"
+    );
+    let results = exec.results();
+    assert_eq!((results.tests_passed, results.tests_total), (Some(2), Some(2)));
+    let url = results.artifact_url.expect("artifact url");
+    let published = dest.path().join(&vm).join("out/App.ipa");
+    assert_eq!(url, format!("file://{}", published.display()));
+    assert_eq!(std::fs::read_to_string(&published).unwrap(), "built");
+    // The VM, its processes, its deadline file and the host copies are gone; the logs stay.
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(rig.tart.client_pids(&vm).unwrap().is_empty());
+    assert!(!rig.deadline_file(&vm).exists());
+    assert!(!rig.state.path().join("tmp").join(&vm).exists());
+    let log = std::fs::read_to_string(rig.state.path().join("logs").join(&vm).join("build.log")).unwrap();
+    assert_eq!(log, "compiling\n");
+    assert_eq!(exec.last_step(), Some(("test", "tested\n")));
+    // Status deliveries went to the runtime, not to the executor.
+    let others = journal.other_actions.lock().unwrap().clone();
+    assert!(
+        others.contains(&tartan_agent::machine::Action::DeliverStatus),
+        "{others:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_step_stops_the_build_with_its_exit_code_and_deletes_the_vm() {
+    let rig = Rig::new();
+    let spec = spec(vec![
+        step("build", "echo oops >&2; exit 3"),
+        step("never", "touch ran-never"),
+    ]);
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "fail", spec, signal);
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let retiring = &journal.records.lock().unwrap()[3];
+    assert_eq!(
+        (retiring.reason, retiring.outcome, retiring.detail.as_str()),
+        (Some(Reason::StepFailed), Some(Outcome::Failed), "step build exited 3")
+    );
+    assert_eq!(exec.last_step(), Some(("build", "oops\n")));
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(!rig.deadline_file(&a.vm).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_test_report_fails_the_attempt_with_the_parse_error() {
+    let rig = Rig::new();
+    let mut spec = spec(vec![step(
+        "test",
+        "mkdir -p out && echo '<testsuite><testcase>' > out/junit.xml",
+    )]);
+    spec.test_report = Some("out/junit.xml".into());
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "badxml", spec, signal);
+    let mut journal = MemJournal::new();
+    tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    let retiring = journal.records.lock().unwrap()[4].clone();
+    assert_eq!(
+        (retiring.to, retiring.reason, retiring.outcome),
+        (S::Retiring, Some(Reason::TestsFailed), Some(Outcome::Failed))
+    );
+    let why = exec.report_error().expect("the parse error is kept");
+    assert!(
+        why.starts_with("test report out/junit.xml is not well-formed XML: "),
+        "{why}"
+    );
+    assert!(rig.vms().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_delete_quarantines_the_vm_until_the_fault_is_lifted() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "stuck", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.set_faults(&vm_fault(
+        &vm,
+        Fault {
+            delete_fails: Some(true),
+            ..Fault::default()
+        },
+    ));
+    let journal = MemJournal::new();
+    let mut hooks = journal.clone();
+    let task = tokio::spawn(async move {
+        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
+        (end, exec)
+    });
+    wait_for("Quarantined", LIMIT, || journal.has_state(S::Quarantined).then_some(())).await;
+    let q = journal.last();
+    assert_eq!(q.reason, Some(Reason::DeleteFailed));
+    assert!(q.detail.contains("injected fault delete_fails"), "{q}");
+    assert_eq!(
+        rig.vms(),
+        vec![vm.clone()],
+        "the quarantined VM is named and still there"
+    );
+    assert!(
+        rig.deadline_file(&vm).is_file(),
+        "the watchdog keeps its deadline file meanwhile"
+    );
+    rig.set_faults(&Faults::default());
+    let (end, _exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    assert_eq!(end.unwrap(), S::Retired);
+    assert_eq!(
+        journal.last().to_string(),
+        format!(
+            "#{} a1 Quarantined -> Retired (Resolved) clone directory gone (deleted on retry); slot released",
+            journal.records.lock().unwrap().len()
+        )
+    );
+    assert!(rig.vms().is_empty());
+    assert!(!rig.deadline_file(&vm).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_vm_directory_is_never_cloned_over_nor_deleted() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "taken", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.tart.clone_vm(IMAGE, &vm).await.unwrap();
+    let marker = rig.vm_dir(&vm).join("operator-was-here");
+    std::fs::write(&marker, "x").unwrap();
+    let journal = MemJournal::new();
+    let mut hooks = journal.clone();
+    let task = tokio::spawn(async move { drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await });
+    wait_for("Quarantined", LIMIT, || journal.has_state(S::Quarantined).then_some(())).await;
+    let lines = journal.lines();
+    assert!(lines[2].contains("(VMStartFailed) VM did not start: "), "{lines:#?}");
+    assert!(
+        lines[2].contains("already exists before the clone; refusing to clone"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[3].contains("it existed before this attempt's clone, so it is not deleted"),
+        "{lines:#?}"
+    );
+    assert!(marker.is_file(), "the foreign VM was not touched");
+    // An operator removes it; the quarantine resolves.
+    rig.tart.delete(&vm).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(LIMIT, task).await.unwrap().unwrap().unwrap(),
+        S::Retired
+    );
+    assert!(journal.last().to_string().contains("Quarantined -> Retired (Resolved)"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
+    let rig = Rig::new();
+    let (cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "cancel-clone", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.set_faults(&vm_fault(
+        &vm,
+        Fault {
+            clone_delay_secs: Some(60.0),
+            ..Fault::default()
+        },
+    ));
+    let journal = MemJournal::new();
+    let mut hooks = journal.clone();
+    let task = tokio::spawn(async move {
+        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
+        (end, exec)
+    });
+    let clone_pids = wait_for("the tart clone process", LIMIT, || {
+        let pids = rig.tart.client_pids(&vm).unwrap();
+        (!pids.is_empty()).then_some(pids)
+    })
+    .await;
+    assert!(!rig.tmp_entries().is_empty(), "the clone is in flight in tmp/");
+    let t0 = Instant::now();
+    cancel.cancel(Withdrawal::CancelRequested);
+    wait_for("the clone process to die", Duration::from_secs(5), || {
+        clone_pids.iter().all(|p| !tartan_tart::process_alive(*p)).then_some(())
+    })
+    .await;
+    let killed_after = t0.elapsed();
+    let (end, exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    let retired_after = t0.elapsed();
+    assert_eq!(end.unwrap(), S::Retired);
+    eprintln!(
+        "cancel during clone: executor interrupted in {:?}, clone dead after {killed_after:?}, Retired after {retired_after:?}",
+        exec.interrupt_latency().unwrap()
+    );
+    assert!(
+        killed_after < Duration::from_secs(2),
+        "clone killed after {killed_after:?}"
+    );
+    let lines = journal.lines();
+    assert!(
+        lines[2].ends_with("Booting -> Retiring (CancelRequested) cancel requested outcome=Cancelled"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[3].contains("Retiring -> Retired (VMDeleted) stopped and deleted in "),
+        "{lines:#?}"
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(
+        rig.tmp_entries().is_empty(),
+        "tart's GC removed the killed clone's tmp dir"
+    );
+    assert!(!rig.deadline_file(&exec.attempt().vm).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_during_boot_kills_tart_run_at_once() {
+    let rig = Rig::new();
+    let (cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "cancel-boot", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.set_faults(&vm_fault(
+        &vm,
+        Fault {
+            boot_delay_secs: Some(60.0),
+            ..Fault::default()
+        },
+    ));
+    let journal = MemJournal::new();
+    let mut hooks = journal.clone();
+    let task = tokio::spawn(async move {
+        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
+        (end, exec)
+    });
+    let home = rig.home.path().to_path_buf();
+    let run = wait_for("tart run holding the VM lock", LIMIT, || {
+        tartan_tart::run_pid(&home, &vm).ok().flatten()
+    })
+    .await;
+    let t0 = Instant::now();
+    cancel.cancel(Withdrawal::OwnerDeleted);
+    wait_for("tart run to die", Duration::from_secs(5), || {
+        (!tartan_tart::process_alive(run)).then_some(())
+    })
+    .await;
+    let killed_after = t0.elapsed();
+    let (end, exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    let retired_after = t0.elapsed();
+    assert_eq!(end.unwrap(), S::Retired);
+    eprintln!(
+        "cancel during boot: executor interrupted in {:?}, tart run dead after {killed_after:?}, Retired after {retired_after:?}",
+        exec.interrupt_latency().unwrap()
+    );
+    assert!(
+        killed_after < Duration::from_secs(2),
+        "tart run killed after {killed_after:?}"
+    );
+    let lines = journal.lines();
+    assert!(
+        lines[2].ends_with("Booting -> Retiring (OwnerDeleted) owner deleted outcome=Cancelled"),
+        "{lines:#?}"
+    );
+    assert_eq!(journal.states().last(), Some(&S::Retired));
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(
+        rig.tart.client_pids(&vm).unwrap().is_empty(),
+        "no tart process of the VM is left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_interrupts_a_hanging_exec_and_fails_the_attempt() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "late", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    // Once the guest answered, every exec of this VM hangs: the build step never returns.
+    let (home, hang_vm) = (rig.home.path().to_path_buf(), vm.clone());
+    let journal = MemJournal::with_hook(move |r| {
+        if r.to == S::Running {
+            vm_fault(
+                &hang_vm,
+                Fault {
+                    exec_hangs: Some(true),
+                    ..Fault::default()
+                },
+            )
+            .store(&home)
+            .unwrap();
+        }
+    });
+    let mut hooks = journal.clone();
+    let started = Instant::now();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(4), &machine(), &mut hooks))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let deadline = records[0].deadline.unwrap();
+    let retiring = &records[3];
+    assert_eq!(
+        (retiring.from, retiring.reason, retiring.outcome),
+        (Some(S::Running), Some(Reason::DeadlinePassed), Some(Outcome::Failed)),
+        "{:#?}",
+        journal.lines()
+    );
+    assert!(retiring.time >= deadline);
+    assert!(
+        retiring.time < deadline + k8s_openapi::jiff::SignedDuration::from_secs(2),
+        "interrupted {} after the deadline",
+        deadline.duration_until(retiring.time)
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(records[4].to, S::Retired);
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(
+        rig.tart.client_pids(&vm).unwrap().is_empty(),
+        "the hanging tart exec was killed"
+    );
+}
