@@ -44,6 +44,7 @@ use crate::record::{RECORD_VERSION, Record};
 use format::{FileKind, HEADER_LEN, Header, HeaderCheck};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// The journal directory inside the state directory.
@@ -200,10 +201,29 @@ impl Journal {
     /// transition is not recorded and the caller must not act on it. The journal never writes to a
     /// file again after a failed write or sync: the next append starts a new file.
     pub fn append(&mut self, record: &mut Record) -> Result<u64, JournalError> {
-        record.seq = self.next_seq;
-        record.version = RECORD_VERSION;
-        let mut frame = Vec::with_capacity(512);
-        format::encode_frame(record, &mut frame).map_err(|what| JournalError::Encode { seq: record.seq, what })?;
+        self.append_batch(std::slice::from_mut(record)).map(|seqs| seqs.start)
+    }
+
+    /// Like [`Journal::append`] for several records at once, with one write and one sync: on `Ok`
+    /// all of them are durable (numbered in order, the returned range); on `Err` none counts as
+    /// recorded. An empty batch writes nothing.
+    pub fn append_batch(&mut self, records: &mut [Record]) -> Result<Range<u64>, JournalError> {
+        let first = self.next_seq;
+        let seqs = first..first + records.len() as u64;
+        if records.is_empty() {
+            return Ok(seqs);
+        }
+        let mut frames = Vec::with_capacity(512 * records.len());
+        for (record, seq) in records.iter_mut().zip(seqs.clone()) {
+            record.seq = seq;
+            record.version = RECORD_VERSION;
+            format::encode_frame(record, &mut frames).map_err(|what| JournalError::Encode { seq, what })?;
+        }
+        let label = if seqs.end - seqs.start == 1 {
+            format!("record #{first}")
+        } else {
+            format!("records #{first}..=#{}", seqs.end - 1)
+        };
 
         let rotate = self
             .current
@@ -211,28 +231,28 @@ impl Journal {
             .is_none_or(|c| c.len >= self.options.max_file_bytes);
         if rotate {
             self.current = None;
-            self.current = Some(self.start_file(FileKind::Appended, &frame, record.seq)?);
+            self.current = Some(self.start_file(FileKind::Appended, &frames, &label)?);
         } else {
             let current = self.current.as_mut().expect("checked above");
-            if let Err(err) = write_and_sync(&mut current.file, &frame) {
+            if let Err(error) = write_and_sync(&mut current.file, &frames) {
                 let path = current.path.clone();
-                // Poisoned: the handle is dropped and never written again.
+                // Poisoned: the handle is dropped and the file never written again.
                 self.current = None;
                 return Err(JournalError::Io {
-                    action: format!("appending journal record #{} to", record.seq),
+                    action: format!("appending journal {label} to"),
                     path,
-                    error: err,
+                    error,
                     next: "the transition is NOT recorded and must not be acted on; the next append starts a new file",
                 });
             }
-            current.len += frame.len() as u64;
+            current.len += frames.len() as u64;
         }
-        self.next_seq += 1;
-        Ok(record.seq)
+        self.next_seq = seqs.end;
+        Ok(seqs)
     }
 
     /// Creates a new file holding the header and `body`, syncs it and the directory.
-    fn start_file(&mut self, kind: FileKind, body: &[u8], seq: u64) -> Result<Current, JournalError> {
+    fn start_file(&mut self, kind: FileKind, body: &[u8], label: &str) -> Result<Current, JournalError> {
         let id = self.next_file_id;
         self.next_file_id += 1;
         let path = self.dir.join(file_name(id));
@@ -247,7 +267,7 @@ impl Journal {
             "the transition is NOT recorded and must not be acted on; the next append tries another new file";
         let created = OpenOptions::new().read(true).write(true).create_new(true).open(&path);
         let mut file = created.map_err(JournalError::io(
-            format!("creating a journal file for record #{seq}:"),
+            format!("creating a journal file for {label}:"),
             &path,
             NEXT,
         ))?;
@@ -259,7 +279,7 @@ impl Journal {
                 let _ = sync_dir(&self.dir);
             }
             return Err(JournalError::Io {
-                action: format!("writing and syncing journal record #{seq} (and its directory) into new file"),
+                action: format!("writing and syncing journal {label} (and its directory) into new file"),
                 path,
                 error,
                 next: NEXT,

@@ -409,3 +409,25 @@ fn tail_follows_appends_across_rotation_and_compaction_once_each() {
     assert_eq!(seqs(&tail.poll().unwrap()), vec![16]);
     assert_eq!(tail.last_seq(), Some(16));
 }
+
+#[test]
+fn a_batch_is_numbered_in_order_and_durable_as_a_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut o = open(state);
+    append_n(&mut o.journal, 1, "single");
+    let mut batch: Vec<Record> = (0..5)
+        .map(|i| draft(2, AttemptState::Running, &format!("b{i}")))
+        .collect();
+    assert_eq!(o.journal.append_batch(&mut batch).unwrap(), 2..7);
+    assert_eq!(
+        batch.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        (2..7).collect::<Vec<_>>()
+    );
+    assert_eq!(o.journal.append_batch(&mut []).unwrap(), 7..7);
+    assert_eq!(o.journal.next_seq(), 7);
+    drop(o);
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), (1..7).collect::<Vec<_>>());
+    assert_eq!(o.replay.records[3].detail, "b2");
+}
