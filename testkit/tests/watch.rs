@@ -387,3 +387,27 @@ async fn streaming_list_watcher_uses_send_initial_events() {
         }
     }
 }
+
+#[tokio::test]
+async fn table_watch_for_kubectl_get_watch() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    api.create(&PostParams::default(), &macbuild("t1", json!({"image": "x"})))
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+    let req = "GET /apis/tartan.dev/v1alpha1/namespaces/default/macbuilds?watch=1&timeoutSeconds=1 HTTP/1.1\r\nHost: x\r\n\
+               Accept: application/json;as=Table;v=v1;g=meta.k8s.io\r\nConnection: close\r\n\r\n";
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let line = out.lines().find(|l| l.starts_with('{')).expect("an event line");
+    let ev: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(ev["type"], json!("ADDED"));
+    assert_eq!(ev["object"]["kind"], json!("Table"));
+    assert_eq!(ev["object"]["rows"][0]["cells"][0], json!("t1"));
+}

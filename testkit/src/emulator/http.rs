@@ -242,7 +242,7 @@ async fn route(
         return Err(ApiError::no_route());
     }
     match (method, target.name.is_some()) {
-        (&Method::GET, false) if query.flag("watch") => watch(inner, &target, query),
+        (&Method::GET, false) if query.flag("watch") => watch(inner, &target, query, accept),
         (&Method::GET, false) => list(inner, &target, query, accept),
         (&Method::POST, false) => create(inner, &target, query, &body),
         (&Method::DELETE, false) => delete_collection(inner, &target, query),
@@ -258,7 +258,7 @@ async fn route(
                     )])
                     .collect(),
             );
-            watch(inner, &Target { name: None, ..target }, &q)
+            watch(inner, &Target { name: None, ..target }, &q, accept)
         }
         (&Method::GET, true) => get(inner, &target, accept),
         (&Method::PUT, true) => update(inner, &target, query, &body),
@@ -608,7 +608,8 @@ fn line(v: &Value) -> Bytes {
     Bytes::from(b)
 }
 
-fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
+fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResult<Resp> {
+    let as_table = accept.contains("as=Table");
     let (labels, fields) = selectors(&t.rt, query)?;
     let filter = WatchFilter {
         rt: t.rt.clone(),
@@ -665,6 +666,19 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
         (rx, initial, backlog, start_rv, error)
     };
     let (tx, out) = mpsc::channel::<Bytes>(64);
+    let table_rt = t.rt.clone();
+    // `kubectl get -w` asks for Tables: every event object becomes a one-row Table.
+    let shape = move |mut ev: Value| -> Value {
+        if as_table && ev["type"] != "BOOKMARK" && ev["type"] != "ERROR" {
+            let rv = ev
+                .pointer("/object/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            ev["object"] = table::table(&table_rt, &[ev["object"].clone()], &rv, None);
+        }
+        ev
+    };
     let current_rv = inner.state.lock().expect("state lock").current_rv.clone();
     let bookmark_every = inner.bookmark_interval;
     let kind = t.rt.kind.clone();
@@ -682,7 +696,11 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
             return;
         }
         for o in initial {
-            if tx.send(line(&json!({"type": "ADDED", "object": o}))).await.is_err() {
+            if tx
+                .send(line(&shape(json!({"type": "ADDED", "object": o}))))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -693,7 +711,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
         for ev in backlog {
             last = last.max(ev.rv);
             if let Some(v) = filter.translate(&ev)
-                && tx.send(line(&v)).await.is_err()
+                && tx.send(line(&shape(v))).await.is_err()
             {
                 return;
             }
@@ -710,7 +728,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
                 r = rx.recv() => match r {
                     Ok(ev) => {
                         last = last.max(ev.rv);
-                        if let Some(v) = filter.translate(&ev) && tx.send(line(&v)).await.is_err() {
+                        if let Some(v) = filter.translate(&ev) && tx.send(line(&shape(v))).await.is_err() {
                             return;
                         }
                     }
@@ -727,7 +745,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query) -> ApiResult<Resp> {
                         match rx.try_recv() {
                             Ok(ev) => {
                                 last = last.max(ev.rv);
-                                if let Some(v) = filter.translate(&ev) && tx.send(line(&v)).await.is_err() {
+                                if let Some(v) = filter.translate(&ev) && tx.send(line(&shape(v))).await.is_err() {
                                     return;
                                 }
                             }
