@@ -1,0 +1,529 @@
+//! DESIGN.md's seven invariants, checked from what a scenario left behind: each agent's journal,
+//! its watchdog record and the VMs in its tart home, the test's planted foreign VMs, and the
+//! CustomRuns, MacBuilds and Leases of the stack's namespace. Pure: [`check`] takes a [`World`]
+//! and returns every violation it finds, each naming its invariant and the evidence.
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use tartan_agent::record::Record;
+use tartan_api::{AttemptState, Outcome, Reason, VM_PREFIX};
+use tartan_watchdog::{Action, Line};
+
+/// Facts about one agent (one host: state dir + tart home).
+#[derive(Clone, Debug, Default)]
+pub struct AgentFacts {
+    pub id: String,
+    /// Every journal record, in sequence order.
+    pub journal: Vec<Record>,
+    /// `watchdog.jsonl` of its state dir.
+    pub watchdog: Vec<Line>,
+    /// VM names in its tart home at the end.
+    pub vms_left: Vec<String>,
+}
+
+/// A VM the test created behind Tartan's back (no `mb-` prefix): it must survive.
+#[derive(Clone, Debug)]
+pub struct PlantedVm {
+    pub agent: String,
+    pub vm: String,
+    pub present: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct World {
+    pub agents: Vec<AgentFacts>,
+    pub planted: Vec<PlantedVm>,
+    /// CustomRuns, MacBuilds and Leases of the namespace, as JSON.
+    pub custom_runs: Vec<Value>,
+    pub macbuilds: Vec<Value>,
+    pub leases: Vec<Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: u8,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invariant {} ({}): {}",
+            self.invariant,
+            TITLES[self.invariant as usize - 1],
+            self.message
+        )
+    }
+}
+
+pub const TITLES: [&str; 7] = [
+    "no two admitted allocations overlap in one slot",
+    "a slot is reused only after its VM's deletion is confirmed",
+    "every cloned VM is deleted, or quarantined and named in status",
+    "terminal CustomRun status never contradicts the journal",
+    "attempts never exceed maxAttempts; retries only after Interrupted",
+    "a journaled result reaches the cluster once per attempt",
+    "nothing deletes a VM it did not create",
+];
+
+/// Who occupies a slot: an attempt of a build, or an unaccounted VM.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Occupant {
+    Attempt { uid: String, attempt: u32 },
+    Unknown { vm: String },
+}
+
+fn occupant(r: &Record) -> Option<Occupant> {
+    match (&r.build, r.attempt, &r.vm) {
+        (Some(b), Some(n), _) => Some(Occupant::Attempt {
+            uid: b.uid.clone(),
+            attempt: n,
+        }),
+        (None, _, Some(vm)) => Some(Occupant::Unknown { vm: vm.clone() }),
+        _ => None,
+    }
+}
+
+fn confirms_deletion(r: &Record) -> bool {
+    r.to == AttemptState::Retired && matches!(r.reason, Some(Reason::VMDeleted | Reason::Resolved))
+}
+
+pub fn check(world: &World) -> Vec<Violation> {
+    let mut v = Vec::new();
+    for agent in &world.agents {
+        slots(agent, &mut v);
+        vms_accounted(agent, world, &mut v);
+        deletes_only_own(agent, &mut v);
+    }
+    attempts(world, &mut v);
+    custom_runs(world, &mut v);
+    delivery(world, &mut v);
+    for p in &world.planted {
+        if !p.present {
+            v.push(Violation {
+                invariant: 7,
+                message: format!("VM {} planted by the test on {} is gone", p.vm, p.agent),
+            });
+        }
+    }
+    v
+}
+
+/// Invariants 1 and 2 from one journal.
+fn slots(agent: &AgentFacts, v: &mut Vec<Violation>) {
+    let mut held: BTreeMap<u8, (Occupant, u64)> = BTreeMap::new();
+    let mut slot_of: BTreeMap<Occupant, u8> = BTreeMap::new();
+    for r in &agent.journal {
+        let Some(who) = occupant(r) else { continue };
+        if let Some(slot) = r.slot
+            && r.to.holds_slot()
+        {
+            match held.get(&slot) {
+                Some((other, since)) if *other != who => v.push(Violation {
+                    invariant: 1,
+                    message: format!(
+                        "{}: #{} ({r}) takes slot {slot} while {other:?} holds it since #{since}",
+                        agent.id, r.seq
+                    ),
+                }),
+                Some(_) => {}
+                None => {
+                    held.insert(slot, (who.clone(), r.seq));
+                    slot_of.insert(who.clone(), slot);
+                }
+            }
+        }
+        if r.to == AttemptState::Retired
+            && let Some(slot) = slot_of.remove(&who)
+        {
+            held.remove(&slot);
+            if !confirms_deletion(r) {
+                v.push(Violation {
+                    invariant: 2,
+                    message: format!(
+                        "{}: #{} releases slot {slot} without confirmed deletion: {r}",
+                        agent.id, r.seq
+                    ),
+                });
+            }
+            if let Some(vm) = &r.vm
+                && agent.vms_left.contains(vm)
+            {
+                v.push(Violation {
+                    invariant: 2,
+                    message: format!(
+                        "{}: #{} released slot {slot} but VM {vm} is still on disk",
+                        agent.id, r.seq
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// Invariant 3: every `mb-` VM left on disk is quarantined in the journal and named in status.
+fn vms_accounted(agent: &AgentFacts, world: &World, v: &mut Vec<Violation>) {
+    for vm in agent.vms_left.iter().filter(|vm| vm.starts_with(VM_PREFIX)) {
+        let last = agent.journal.iter().rev().find(|r| r.vm.as_deref() == Some(vm));
+        match last {
+            Some(r) if r.to == AttemptState::Quarantined => {
+                if let Some(b) = &r.build
+                    && let Some(mb) = world.macbuilds.iter().find(|m| m["metadata"]["uid"] == b.uid.as_str())
+                    && mb["status"]["vm"].as_str() != Some(vm.as_str())
+                {
+                    v.push(Violation {
+                        invariant: 3,
+                        message: format!(
+                            "{}: VM {vm} is quarantined (#{}) but MacBuild {} names {:?}",
+                            agent.id, r.seq, b, mb["status"]["vm"]
+                        ),
+                    });
+                }
+            }
+            Some(r) => v.push(Violation {
+                invariant: 3,
+                message: format!(
+                    "{}: VM {vm} is still on disk; the journal's last record on it is {r}",
+                    agent.id
+                ),
+            }),
+            None => v.push(Violation {
+                invariant: 3,
+                message: format!("{}: VM {vm} is on disk and the journal never names it", agent.id),
+            }),
+        }
+    }
+}
+
+/// Invariant 7: deletions are of VMs this host's agent created.
+fn deletes_only_own(agent: &AgentFacts, v: &mut Vec<Violation>) {
+    let created: BTreeSet<&str> = agent
+        .journal
+        .iter()
+        .filter(|r| r.build.is_some() && r.to == AttemptState::Admitted)
+        .filter_map(|r| r.vm.as_deref())
+        .collect();
+    for r in agent.journal.iter().filter(|r| r.to == AttemptState::Retired) {
+        if let Some(vm) = &r.vm
+            && r.reason == Some(Reason::VMDeleted)
+            && !created.contains(vm.as_str())
+        {
+            v.push(Violation {
+                invariant: 7,
+                message: format!(
+                    "{}: #{} deleted VM {vm}, which no attempt of this agent admitted",
+                    agent.id, r.seq
+                ),
+            });
+        }
+    }
+    for line in agent.watchdog.iter().filter(|l| l.action == Action::Deleted) {
+        if !line.vm.starts_with(VM_PREFIX) || !created.contains(line.vm.as_str()) {
+            v.push(Violation {
+                invariant: 7,
+                message: format!(
+                    "{}: the watchdog deleted {}, which this agent never admitted",
+                    agent.id, line.vm
+                ),
+            });
+        }
+    }
+}
+
+/// Every record of a build (by uid), over all agents, with the agent id.
+fn by_build(world: &World) -> BTreeMap<String, Vec<(&str, &Record)>> {
+    let mut m: BTreeMap<String, Vec<(&str, &Record)>> = BTreeMap::new();
+    for a in &world.agents {
+        for r in &a.journal {
+            if let Some(b) = &r.build {
+                m.entry(b.uid.clone()).or_default().push((&a.id, r));
+            }
+        }
+    }
+    m
+}
+
+fn macbuild_by_uid<'a>(world: &'a World, uid: &str) -> Option<&'a Value> {
+    world.macbuilds.iter().find(|m| m["metadata"]["uid"] == uid)
+}
+
+/// `max-attempts` of a build: its MacBuild's spec, else its CustomRun's param, else the default.
+fn max_attempts(world: &World, uid: &str, name: &str) -> u64 {
+    if let Some(n) = macbuild_by_uid(world, uid).and_then(|m| m["spec"]["maxAttempts"].as_u64()) {
+        return n;
+    }
+    let run = world.custom_runs.iter().find(|r| r["metadata"]["name"] == name);
+    run.and_then(|r| r["spec"]["params"].as_array())
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "max-attempts"))
+        .and_then(|p| p["value"].as_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::from(tartan_api::DEFAULT_MAX_ATTEMPTS))
+}
+
+/// The outcome an attempt was given (its `Retiring` record, or a `Retired` with an outcome).
+fn outcome_of<'a>(records: &[(&str, &'a Record)], attempt: u32) -> Option<(Outcome, &'a Record)> {
+    records
+        .iter()
+        .filter(|(_, r)| r.attempt == Some(attempt))
+        .find_map(|(_, r)| r.outcome.map(|o| (o, *r)))
+}
+
+/// Invariant 5.
+fn attempts(world: &World, v: &mut Vec<Violation>) {
+    for (uid, records) in by_build(world) {
+        let name = records[0].1.build.as_ref().map(|b| b.name.clone()).unwrap_or_default();
+        let admitted: BTreeSet<u32> = records
+            .iter()
+            .filter(|(_, r)| r.to == AttemptState::Admitted)
+            .filter_map(|(_, r)| r.attempt)
+            .collect();
+        let max = max_attempts(world, &uid, &name);
+        if let Some(&top) = admitted.iter().max()
+            && u64::from(top) > max
+        {
+            v.push(Violation {
+                invariant: 5,
+                message: format!("{name}: attempt {top} admitted, maxAttempts is {max}"),
+            });
+        }
+        for &n in admitted.iter().filter(|&&n| n > 1) {
+            match outcome_of(&records, n - 1) {
+                Some((Outcome::Interrupted, _)) => {}
+                Some((o, r)) => v.push(Violation {
+                    invariant: 5,
+                    message: format!("{name}: attempt {n} follows attempt {} which ended {o} ({r})", n - 1),
+                }),
+                None => v.push(Violation {
+                    invariant: 5,
+                    message: format!(
+                        "{name}: attempt {n} admitted but attempt {} has no recorded outcome",
+                        n - 1
+                    ),
+                }),
+            }
+        }
+    }
+}
+
+fn condition(run: &Value) -> Option<(&str, &str, &str)> {
+    let c = run["status"]["conditions"].as_array()?.first()?;
+    (c["type"] == "Succeeded").then_some(())?;
+    Some((
+        c["status"].as_str().unwrap_or(""),
+        c["reason"].as_str().unwrap_or(""),
+        c["message"].as_str().unwrap_or(""),
+    ))
+}
+
+/// A CustomRun result by name.
+pub fn result<'a>(run: &'a Value, name: &str) -> Option<&'a str> {
+    run["status"]["results"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)?["value"]
+        .as_str()
+}
+
+/// The journal's last outcome for the build named `name` (any uid, newest record last).
+fn last_outcome<'a>(world: &'a World, name: &str) -> Option<(&'a str, &'a Record)> {
+    world
+        .agents
+        .iter()
+        .flat_map(|a| a.journal.iter().map(move |r| (a.id.as_str(), r)))
+        .filter(|(_, r)| r.build.as_ref().is_some_and(|b| b.name == name) && r.outcome.is_some())
+        .max_by_key(|(_, r)| (r.time, r.seq))
+}
+
+/// Invariant 4.
+fn custom_runs(world: &World, v: &mut Vec<Violation>) {
+    for run in &world.custom_runs {
+        let name = run["metadata"]["name"].as_str().unwrap_or("?");
+        let Some((status, reason, message)) = condition(run) else {
+            continue;
+        };
+        if status == "Unknown" {
+            continue;
+        }
+        let retirement = result(run, "vmRetirement");
+        let mut bad = |m: String| {
+            v.push(Violation {
+                invariant: 4,
+                message: format!("CustomRun {name} {status}/{reason}: {m}"),
+            })
+        };
+        if retirement == Some("unconfirmed") {
+            if !matches!(reason, "CustomRunTimedOut" | "CustomRunCancelled") {
+                bad("vmRetirement=unconfirmed on a run that neither timed out nor was cancelled".into());
+            }
+            if !message.contains("lease expired") {
+                bad(format!(
+                    "vmRetirement=unconfirmed but the message does not say the holder's lease expired: {message}"
+                ));
+            }
+            lease_really_expired(run, message, world, &mut bad);
+            continue;
+        }
+        if reason == "CustomRunTimedOut" && retirement != Some("none") {
+            bad(format!(
+                "timed out with vmRetirement={retirement:?}, expected unconfirmed or none"
+            ));
+        }
+        let journal = last_outcome(world, name);
+        let want = match (status, reason) {
+            ("True", _) => Some(Outcome::Succeeded),
+            ("False", "CustomRunCancelled") => Some(Outcome::Cancelled),
+            ("False", "CustomRunTimedOut") => None,
+            ("False", r) if r.starts_with("Invalid") || r == "RetriesNotSupported" => None,
+            ("False", _) => Some(Outcome::Failed),
+            _ => None,
+        };
+        match (want, journal) {
+            (Some(Outcome::Failed), Some((_, r))) if r.outcome == Some(Outcome::Interrupted) => {}
+            (Some(w), Some((agent, r))) if r.outcome != Some(w) => {
+                bad(format!("the journal of {agent} ends the build with {r}"))
+            }
+            (Some(_), None) if retirement == Some("deleted") => bad("no journal records an outcome for it".into()),
+            _ => {}
+        }
+        if status == "True"
+            && let Some(attempt) = result(run, "attempt")
+        {
+            let retired = world
+                .agents
+                .iter()
+                .flat_map(|a| &a.journal)
+                .any(|r| r.attempt_id().as_deref() == Some(attempt) && confirms_deletion(r));
+            if !retired {
+                bad(format!(
+                    "result attempt={attempt} but no journal records that attempt Retired"
+                ));
+            }
+        }
+    }
+}
+
+/// For `vmRetirement=unconfirmed`: the holder's last renewal (named in the message) was more
+/// than its lease duration before the CustomRun ended.
+fn lease_really_expired(run: &Value, message: &str, world: &World, bad: &mut impl FnMut(String)) {
+    let Some(renewed) = message
+        .split("last renewed ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse::<Timestamp>().ok())
+    else {
+        return;
+    };
+    let ended = run["status"]["completionTime"]
+        .as_str()
+        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
+        .and_then(|s| s.parse::<Timestamp>().ok());
+    let Some(ended) = ended else { return };
+    let agent = message
+        .split("agent ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap_or("");
+    let duration = world
+        .leases
+        .iter()
+        .find(|l| l["spec"]["holderIdentity"] == agent)
+        .and_then(|l| l["spec"]["leaseDurationSeconds"].as_i64())
+        .unwrap_or(20);
+    // API stamps have whole seconds.
+    if ended.as_second() - renewed.as_second() < duration - 1 {
+        bad(format!(
+            "ended {ended} only {}s after {agent}'s last renewal {renewed}; its lease lasts {duration}s",
+            ended.as_second() - renewed.as_second()
+        ));
+    }
+}
+
+/// Invariant 6: the last terminal journal record of each build is what the cluster shows.
+fn delivery(world: &World, v: &mut Vec<Violation>) {
+    for (uid, records) in by_build(world) {
+        let terminal = records.iter().rev().find(|(_, r)| {
+            r.to == AttemptState::Retired
+                && r.status
+                    .as_ref()
+                    .and_then(|s| s["phase"].as_str())
+                    .is_some_and(|p| matches!(p, "Succeeded" | "Failed" | "Cancelled"))
+        });
+        let Some((agent, r)) = terminal else { continue };
+        let name = r.build.as_ref().map(|b| b.name.as_str()).unwrap_or("?");
+        let run = world.custom_runs.iter().find(|c| c["metadata"]["name"] == name);
+        if run
+            .and_then(condition)
+            .is_some_and(|(_, reason, _)| reason == "CustomRunTimedOut")
+        {
+            continue; // refused or late past the deadline: the timeout stands
+        }
+        match macbuild_by_uid(world, &uid) {
+            Some(mb) => {
+                let seq = mb["status"]["journalSeq"].as_u64();
+                if seq != Some(r.seq) {
+                    v.push(Violation {
+                        invariant: 6,
+                        message: format!(
+                            "MacBuild {name} shows journalSeq {seq:?}, {agent}'s journal ends it with #{}: {r}",
+                            r.seq
+                        ),
+                    });
+                }
+                let phase = mb["status"]["phase"].as_str();
+                let want = r.status.as_ref().and_then(|s| s["phase"].as_str());
+                if phase != want {
+                    v.push(Violation {
+                        invariant: 6,
+                        message: format!(
+                            "MacBuild {name} shows phase {phase:?}, the journal {want:?} (#{})",
+                            r.seq
+                        ),
+                    });
+                }
+                let mut numbers: Vec<u64> = mb["status"]["attempts"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|x| x["number"].as_u64()).collect())
+                    .unwrap_or_default();
+                let n = numbers.len();
+                numbers.dedup();
+                if numbers.len() != n {
+                    v.push(Violation {
+                        invariant: 6,
+                        message: format!("MacBuild {name} lists an attempt twice: {:?}", mb["status"]["attempts"]),
+                    });
+                }
+            }
+            None => {
+                if let Some(run) = run
+                    && condition(run).is_none_or(|(s, _, _)| s == "Unknown")
+                {
+                    v.push(Violation {
+                        invariant: 6,
+                        message: format!(
+                            "MacBuild {name} is gone and CustomRun {name} never ended, though the journal ended it with {r}"
+                        ),
+                    });
+                }
+            }
+        }
+        if let Some(run) = run
+            && condition(run).is_some_and(|(s, _, _)| s != "Unknown")
+            && let Some(got) = result(run, "attempt")
+            && Some(got) != r.attempt_id().as_deref()
+        {
+            v.push(Violation {
+                invariant: 6,
+                message: format!(
+                    "CustomRun {name} reports attempt {got}, the journal's result is {:?}",
+                    r.attempt_id()
+                ),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! The checker on hand-made worlds: a clean run passes, and each invariant is broken once.
+
+use super::*;
+use serde_json::json;
+use tartan_agent::record::{BuildRef, RECORD_VERSION};
+
+const V1: &str = "mb-ns-b1-00000001";
+const V2: &str = "mb-ns-b1-00000002";
+
+fn rec(seq: u64, uid: &str, attempt: u32, vm: &str, from: Option<AttemptState>, to: AttemptState) -> Record {
+    Record {
+        version: RECORD_VERSION,
+        seq,
+        time: Timestamp::from_second(1_800_000_000 + seq as i64).unwrap(),
+        build: Some(BuildRef {
+            namespace: "ns".into(),
+            name: if uid == "u1" { "b1".into() } else { format!("b-{uid}") },
+            uid: uid.into(),
+        }),
+        attempt: Some(attempt),
+        vm: Some(vm.into()),
+        from,
+        to,
+        reason: None,
+        detail: String::new(),
+        outcome: None,
+        slot: None,
+        deadline: None,
+        status: None,
+    }
+}
+
+/// One attempt's records from `Requested` to `Retired`, starting at `seq`.
+fn attempt(seq: u64, uid: &str, n: u32, vm: &str, outcome: Outcome, reason: Reason) -> Vec<Record> {
+    use AttemptState::*;
+    let states = [Requested, Admitted, Booting, Running, Collecting, Retiring, Retired];
+    let mut out = vec![];
+    let mut prev = None;
+    for (i, s) in states.into_iter().enumerate() {
+        let mut r = rec(seq + i as u64, uid, n, vm, prev, s);
+        if s != Requested {
+            r.slot = Some(0);
+        }
+        if s == Admitted {
+            r.reason = Some(Reason::SlotFree);
+        }
+        if s == Retiring {
+            r.reason = Some(reason);
+            r.outcome = Some(outcome);
+        }
+        if s == Retired {
+            r.reason = Some(Reason::VMDeleted);
+            let phase = match outcome {
+                Outcome::Succeeded => "Succeeded",
+                Outcome::Failed => "Failed",
+                Outcome::Cancelled => "Cancelled",
+                Outcome::Interrupted => "Pending",
+            };
+            r.status = Some(json!({"phase": phase}));
+        }
+        prev = Some(s);
+        out.push(r);
+    }
+    out
+}
+
+fn good() -> World {
+    World {
+        agents: vec![AgentFacts {
+            id: "agent-a".into(),
+            journal: attempt(1, "u1", 1, V1, Outcome::Succeeded, Reason::TestsPassed),
+            watchdog: vec![],
+            vms_left: vec!["base-image".into()],
+        }],
+        planted: vec![PlantedVm {
+            agent: "agent-a".into(),
+            vm: "base-image".into(),
+            present: true,
+        }],
+        custom_runs: vec![json!({
+            "metadata": {"name": "b1"},
+            "spec": {"params": [{"name": "max-attempts", "value": "2"}]},
+            "status": {
+                "completionTime": "2027-01-15T08:00:30Z",
+                "conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed", "message": ""}],
+                "results": [{"name": "attempt", "value": "b1#1"}, {"name": "vmRetirement", "value": "deleted"}],
+            },
+        })],
+        macbuilds: vec![json!({
+            "metadata": {"name": "b1", "uid": "u1"},
+            "spec": {"maxAttempts": 2},
+            "status": {"phase": "Succeeded", "journalSeq": 7, "vm": V1, "attempts": [{"number": 1}]},
+        })],
+        leases: vec![json!({"spec": {"holderIdentity": "agent-a", "leaseDurationSeconds": 20}})],
+    }
+}
+
+fn invariants_broken(world: &World) -> BTreeSet<u8> {
+    check(world).iter().map(|v| v.invariant).collect()
+}
+
+#[track_caller]
+fn assert_breaks(world: &World, invariant: u8) {
+    let found = check(world);
+    assert!(
+        found.iter().any(|v| v.invariant == invariant),
+        "expected a violation of invariant {invariant}, found {found:#?}"
+    );
+}
+
+#[test]
+fn a_clean_run_has_no_violation() {
+    assert_eq!(check(&good()), vec![]);
+}
+
+#[test]
+fn a_retry_after_interruption_is_clean() {
+    let mut w = good();
+    let mut j = attempt(1, "u1", 1, V2, Outcome::Interrupted, Reason::AgentRestarted);
+    j.extend(attempt(8, "u1", 2, V1, Outcome::Succeeded, Reason::TestsPassed));
+    w.agents[0].journal = j;
+    w.macbuilds[0]["status"]["journalSeq"] = json!(14);
+    w.macbuilds[0]["status"]["attempts"] = json!([{"number": 1}, {"number": 2}]);
+    w.custom_runs[0]["status"]["results"][0]["value"] = json!("b1#2");
+    assert_eq!(check(&w), vec![]);
+}
+
+#[test]
+fn overlapping_admissions_break_1() {
+    let mut w = good();
+    let mut other = rec(
+        4,
+        "u2",
+        1,
+        "mb-ns-b2-1",
+        Some(AttemptState::Requested),
+        AttemptState::Admitted,
+    );
+    other.slot = Some(0);
+    w.agents[0].journal.insert(3, other);
+    assert_breaks(&w, 1);
+}
+
+#[test]
+fn a_slot_released_without_confirmed_deletion_breaks_2() {
+    let mut w = good();
+    w.agents[0].journal[6].reason = Some(Reason::DeadlinePassed);
+    assert_breaks(&w, 2);
+    let mut w = good();
+    w.agents[0].vms_left.push(V1.into());
+    assert_breaks(&w, 2);
+}
+
+#[test]
+fn a_leftover_vm_breaks_3() {
+    let mut w = good();
+    w.agents[0].vms_left.push("mb-ns-never-journaled".into());
+    assert_eq!(invariants_broken(&w), [3].into());
+    // Quarantined, but the MacBuild names another VM.
+    let mut w = good();
+    w.agents[0].journal[6].to = AttemptState::Quarantined;
+    w.agents[0].journal[6].reason = Some(Reason::DeleteFailed);
+    w.agents[0].vms_left.push(V1.into());
+    w.macbuilds[0]["status"]["vm"] = json!(V2);
+    assert_breaks(&w, 3);
+}
+
+#[test]
+fn a_terminal_status_against_the_journal_breaks_4() {
+    let mut w = good();
+    w.agents[0].journal[5].outcome = Some(Outcome::Failed);
+    assert_breaks(&w, 4);
+    // Timed out with unconfirmed retirement while the lease was fresh.
+    let mut w = good();
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut",
+        "message": "MacBuild did not finish within timeout 10s + 45s grace; VM retirement unconfirmed: agent agent-a lease expired (last renewed 2027-01-15T08:00:25Z)"});
+    w.custom_runs[0]["status"]["results"][1]["value"] = json!("unconfirmed");
+    assert_eq!(invariants_broken(&w), [4].into());
+    // The same, 25s after the last renewal: allowed.
+    w.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T08:00:50Z");
+    assert_eq!(check(&w), vec![]);
+    // Unconfirmed with no word on the lease.
+    w.custom_runs[0]["status"]["conditions"][0]["message"] = json!("timed out");
+    assert_breaks(&w, 4);
+}
+
+#[test]
+fn too_many_attempts_or_a_retry_after_failure_break_5() {
+    let mut w = good();
+    let mut j = attempt(1, "u1", 1, V2, Outcome::Failed, Reason::StepFailed);
+    j.extend(attempt(8, "u1", 2, V1, Outcome::Succeeded, Reason::TestsPassed));
+    w.agents[0].journal = j;
+    assert_breaks(&w, 5);
+    let mut w = good();
+    let mut j = attempt(1, "u1", 1, V2, Outcome::Interrupted, Reason::AgentRestarted);
+    j.extend(attempt(8, "u1", 2, V1, Outcome::Succeeded, Reason::TestsPassed));
+    w.agents[0].journal = j;
+    w.macbuilds[0]["spec"]["maxAttempts"] = json!(1);
+    assert_breaks(&w, 5);
+}
+
+#[test]
+fn an_undelivered_or_doubled_result_breaks_6() {
+    let mut w = good();
+    w.macbuilds[0]["status"]["journalSeq"] = json!(6);
+    w.macbuilds[0]["status"]["phase"] = json!("Collecting");
+    assert_breaks(&w, 6);
+    let mut w = good();
+    w.macbuilds[0]["status"]["attempts"] = json!([{"number": 1}, {"number": 1}]);
+    assert_breaks(&w, 6);
+    let mut w = good();
+    w.macbuilds.clear();
+    w.custom_runs[0]["status"]["conditions"][0]["status"] = json!("Unknown");
+    assert_breaks(&w, 6);
+}
+
+#[test]
+fn deleting_a_foreign_vm_breaks_7() {
+    let mut w = good();
+    w.planted[0].present = false;
+    w.agents[0].vms_left.clear();
+    assert_eq!(invariants_broken(&w), [7].into());
+    let mut w = good();
+    w.agents[0].watchdog.push(Line {
+        time: "2027-01-15T08:00:20Z".into(),
+        vm: "mb-someone-elses".into(),
+        deadline: None,
+        action: Action::Deleted,
+        detail: String::new(),
+    });
+    assert_breaks(&w, 7);
+}

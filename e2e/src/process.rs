@@ -1,0 +1,188 @@
+//! Processes owned by a test: each in its own process group, output in a log file, killed with
+//! its whole group (SIGKILL) and reaped when dropped, also during a panic.
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use std::fs::{File, OpenOptions};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running process started by the harness.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    exited: Option<std::process::ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `cmd` in a new process group, stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
+        let out = open_log(log);
+        let err = out.try_clone().expect("log file handle clones");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({:?}): {e}", cmd.get_program()));
+        Proc {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            exited: None,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process group (the leader's pid).
+    pub fn pgid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Whether the process has not exited (a stopped process is alive).
+    pub fn alive(&mut self) -> bool {
+        if self.exited.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.exited = Some(status);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// The exit status, if it has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.alive();
+        self.exited
+    }
+
+    /// Sends `sig` to the process only (not its group).
+    pub fn signal(&self, sig: Signal) {
+        let _ = kill(self.pgid(), sig);
+    }
+
+    /// `kill -9` of the process alone: children it started (tart run/exec) survive, as with an
+    /// agent started under `nohup`. Waits until it is reaped.
+    pub fn kill9_alone(&mut self) {
+        self.signal(Signal::SIGKILL);
+        self.reap(Duration::from_secs(10));
+    }
+
+    /// `kill -9` of the whole process group, as launchd does when a job without
+    /// `AbandonProcessGroup` dies. Waits until the leader is reaped.
+    pub fn kill9_group(&mut self) {
+        let _ = killpg(self.pgid(), Signal::SIGKILL);
+        self.reap(Duration::from_secs(10));
+    }
+
+    /// SIGTERM, then SIGKILL of the group if it has not exited within `patience`.
+    pub fn terminate(&mut self, patience: Duration) {
+        self.signal(Signal::SIGCONT);
+        self.signal(Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < patience {
+            if !self.alive() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill9_group();
+    }
+
+    fn reap(&mut self, limit: Duration) {
+        let start = Instant::now();
+        while self.alive() {
+            assert!(
+                start.elapsed() < limit,
+                "{} (pid {}) did not exit within {limit:?} of SIGKILL",
+                self.name,
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The last `n` lines of its log, for failure messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        tail(&self.log, n)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // The group outlives its leader when children survive, so always signal the group.
+        let _ = killpg(self.pgid(), Signal::SIGKILL);
+        if self.exited.is_none() {
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn open_log(path: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot open log {}: {e}", path.display()))
+}
+
+/// The last `n` lines of a text file ("" if unreadable).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Pids of live processes whose environment contains `KEY=value` exactly (how the harness finds
+/// tart-double processes of one TART_HOME, whatever process group they ended up in).
+pub fn pids_with_env(key: &str, value: &str) -> Vec<i32> {
+    let needle = format!("{key}={value}");
+    let mut pids = vec![];
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && !is_zombie(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+/// SIGKILLs every process whose environment has `KEY=value` (by pid).
+pub fn kill_pids_with_env(key: &str, value: &str) {
+    for pid in pids_with_env(key, value) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}

@@ -1,0 +1,791 @@
+//! A whole Tartan system for one scenario: the API, the controller, agents (each with its own
+//! state dir and tart home, as separate Macs), watchdogs, and readers for every fact a scenario
+//! waits on or the invariant checker needs.
+
+use crate::bins::{agent_has_run, bin};
+use crate::cluster::Cluster;
+use crate::invariants::{self, AgentFacts, PlantedVm, World};
+use crate::process::{Proc, kill_pids_with_env};
+use crate::wait::{wait_for, wait_for_async};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use tartan_agent::record::Record;
+
+/// The image every build clones (tart-double synthesises it).
+pub const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-xcode:16";
+
+/// Timing of one agent; [`AgentOptions::default`] is shortened for tests,
+/// [`AgentOptions::source_defaults`] is the source document's.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub slots: u8,
+    pub lease_renew: &'static str,
+    pub lease_duration: &'static str,
+    pub api_timeout: &'static str,
+    pub retry_min_window: &'static str,
+    pub status_retry_initial: &'static str,
+    pub status_retry_max: &'static str,
+    /// tart-double: seconds from `run` until `exec` answers.
+    pub boot_delay_secs: f64,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            slots: 1,
+            lease_renew: "1s",
+            lease_duration: "4s",
+            api_timeout: "900ms",
+            retry_min_window: "10s",
+            status_retry_initial: "200ms",
+            status_retry_max: "1s",
+            boot_delay_secs: 0.2,
+        }
+    }
+}
+
+impl AgentOptions {
+    /// Lease 5 s / 20 s, retry window 120 s, status retries 1 s .. 30 s.
+    pub fn source_defaults() -> Self {
+        AgentOptions {
+            lease_renew: "5s",
+            lease_duration: "20s",
+            api_timeout: "4s",
+            retry_min_window: "120s",
+            status_retry_initial: "1s",
+            status_retry_max: "30s",
+            ..AgentOptions::default()
+        }
+    }
+}
+
+/// Flags of `tartan-controller run`; [`ControllerOptions::default`] is shortened for tests.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    pub grace: &'static str,
+    pub lease_duration: &'static str,
+    pub default_timeout: &'static str,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        ControllerOptions {
+            grace: "3s",
+            lease_duration: "4s",
+            default_timeout: "60m",
+        }
+    }
+}
+
+impl ControllerOptions {
+    /// Grace 45 s, lease duration 20 s, default timeout 60 m.
+    pub fn source_defaults() -> Self {
+        ControllerOptions {
+            grace: "45s",
+            lease_duration: "20s",
+            default_timeout: "60m",
+        }
+    }
+}
+
+/// How an agent dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillMode {
+    /// `kill -9` of its process group: its tart children die too (launchd without
+    /// `AbandonProcessGroup`).
+    Group,
+    /// `kill -9` of the agent alone: `tart run`/`exec` survive (an agent started with `nohup`).
+    Alone,
+}
+
+pub struct Agent {
+    pub id: String,
+    pub opts: AgentOptions,
+    pub state_dir: PathBuf,
+    pub tart_home: PathBuf,
+    pub config: PathBuf,
+    proc: Option<Proc>,
+    watchdog: Option<Proc>,
+    /// Killed processes, kept so their surviving group members die with the stack.
+    dead: Vec<Proc>,
+    starts: u32,
+}
+
+pub struct Stack {
+    pub name: String,
+    pub ns: String,
+    pub dir: PathBuf,
+    tempdir: Option<tempfile::TempDir>,
+    pub cluster: Cluster,
+    pub client: kube::Client,
+    controller: Option<Proc>,
+    controller_opts: ControllerOptions,
+    controller_starts: u32,
+    agents: BTreeMap<String, Agent>,
+    planted: Vec<(String, String)>,
+    dead: Vec<Proc>,
+}
+
+fn customruns_resource() -> ApiResource {
+    ApiResource {
+        group: "tekton.dev".into(),
+        version: "v1beta1".into(),
+        api_version: "tekton.dev/v1beta1".into(),
+        kind: "CustomRun".into(),
+        plural: "customruns".into(),
+    }
+}
+
+fn macbuilds_resource() -> ApiResource {
+    ApiResource {
+        group: "tartan.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "tartan.dev/v1alpha1".into(),
+        kind: "MacBuild".into(),
+        plural: "macbuilds".into(),
+    }
+}
+
+impl Stack {
+    /// A fresh API (emulator or `$KUBECONFIG`'s cluster) and namespace; nothing else runs yet.
+    pub async fn new(name: &str) -> Stack {
+        // Both rustls providers are linked (kube: ring, object_store: aws-lc-rs); choose one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tempdir = tempfile::Builder::new()
+            .prefix(&format!("tartan-e2e-{name}-"))
+            .tempdir()
+            .expect("temp dir");
+        let dir = tempdir.path().to_path_buf();
+        let cluster = Cluster::start(&dir).await;
+        let client = cluster.client().await;
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        let ns = format!("e2e-{}-{suffix}", name.replace('_', "-"))
+            .chars()
+            .take(63)
+            .collect::<String>();
+        cluster.create_namespace(&client, &ns).await;
+        eprintln!("[e2e] {name}: dir {} namespace {ns}", dir.display());
+        Stack {
+            name: name.into(),
+            ns,
+            dir,
+            tempdir: Some(tempdir),
+            cluster,
+            client,
+            controller: None,
+            controller_opts: ControllerOptions::default(),
+            controller_starts: 0,
+            agents: BTreeMap::new(),
+            planted: vec![],
+            dead: vec![],
+        }
+    }
+
+    // ---- controller ----
+
+    pub fn start_controller(&mut self, opts: ControllerOptions) {
+        assert!(self.controller.is_none(), "controller already running");
+        self.controller_opts = opts.clone();
+        self.controller_starts += 1;
+        let mut cmd = Command::new(bin("tartan-controller"));
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig())
+            .args(["-n", &self.ns, "--agent-lease-namespace", &self.ns])
+            .args(["--grace", opts.grace, "--lease-duration", opts.lease_duration])
+            .args(["--default-timeout", opts.default_timeout])
+            .args(["--metrics-address", "127.0.0.1:0", "--instance", "e2e-controller"])
+            .env("RUST_LOG", "info");
+        let log = self.dir.join(format!("controller-{}.log", self.controller_starts));
+        self.controller = Some(Proc::spawn("tartan-controller", cmd, &log));
+    }
+
+    /// `kill -9` of the controller (a force-deleted pod).
+    pub fn kill_controller(&mut self) {
+        let mut p = self.controller.take().expect("controller running");
+        p.kill9_group();
+        self.dead.push(p);
+    }
+
+    pub fn restart_controller(&mut self) {
+        self.start_controller(self.controller_opts.clone());
+    }
+
+    // ---- agents ----
+
+    /// Registers an agent (its state dir, tart home and config file); [`Stack::start_agent`] runs it.
+    pub fn add_agent(&mut self, id: &str, opts: AgentOptions) -> &Agent {
+        let root = self.dir.join(id);
+        let state_dir = root.join("state");
+        let tart_home = root.join("tart");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        std::fs::create_dir_all(tart_home.join("vms")).unwrap();
+        let config = root.join("agent.toml");
+        let toml = format!(
+            r#"# generated by tartan-e2e for scenario {scenario}
+agent_id = "{id}"
+state_dir = "{state}"
+kubeconfig = "{kubeconfig}"
+namespaces = ["{ns}"]
+lease_namespace = "{ns}"
+slots = {slots}
+tart = "{tart}"
+tart_home = "{home}"
+metrics_address = "127.0.0.1:0"
+
+[artifacts]
+destination = "file://{artifacts}/"
+
+[timing]
+lease_renew = "{renew}"
+lease_duration = "{duration}"
+api_timeout = "{api}"
+retry_min_window = "{window}"
+status_retry_initial = "{sri}"
+status_retry_max = "{srm}"
+"#,
+            scenario = self.name,
+            state = state_dir.display(),
+            kubeconfig = self.cluster.kubeconfig().display(),
+            ns = self.ns,
+            slots = opts.slots,
+            tart = bin("tart-double").display(),
+            home = tart_home.display(),
+            artifacts = self.artifacts_dir().display(),
+            renew = opts.lease_renew,
+            duration = opts.lease_duration,
+            api = opts.api_timeout,
+            window = opts.retry_min_window,
+            sri = opts.status_retry_initial,
+            srm = opts.status_retry_max,
+        );
+        std::fs::write(&config, toml).unwrap();
+        self.agents.insert(
+            id.to_string(),
+            Agent {
+                id: id.into(),
+                opts,
+                state_dir,
+                tart_home,
+                config,
+                proc: None,
+                watchdog: None,
+                dead: vec![],
+                starts: 0,
+            },
+        );
+        &self.agents[id]
+    }
+
+    pub fn agent(&self, id: &str) -> &Agent {
+        self.agents.get(id).unwrap_or_else(|| panic!("no agent {id}"))
+    }
+
+    fn agent_mut(&mut self, id: &str) -> &mut Agent {
+        self.agents.get_mut(id).unwrap_or_else(|| panic!("no agent {id}"))
+    }
+
+    /// Where `file://` artifacts land.
+    pub fn artifacts_dir(&self) -> PathBuf {
+        self.dir.join("artifacts")
+    }
+
+    /// Starts (or restarts) `tartan-agent run --config` and waits until it renews its Lease.
+    pub async fn start_agent(&mut self, id: &str) {
+        assert!(
+            agent_has_run(),
+            "`tartan-agent run` does not exist yet in {}: this scenario needs the agent's run loop",
+            bin("tartan-agent").display()
+        );
+        let started = k8s_openapi::jiff::Timestamp::now();
+        let a = self.agent_mut(id);
+        assert!(a.proc.is_none(), "agent {id} already running");
+        a.starts += 1;
+        let mut cmd = Command::new(bin("tartan-agent"));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&a.config)
+            .env("TART_HOME", &a.tart_home)
+            .env("TART_DOUBLE_BOOT_DELAY_SECS", a.opts.boot_delay_secs.to_string())
+            .env("RUST_LOG", "info");
+        let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
+        a.proc = Some(Proc::spawn(&format!("tartan-agent {id}"), cmd, &log));
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let name = format!("tartan-agent-{id}");
+        let limit = Duration::from_secs(30);
+        wait_for_async(&format!("agent {id} to renew its Lease {name}"), limit, || {
+            let leases = leases.clone();
+            let name = name.clone();
+            let alive = self
+                .agents
+                .get(id)
+                .and_then(|a| a.proc.as_ref())
+                .map(|p| p.log().to_path_buf());
+            async move {
+                let lease = leases.get_opt(&name).await.map_err(|e| e.to_string())?;
+                let renewed = lease
+                    .as_ref()
+                    .and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.renew_time.as_ref())
+                    .map(|t| t.0);
+                match renewed {
+                    // API stamps may have whole seconds.
+                    Some(t) if t.as_second() >= started.as_second() => Ok(()),
+                    other => Err(format!(
+                        "lease renewTime {other:?}; agent log tail:\n{}",
+                        alive.map(|l| crate::process::tail(&l, 15)).unwrap_or_default()
+                    )),
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Kills the agent (see [`KillMode`]) and waits until it is reaped.
+    pub fn kill_agent(&mut self, id: &str, mode: KillMode) {
+        let a = self.agent_mut(id);
+        let mut p = a.proc.take().unwrap_or_else(|| panic!("agent {id} not running"));
+        match mode {
+            KillMode::Group => p.kill9_group(),
+            KillMode::Alone => p.kill9_alone(),
+        }
+        eprintln!("[e2e] kill -9 agent {id} pid {} ({mode:?})", p.pid());
+        a.dead.push(p);
+    }
+
+    /// SIGSTOP: the agent freezes (and keeps its lock); its tart children go on.
+    pub fn freeze_agent(&mut self, id: &str) {
+        let p = self.agent(id).proc.as_ref().expect("agent running");
+        p.signal(Signal::SIGSTOP);
+        eprintln!("[e2e] SIGSTOP agent {id} pid {}", p.pid());
+    }
+
+    pub fn thaw_agent(&mut self, id: &str) {
+        let p = self.agent(id).proc.as_ref().expect("agent running");
+        p.signal(Signal::SIGCONT);
+        eprintln!("[e2e] SIGCONT agent {id} pid {}", p.pid());
+    }
+
+    pub fn agent_alive(&mut self, id: &str) -> bool {
+        self.agent_mut(id).proc.as_mut().is_some_and(|p| p.alive())
+    }
+
+    /// Starts `tartan-agent watchdog` on the agent's state dir and tart home.
+    pub fn start_watchdog(&mut self, id: &str, grace: &str) {
+        let a = self.agent_mut(id);
+        assert!(a.watchdog.is_none(), "watchdog of {id} already running");
+        let mut cmd = Command::new(bin("tartan-agent"));
+        cmd.arg("watchdog")
+            .arg("--state-dir")
+            .arg(&a.state_dir)
+            .args(["--grace", grace])
+            .arg("--tart")
+            .arg(bin("tart-double"))
+            .args(["--retry-base", "500ms", "--retry-cap", "2s"])
+            .env("TART_HOME", &a.tart_home)
+            .env("RUST_LOG", "info");
+        let n = a.dead.len() + 1;
+        let log = a.state_dir.parent().unwrap().join(format!("watchdog-{n}.log"));
+        a.watchdog = Some(Proc::spawn(&format!("watchdog {id}"), cmd, &log));
+    }
+
+    pub fn kill_watchdog(&mut self, id: &str) {
+        let a = self.agent_mut(id);
+        let mut p = a.watchdog.take().expect("watchdog running");
+        p.kill9_group();
+        a.dead.push(p);
+    }
+
+    // ---- tart ----
+
+    /// Runs tart-double with the agent's TART_HOME.
+    pub fn tart(&self, id: &str, args: &[&str]) -> std::process::Output {
+        Command::new(bin("tart-double"))
+            .args(args)
+            .env("TART_HOME", &self.agent(id).tart_home)
+            .output()
+            .expect("tart-double runs")
+    }
+
+    /// VM names in the agent's tart home (`vms/`).
+    pub fn vms(&self, id: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.agent(id).tart_home.join("vms"))
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// `tart list --format json`, parsed.
+    pub fn tart_list(&self, id: &str) -> Value {
+        let out = self.tart(id, &["list", "--format", "json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// Clones a VM behind Tartan's back. Names without `mb-` must survive everything (invariant 7).
+    pub fn plant_vm(&mut self, id: &str, vm: &str) {
+        let out = self.tart(id, &["clone", IMAGE, vm]);
+        assert!(
+            out.status.success(),
+            "planting {vm}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.planted.push((id.into(), vm.into()));
+    }
+
+    /// Deletes a VM as an operator would.
+    pub fn operator_delete_vm(&self, id: &str, vm: &str) {
+        let out = self.tart(id, &["delete", vm]);
+        assert!(
+            out.status.success(),
+            "deleting {vm}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Writes tart-double's fault file (`{"global": {...}, "vms": {...}}`).
+    pub fn tart_faults(&self, id: &str, faults: Value) {
+        let home = &self.agent(id).tart_home;
+        let tmp = home.join(".faults.tmp");
+        std::fs::write(&tmp, faults.to_string()).unwrap();
+        std::fs::rename(&tmp, home.join("double-faults.json")).unwrap();
+    }
+
+    /// Pids of tart-double processes (run/exec) of this agent's tart home.
+    pub fn tart_pids(&self, id: &str) -> Vec<i32> {
+        crate::process::pids_with_env("TART_HOME", &self.agent(id).tart_home.to_string_lossy())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .is_ok_and(|p| p.file_name().is_some_and(|n| n == "tart-double"))
+            })
+            .collect()
+    }
+
+    // ---- journal and watchdog record ----
+
+    pub fn journal(&self, id: &str) -> Vec<Record> {
+        match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
+            Ok(replay) => replay.records,
+            Err(e) if !self.agent(id).state_dir.join("journal").exists() => {
+                let _ = e;
+                vec![]
+            }
+            Err(e) => panic!("cannot read the journal of {id}: {e}"),
+        }
+    }
+
+    pub fn journal_text(&self, id: &str) -> String {
+        self.journal(id).iter().map(|r| format!("{r}\n")).collect()
+    }
+
+    /// Waits until a journal record of agent `id` matches `pred`; returns it.
+    pub async fn wait_journal(&self, id: &str, what: &str, limit: Duration, pred: impl Fn(&Record) -> bool) -> Record {
+        wait_for(&format!("{id}'s journal: {what}"), limit, || {
+            let records = self.journal(id);
+            records.iter().find(|r| pred(r)).cloned().ok_or_else(|| {
+                let tail: Vec<String> = records.iter().rev().take(8).rev().map(|r| r.to_string()).collect();
+                format!("journal ends:\n{}", tail.join("\n"))
+            })
+        })
+        .await
+    }
+
+    pub fn watchdog_lines(&self, id: &str) -> Vec<tartan_watchdog::Line> {
+        tartan_watchdog::read_lines(&self.agent(id).state_dir.join(tartan_watchdog::RECORD_FILE)).unwrap_or_default()
+    }
+
+    /// The raw text of `watchdog.jsonl`.
+    pub fn watchdog_text(&self, id: &str) -> String {
+        std::fs::read_to_string(self.agent(id).state_dir.join(tartan_watchdog::RECORD_FILE)).unwrap_or_default()
+    }
+
+    // ---- cluster ----
+
+    pub fn customruns(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.ns, &customruns_resource())
+    }
+
+    pub fn macbuilds(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.ns, &macbuilds_resource())
+    }
+
+    /// The params of a build that passes 2/2 tests and publishes `out/App.ipa`. With `gate`, its
+    /// first step waits until [`Stack::open_gate`] (so a test can act mid-build).
+    pub fn build_params(&self, gate: bool) -> Vec<(&'static str, Value)> {
+        let dir = self.dir.display();
+        let mut steps = vec![format!("echo \"$PWD\" >> {dir}/started")];
+        if gate {
+            steps.push(format!("while [ ! -e {dir}/gate ]; do sleep 0.1; done"));
+        }
+        steps.push(
+            "mkdir -p out && printf '<testsuite name=\"App\" tests=\"2\" failures=\"0\"><testcase name=\"a\"/><testcase name=\"b\"/></testsuite>' > out/junit.xml && echo app > out/App.ipa".into(),
+        );
+        vec![
+            ("image", json!(IMAGE)),
+            ("steps", json!(steps)),
+            ("test-report", json!("out/junit.xml")),
+            ("artifact-paths", json!(["out/App.ipa"])),
+            (
+                "artifact-destination",
+                json!(format!("file://{}/", self.artifacts_dir().display())),
+            ),
+        ]
+    }
+
+    /// Lets gated builds go on.
+    pub fn open_gate(&self) {
+        std::fs::write(self.dir.join("gate"), b"open").unwrap();
+    }
+
+    /// How many build steps started (one line per attempt that got past boot).
+    pub fn builds_started(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("started"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// Creates a CustomRun as Tekton does; `timeout` is its `spec.timeout` (Go duration).
+    pub async fn create_run(&self, name: &str, params: &[(&str, Value)], timeout: Option<&str>) {
+        let params: Vec<Value> = params.iter().map(|(n, v)| json!({"name": n, "value": v})).collect();
+        let mut spec = json!({
+            "customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+            "params": params,
+            "serviceAccountName": "default",
+        });
+        if let Some(t) = timeout {
+            spec["timeout"] = json!(t);
+        }
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": name, "namespace": self.ns,
+                         "labels": {"tekton.dev/pipelineRun": "e2e", "tekton.dev/pipelineTask": "mac-build"}},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.customruns()
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("creating CustomRun {name}: {e}"));
+        eprintln!("[e2e] created CustomRun {name}");
+    }
+
+    /// Tekton's cancel: `spec.status: RunCancelled`.
+    pub async fn cancel_run(&self, name: &str) {
+        self.customruns()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cancelling {name}: {e}"));
+    }
+
+    pub async fn delete_run(&self, name: &str) {
+        self.customruns()
+            .delete(name, &DeleteParams::background())
+            .await
+            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+    }
+
+    pub async fn customrun(&self, name: &str) -> Option<Value> {
+        let o = self.customruns().get_opt(name).await.expect("get CustomRun");
+        o.map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    pub async fn macbuild(&self, name: &str) -> Option<Value> {
+        let o = self.macbuilds().get_opt(name).await.expect("get MacBuild");
+        o.map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    /// Waits until the CustomRun's `Succeeded` condition is `status/reason`; returns the run.
+    pub async fn wait_run(&self, name: &str, status: &str, reason: &str, limit: Duration) -> Value {
+        wait_for_async(&format!("CustomRun {name} {status}/{reason}"), limit, || async {
+            let run = self.customrun(name).await;
+            let c = run
+                .as_ref()
+                .map(|r| r["status"]["conditions"][0].clone())
+                .unwrap_or(Value::Null);
+            if c["status"] == status && c["reason"] == reason {
+                Ok(run.unwrap())
+            } else {
+                let mb = self.macbuild(name).await.map(|m| m["status"].clone());
+                Err(format!(
+                    "CustomRun condition {c}; MacBuild status {}",
+                    mb.map(|s| s.to_string()).unwrap_or("(no MacBuild)".into())
+                ))
+            }
+        })
+        .await
+    }
+
+    /// Waits until the MacBuild satisfies `pred`; returns it.
+    pub async fn wait_macbuild(&self, name: &str, what: &str, limit: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        wait_for_async(&format!("MacBuild {name}: {what}"), limit, || async {
+            match self.macbuild(name).await {
+                Some(mb) if pred(&mb) => Ok(mb),
+                Some(mb) => Err(format!("status {}", mb["status"])),
+                None => Err("no MacBuild".into()),
+            }
+        })
+        .await
+    }
+
+    pub async fn lease(&self, id: &str) -> Option<Lease> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        leases.get_opt(&format!("tartan-agent-{id}")).await.expect("get Lease")
+    }
+
+    // ---- the end ----
+
+    /// Everything the invariant checker looks at, now.
+    pub async fn world(&self) -> World {
+        let lp = ListParams::default();
+        let to_values = |l: Vec<DynamicObject>| l.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect();
+        let custom_runs = to_values(self.customruns().list(&lp).await.expect("list CustomRuns").items);
+        let macbuilds = to_values(self.macbuilds().list(&lp).await.expect("list MacBuilds").items);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let leases = leases
+            .list(&lp)
+            .await
+            .expect("list Leases")
+            .items
+            .into_iter()
+            .map(|l| serde_json::to_value(l).unwrap())
+            .collect();
+        World {
+            agents: self
+                .agents
+                .keys()
+                .map(|id| AgentFacts {
+                    id: id.clone(),
+                    journal: self.journal(id),
+                    watchdog: self.watchdog_lines(id),
+                    vms_left: self.vms(id),
+                })
+                .collect(),
+            planted: self
+                .planted
+                .iter()
+                .map(|(a, vm)| PlantedVm {
+                    agent: a.clone(),
+                    vm: vm.clone(),
+                    present: self.vms(a).contains(vm),
+                })
+                .collect(),
+            custom_runs,
+            macbuilds,
+            leases,
+        }
+    }
+
+    /// Checks all seven invariants; panics listing every violation with the journals.
+    pub async fn check_invariants(&self) {
+        let world = self.world().await;
+        let violations = invariants::check(&world);
+        if !violations.is_empty() {
+            let list: Vec<String> = violations.iter().map(|v| format!("  - {v}")).collect();
+            panic!(
+                "{}: {} invariant violation(s):\n{}\njournals:\n{}",
+                self.name,
+                violations.len(),
+                list.join("\n"),
+                self.journals_text()
+            );
+        }
+        eprintln!("[e2e] {}: all 7 invariants hold", self.name);
+    }
+
+    fn journals_text(&self) -> String {
+        self.agents
+            .keys()
+            .map(|id| format!("--- {id}\n{}", self.journal_text(id)))
+            .collect()
+    }
+
+    /// Checks the invariants, prints the journals, then stops everything.
+    pub async fn finish(mut self) {
+        self.check_invariants().await;
+        eprint!("{}", self.journals_text());
+        self.cluster.cleanup(&self.client, &self.ns).await;
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.terminate(Duration::from_secs(2));
+        }
+        for a in self.agents.values_mut() {
+            if let Some(mut p) = a.proc.take() {
+                p.terminate(Duration::from_secs(2));
+            }
+            a.watchdog.take();
+            a.dead.clear();
+            kill_pids_with_env("TART_HOME", &a.tart_home.to_string_lossy());
+        }
+        self.dead.clear();
+    }
+
+    fn dump_on_failure(&mut self) {
+        eprintln!("[e2e] {} FAILED; files kept in {}", self.name, self.dir.display());
+        let mut logs: Vec<(String, PathBuf)> = vec![];
+        if let Some(c) = &self.controller {
+            logs.push((c.name().into(), c.log().into()));
+        }
+        for a in self.agents.values() {
+            for p in a.proc.iter().chain(a.watchdog.iter()).chain(a.dead.iter()) {
+                logs.push((p.name().into(), p.log().into()));
+            }
+        }
+        for (name, log) in logs {
+            eprintln!(
+                "--- {name}: {} (last lines)\n{}",
+                log.display(),
+                crate::process::tail(&log, 25)
+            );
+        }
+        eprint!("{}", self.journals_text());
+        if let Some(t) = self.tempdir.take() {
+            let _ = t.keep();
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_on_failure();
+        }
+        self.stop_all();
+        if let Cluster::Real { kubeconfig } = &self.cluster {
+            let _ = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["delete", "namespace", &self.ns, "--wait=false", "--ignore-not-found"])
+                .output();
+        }
+    }
+}
+
+/// The `Succeeded` condition of a CustomRun as `status/reason: message`.
+pub fn condition_text(run: &Value) -> String {
+    let c = &run["status"]["conditions"][0];
+    format!(
+        "{}/{}: {}",
+        c["status"].as_str().unwrap_or("?"),
+        c["reason"].as_str().unwrap_or("?"),
+        c["message"].as_str().unwrap_or("")
+    )
+}
+
+/// Whether `path` exists (for artifact checks).
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
