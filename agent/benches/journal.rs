@@ -7,7 +7,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tartan_agent::journal::{Journal, JournalOptions, read_records};
 use tartan_agent::lock::StateLock;
