@@ -114,6 +114,9 @@ pub async fn handle(
     }
     let (availability, latency) = {
         let mut st = inner.state.lock().expect("state lock");
+        if st.requests.len() >= 20_000 {
+            st.requests.drain(..10_000);
+        }
         st.requests.push(format!("{method} {}", req.uri()));
         (st.faults.availability, st.faults.latency_ms)
     };
