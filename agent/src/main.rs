@@ -10,6 +10,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 mod cli_journal;
+mod cli_run;
 mod cli_watchdog;
 
 #[derive(Parser)]
@@ -28,6 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the build agent: claim MacBuilds, drive tart, keep the journal (the first LaunchAgent).
+    Run(cli_run::RunArgs),
     /// Print the host journal of a state directory (read-only; safe while the agent runs).
     Journal(cli_journal::JournalArgs),
     /// Install the agent and watchdog LaunchAgents for this user and (re)start them (macOS).
@@ -43,6 +46,7 @@ enum Command {
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Run(args) => cli_run::run(args),
         Command::Journal(args) => cli_journal::run(args),
         Command::Install(args) => tartan_agent::service::install(args),
         Command::Uninstall(args) => tartan_agent::service::uninstall(args),

@@ -1,0 +1,370 @@
+//! One build on this agent: its attempts, one after the other, from the claim (or from recovery)
+//! until its VM is confirmed gone and no attempt follows.
+//!
+//! The loop for an attempt is "step → journal (synced) → act → event": nothing happens on the
+//! host or in the cluster before the transition asking for it is in the journal.
+
+use super::core::Shared;
+use crate::cluster::claim::{self, ClaimOutcome};
+use crate::host::{AttemptExecutor, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair};
+use crate::machine::{self, Action, Attempt, Event, NextAttempt, Refusal};
+use crate::record::BuildRef;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use std::sync::Arc;
+use std::time::Duration;
+use tartan_api::{AttemptState, MacBuild, MacBuildSpec, vm_name};
+
+/// Where an attempt stands when its loop stops.
+#[derive(Debug, PartialEq)]
+pub enum Rest {
+    /// The attempt is retired; `next` is owed when the machine asked for another attempt.
+    Retired { next: Option<NextAttempt> },
+    /// A transition could not be journaled or was refused; the attempt stays as the journal says
+    /// and the next agent start recovers it.
+    Stuck(String),
+}
+
+/// The executor for `attempt`, with a fresh cancellation pair registered for its build.
+pub async fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec) -> AttemptExecutor {
+    let (handle, signal) = cancel_pair();
+    shared
+        .core
+        .lock()
+        .await
+        .active
+        .insert(attempt.build.uid.clone(), handle);
+    new_executor(shared, attempt, spec, signal)
+}
+
+fn new_executor(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: CancelSignal) -> AttemptExecutor {
+    let provisional = Timestamp::now() + SignedDuration::from_secs(i64::from(spec.timeout_seconds));
+    let host = HostAttempt {
+        build: attempt.build.clone(),
+        attempt: attempt.number,
+        vm: attempt.vm.clone(),
+        deadline: attempt.deadline.unwrap_or(provisional),
+        spec,
+        agent: shared.config.agent_id.clone(),
+    };
+    AttemptExecutor::new(
+        host,
+        shared.tart.clone(),
+        ExecutorConfig::new(&shared.config.state_dir),
+        cancel,
+    )
+}
+
+/// A spec for an attempt whose MacBuild is gone: only retiring actions (stop, delete) run, and
+/// they need nothing from it.
+pub fn spec_of_gone_build(timeout_seconds: u32) -> MacBuildSpec {
+    MacBuildSpec {
+        image: String::new(),
+        source: None,
+        steps: Vec::new(),
+        test_report: None,
+        artifacts: None,
+        timeout_seconds,
+        max_attempts: 1,
+        resources: None,
+        host_selector: Default::default(),
+        cancel_requested: false,
+    }
+}
+
+/// Follows `attempt` from `first` until it rests.
+pub async fn run_attempt(
+    shared: &Shared,
+    exec: &mut AttemptExecutor,
+    attempt: &mut Attempt,
+    first: Event,
+    generation: Option<i64>,
+) -> Rest {
+    let mut event = first;
+    let mut next = None;
+    loop {
+        let t = match machine::step(attempt, event, Timestamp::now(), &shared.machine) {
+            Ok(t) => t,
+            Err(refusal) => {
+                tracing::error!(attempt = %attempt.key(), %refusal, "transition refused; the attempt stays as journaled");
+                return Rest::Stuck(refusal.to_string());
+            }
+        };
+        let record = match shared.journal(attempt, &t, Some(&exec.results()), generation).await {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(attempt = %attempt.key(), %error, "journal write failed; acting on nothing until it works");
+                return Rest::Stuck(error);
+            }
+        };
+        attempt.observe(&record);
+        let mut produced = None;
+        for action in &t.actions {
+            produced = match exec.perform(action).await {
+                Performed::Done => None,
+                Performed::Event(ev) => Some(ev),
+                Performed::NotHost => act(shared, attempt, action, &mut next).await,
+            };
+            if produced.is_some() {
+                break;
+            }
+        }
+        event = match produced {
+            Some(ev) => ev,
+            None if attempt.state == AttemptState::Admitted => Event::Boot,
+            None if attempt.state == AttemptState::Retired => return Rest::Retired { next },
+            None => {
+                return Rest::Stuck(format!(
+                    "{} rests in {} with nothing to do",
+                    attempt.key(),
+                    attempt.state
+                ));
+            }
+        };
+    }
+}
+
+/// The runtime's own actions (the executor does the host ones).
+async fn act(shared: &Shared, attempt: &Attempt, action: &Action, next: &mut Option<NextAttempt>) -> Option<Event> {
+    match action {
+        // Status went out with the journal write; slots are computed from the journal.
+        Action::DeliverStatus | Action::ReleaseSlot { .. } => None,
+        Action::RemoveFinalizer => {
+            release_finalizer(shared, &attempt.build).await;
+            None
+        }
+        Action::AdmitNextAttempt {
+            attempt: number,
+            deadline,
+        } => {
+            *next = Some(NextAttempt {
+                build: attempt.build.clone(),
+                attempt: *number,
+                deadline: *deadline,
+            });
+            None
+        }
+        Action::ClaimBuild { .. } => {
+            tracing::error!(attempt = %attempt.key(), "claim asked for outside an admission; ignored");
+            None
+        }
+        other => {
+            tracing::error!(attempt = %attempt.key(), action = ?other, "host action not performed by the executor");
+            None
+        }
+    }
+}
+
+/// Removes our finalizer, retrying with backoff for a bounded time (the MacBuild stays until
+/// then, which is the safe side: nothing is lost, deletion only waits).
+pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
+    let mut wait = Duration::from_millis(500);
+    for _ in 0..8 {
+        match claim::release(&shared.client, shared.config.timing.api_timeout, build).await {
+            Ok(()) => return,
+            Err(error) => tracing::warn!(%build, %error, retry_in = ?wait, "finalizer not removed yet"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(30));
+    }
+    tracing::error!(%build, "finalizer still on after 8 tries; the next agent start removes it");
+}
+
+/// Reads the MacBuild named by `build`, if it still exists with the same uid.
+pub async fn read_build(shared: &Shared, build: &BuildRef) -> Result<Option<MacBuild>, String> {
+    let api: Api<MacBuild> = Api::namespaced(shared.client.clone(), &build.namespace);
+    match tokio::time::timeout(shared.config.timing.api_timeout, api.get_opt(&build.name)).await {
+        Ok(Ok(Some(mb))) if mb.metadata.uid.as_deref() == Some(build.uid.as_str()) => Ok(Some(mb)),
+        Ok(Ok(_)) => Ok(None),
+        Ok(Err(e)) => Err(format!("reading MacBuild {build}: {e}")),
+        Err(_) => Err(format!(
+            "reading MacBuild {build}: no answer within {:?}",
+            shared.config.timing.api_timeout
+        )),
+    }
+}
+
+/// Journals attempt `number` of `mb` (`[*] -> Requested`), claims it and admits it into `slot`
+/// (reserved by the caller), then runs it. Returns where the attempt rests.
+pub async fn claim_and_run(
+    shared: &Shared,
+    mb: &MacBuild,
+    number: u32,
+    retry_of: Option<&NextAttempt>,
+    slot: u8,
+) -> Rest {
+    let build = Shared::build_ref(mb);
+    let vm = vm_name(&build.namespace, &build.name, &build.uid, number);
+    let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
+    let mut attempt = Attempt::new(build.clone(), number, vm, max_attempts);
+    let generation = mb.metadata.generation;
+    let t = machine::request(&attempt, retry_of, Timestamp::now());
+    match shared.journal(&attempt, &t, None, generation).await {
+        Ok(record) => attempt.observe(&record),
+        Err(error) => {
+            shared.core.lock().await.reserved.remove(&build.uid);
+            return Rest::Stuck(error);
+        }
+    }
+    admit(shared, mb, &mut attempt, slot).await
+}
+
+/// Claims `attempt` (already `Requested`) and runs it from the admission on.
+pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: u8) -> Rest {
+    let build = attempt.build.clone();
+    let timeout = SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds));
+    let first = match claim_with_retries(shared, mb, attempt.number, timeout).await {
+        Ok(ClaimOutcome::Won { claim, macbuild }) => {
+            let mut core = shared.core.lock().await;
+            core.epochs.insert(build.uid.clone(), claim.epoch);
+            if let Some(status) = macbuild.status.clone() {
+                core.statuses.insert(build.uid.clone(), status);
+            }
+            Event::Admit {
+                slot,
+                slots: shared.config.slots,
+                timeout,
+            }
+        }
+        Ok(ClaimOutcome::Lost { reason }) => {
+            shared.core.lock().await.reserved.remove(&build.uid);
+            Event::ClaimLost { holder: reason }
+        }
+        Err(error) => {
+            shared.core.lock().await.reserved.remove(&build.uid);
+            Event::ClaimLost {
+                holder: format!("nobody confirmed: {error}"),
+            }
+        }
+    };
+    let mut exec = executor_for(shared, attempt, mb.spec.clone()).await;
+    let event = match (
+        &first,
+        machine::step(attempt, first.clone(), Timestamp::now(), &shared.machine),
+    ) {
+        // Too little time is left for a retry: it ends here instead of being admitted.
+        (Event::Admit { .. }, Err(Refusal::RetryWindowClosed { .. })) => Event::DeadlinePassed { at_start: None },
+        _ => first,
+    };
+    run_attempt(shared, &mut exec, attempt, event, mb.metadata.generation).await
+}
+
+/// The fenced claim, retried with capped backoff while the API fails; bounded by the build's
+/// timeout (an answer never came: nothing was cloned).
+async fn claim_with_retries(
+    shared: &Shared,
+    mb: &MacBuild,
+    number: u32,
+    limit: SignedDuration,
+) -> Result<ClaimOutcome, String> {
+    let started = std::time::Instant::now();
+    let limit = Duration::try_from(limit).unwrap_or(Duration::from_secs(3600));
+    let mut wait = Duration::from_millis(250);
+    let mut current = mb.clone();
+    loop {
+        match claim::claim(
+            &shared.client,
+            shared.config.timing.api_timeout,
+            &current,
+            &shared.config.agent_id,
+            number,
+        )
+        .await
+        {
+            Ok(outcome) => return Ok(outcome),
+            Err(error) if started.elapsed() + wait < limit => {
+                tracing::warn!(%error, retry_in = ?wait, "claim not confirmed; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+                if let Ok(Some(fresh)) = read_build(shared, &Shared::build_ref(mb)).await {
+                    current = fresh;
+                }
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// Waits until a slot is free for `build` and reserves it; `None` once `until` has passed.
+pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Option<u8> {
+    loop {
+        let notified = shared.slot_freed.notified();
+        if let Some(slot) = shared.core.lock().await.reserve_slot(uid, shared.config.slots) {
+            return Some(slot);
+        }
+        let left = until.duration_since(Timestamp::now());
+        let left = Duration::try_from(left).ok()?;
+        // Re-check at least every few seconds: an operator may remove an unknown VM by hand.
+        let _ = tokio::time::timeout(left.min(Duration::from_secs(2)), notified).await;
+        if Timestamp::now() >= until {
+            return None;
+        }
+    }
+}
+
+/// Runs owed next attempts until none follows, then forgets the build's task.
+pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest) {
+    loop {
+        let next = match &rest {
+            Rest::Retired { next: Some(next) } => next.clone(),
+            _ => break,
+        };
+        let latest = match read_build(&shared, &build).await {
+            Ok(Some(mb)) => mb,
+            Ok(None) => {
+                tracing::info!(%build, "MacBuild is gone; no further attempt");
+                break;
+            }
+            Err(error) => {
+                tracing::warn!(%build, %error, "cannot read the MacBuild for the next attempt; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                rest = Rest::Retired { next: Some(next) };
+                continue;
+            }
+        };
+        let until = next.deadline - shared.machine.retry_min_remaining;
+        let Some(slot) = wait_for_slot(&shared, &build.uid, until).await else {
+            tracing::warn!(%build, attempt = next.attempt, "no slot before the retry window closed");
+            rest = request_and_end(&shared, &latest, &next).await;
+            continue;
+        };
+        rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), slot).await;
+    }
+    if let Rest::Stuck(why) = &rest {
+        tracing::error!(%build, %why, "build stopped; the next agent start recovers it from the journal");
+    }
+    shared.core.lock().await.active.remove(&build.uid);
+    shared.slot_freed.notify_waiters();
+}
+
+/// The next attempt can no longer start: journal it as requested, then ended by the deadline.
+async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt) -> Rest {
+    let build = Shared::build_ref(mb);
+    shared.core.lock().await.reserved.remove(&build.uid);
+    let vm = vm_name(&build.namespace, &build.name, &build.uid, next.attempt);
+    let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
+    let mut attempt = Attempt::new(build, next.attempt, vm, max_attempts);
+    let t = machine::request(&attempt, Some(next), Timestamp::now());
+    match shared.journal(&attempt, &t, None, mb.metadata.generation).await {
+        Ok(record) => attempt.observe(&record),
+        Err(error) => return Rest::Stuck(error),
+    }
+    let mut exec = executor_for(shared, &attempt, mb.spec.clone()).await;
+    run_attempt(
+        shared,
+        &mut exec,
+        &mut attempt,
+        Event::DeadlinePassed { at_start: None },
+        mb.metadata.generation,
+    )
+    .await
+}
+
+/// The withdrawal a MacBuild asks for, if any: a cancel request or a deletion.
+pub fn withdrawal_of(mb: &MacBuild) -> Option<Withdrawal> {
+    if mb.spec.cancel_requested || mb.metadata.deletion_timestamp.is_some() {
+        Some(Withdrawal::CancelRequested)
+    } else {
+        None
+    }
+}

@@ -1,0 +1,202 @@
+//! The agent's shared state: the journal, what it says about every attempt, and the slot table.
+//!
+//! One rule holds everything together: a transition is journaled (synced) before anyone acts on
+//! it, and only then is the cluster told. [`Shared::journal`] is that one place.
+
+use crate::cluster::delivery::DeliveryHandle;
+use crate::cluster::events::Events;
+use crate::config::Config;
+use crate::host::CancelHandle;
+use crate::journal::Journal;
+use crate::machine::{self, Attempt, AttemptKey, SlotHolder, Transition, attempt_holders, decide_retry, free_slot};
+use crate::record::{BuildRef, Record};
+use crate::status::{Reporter, next_status, snapshot_is_journaled};
+use std::collections::BTreeMap;
+use tartan_api::{AttemptState, BuildResults, MacBuildStatus, Outcome, Reason};
+use tartan_tart::Tart;
+use tokio::sync::{Mutex, Notify};
+
+/// Everything behind the one lock.
+pub struct Core {
+    pub journal: Journal,
+    /// Every attempt the journal knows, as of its last record.
+    pub attempts: BTreeMap<AttemptKey, Attempt>,
+    /// The last status snapshot of each build (by uid), the base of the next one.
+    pub statuses: BTreeMap<String, MacBuildStatus>,
+    /// The claim epoch this agent holds on each build (by uid).
+    pub epochs: BTreeMap<String, u64>,
+    /// Quarantined VMs with the prefix and no attempt: they block a slot until an operator
+    /// removes them (vm → slot, if one was recorded).
+    pub unknown: BTreeMap<String, Option<u8>>,
+    /// Slots promised to a build before its `Admitted` record (a claim in flight, or the next
+    /// attempt of an interrupted build), by uid.
+    pub reserved: BTreeMap<String, u8>,
+    /// Builds with a task on this agent (by uid), and how to withdraw them.
+    pub active: BTreeMap<String, CancelHandle>,
+}
+
+impl Core {
+    /// Who holds a slot now: open attempts, quarantined unknown VMs and reservations.
+    pub fn slot_holders(&self) -> Vec<SlotHolder> {
+        let mut holders = attempt_holders(self.attempts.values());
+        holders.extend(
+            self.unknown
+                .values()
+                .map(|slot| slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot)),
+        );
+        holders.extend(self.reserved.values().map(|&s| SlotHolder::Slot(s)));
+        holders
+    }
+
+    /// Reserves a free slot for `uid` (or returns the one it already has).
+    pub fn reserve_slot(&mut self, uid: &str, slots: u8) -> Option<u8> {
+        if let Some(&slot) = self.reserved.get(uid) {
+            return Some(slot);
+        }
+        let slot = free_slot(slots, &self.slot_holders())?;
+        self.reserved.insert(uid.to_string(), slot);
+        Some(slot)
+    }
+
+    /// The attempt of `build` with the highest number, if any.
+    pub fn latest_attempt(&self, uid: &str) -> Option<&Attempt> {
+        self.attempts
+            .values()
+            .filter(|a| a.build.uid == uid)
+            .max_by_key(|a| a.number)
+    }
+
+    /// Whether this agent still has anything to do for `uid` (an attempt not yet retired).
+    pub fn has_open_attempt(&self, uid: &str) -> bool {
+        self.attempts
+            .values()
+            .any(|a| a.build.uid == uid && a.state != AttemptState::Retired)
+    }
+}
+
+/// What every task of the agent shares.
+pub struct Shared {
+    pub config: Config,
+    pub machine: machine::Config,
+    pub core: Mutex<Core>,
+    pub client: kube::Client,
+    pub tart: Tart,
+    pub delivery: DeliveryHandle,
+    pub events: Events,
+    /// Signalled whenever a slot may have become free.
+    pub slot_freed: Notify,
+}
+
+impl Shared {
+    /// Journals `t` for `attempt` (synced), records the status snapshot it implies, then hands the
+    /// snapshot to status delivery and the record to Events. Returns the record; on `Err` nothing
+    /// of `t` may be performed (the journal failed closed).
+    pub async fn journal(
+        &self,
+        attempt: &Attempt,
+        t: &Transition,
+        results: Option<&BuildResults>,
+        generation: Option<i64>,
+    ) -> Result<Record, String> {
+        let uid = attempt.build.uid.clone();
+        let mut core = self.core.lock().await;
+        let seq = core.journal.next_seq();
+        let mut record = attempt.record(t, seq);
+        let mut after = attempt.clone();
+        after.observe(&record);
+        let retry_follows =
+            after.outcome == Some(Outcome::Interrupted) && decide_retry(&after, t.at, &self.machine).is_ok();
+        let epoch = core
+            .epochs
+            .get(&uid)
+            .copied()
+            .or_else(|| core.statuses.get(&uid).and_then(|s| s.claim.as_ref()).map(|c| c.epoch))
+            .unwrap_or(1);
+        let previous = core.statuses.get(&uid).cloned().unwrap_or_default();
+        let mut snapshot = next_status(
+            &previous,
+            &after,
+            &record,
+            &Reporter {
+                holder: &self.config.agent_id,
+                epoch,
+                results,
+                retry_follows,
+                generation,
+            },
+        );
+        if snapshot_is_journaled(&record) {
+            record.status = Some(serde_json::to_value(&snapshot).map_err(|e| format!("encoding status: {e}"))?);
+        }
+        let written = tokio::task::block_in_place(|| core.journal.append(&mut record))
+            .map_err(|e| format!("{e}; the transition is not recorded and nothing of it is done"))?;
+        if written != seq {
+            // The journal numbers records; keep the snapshot in step with what it wrote.
+            snapshot.journal_seq = Some(written);
+        }
+        tracing::info!(target: "journal", "{record}");
+        core.attempts.insert(after.key(), after.clone());
+        core.statuses.insert(uid.clone(), snapshot.clone());
+        match record.to {
+            AttemptState::Admitted => {
+                core.reserved.remove(&uid);
+            }
+            // The slot passes straight to the next attempt, ahead of any other build.
+            AttemptState::Retired if retry_follows => {
+                if let Some(slot) = record.slot {
+                    core.reserved.insert(uid.clone(), slot);
+                }
+            }
+            AttemptState::Retired => {
+                core.reserved.remove(&uid);
+            }
+            _ => {}
+        }
+        drop(core);
+        if deliverable(&record, &after) {
+            self.delivery.submit(&attempt.build, snapshot, written);
+        }
+        self.events.transition(&record);
+        if record.to == AttemptState::Retired {
+            self.slot_freed.notify_waiters();
+        }
+        Ok(record)
+    }
+
+    /// Journals a record without an attempt (an unknown VM's quarantine or resolution).
+    pub async fn journal_unknown(&self, mut record: Record) -> Result<u64, String> {
+        let mut core = self.core.lock().await;
+        let seq = tokio::task::block_in_place(|| core.journal.append(&mut record)).map_err(|e| e.to_string())?;
+        tracing::info!(target: "journal", "{record}");
+        if let Some(vm) = &record.vm {
+            if record.to == AttemptState::Quarantined {
+                core.unknown.insert(vm.clone(), record.slot);
+            } else {
+                core.unknown.remove(vm);
+            }
+        }
+        drop(core);
+        self.slot_freed.notify_waiters();
+        Ok(seq)
+    }
+
+    /// Builds the status snapshot saved in journal record `seq`, for redelivery.
+    pub fn saved_status(record: &Record) -> Option<MacBuildStatus> {
+        serde_json::from_value(record.status.clone()?).ok()
+    }
+
+    /// The build reference of a MacBuild's metadata.
+    pub fn build_ref(mb: &tartan_api::MacBuild) -> BuildRef {
+        BuildRef {
+            namespace: mb.metadata.namespace.clone().unwrap_or_default(),
+            name: mb.metadata.name.clone().unwrap_or_default(),
+            uid: mb.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Whether a record's status goes to the cluster: not before the claim (a `Requested` record),
+/// not for a claim another agent won, and not to a MacBuild that is gone.
+fn deliverable(record: &Record, attempt: &Attempt) -> bool {
+    record.to != AttemptState::Requested && record.reason != Some(Reason::ClaimLost) && !attempt.build_gone
+}

@@ -1,0 +1,98 @@
+//! `/metrics` (Prometheus text) and `/healthz` on the configured address (loopback by default).
+//! Values are read from the agent's state at scrape time, so there is nothing to keep in step.
+
+use super::core::Shared;
+use crate::cluster::lease::LeaseState;
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use tartan_api::AttemptState;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+struct Scrape {
+    shared: Arc<Shared>,
+    lease: watch::Receiver<LeaseState>,
+}
+
+/// Starts serving; the returned task ends with the agent.
+pub async fn serve(
+    shared: Arc<Shared>,
+    lease: watch::Receiver<LeaseState>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let address = shared.config.metrics_address;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the metrics address {address} (config key metrics_address)"))?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(Arc::new(Scrape { shared, lease }));
+    Ok(tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "metrics server stopped");
+        }
+    }))
+}
+
+async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
+    let mut registry = Registry::with_prefix("tartan_agent");
+    let attempts = Family::<StateLabels, Gauge>::default();
+    let slots_busy = Gauge::<i64>::default();
+    let slots = Gauge::<i64>::default();
+    let unknown_vms = Gauge::<i64>::default();
+    let journal_next_seq = Gauge::<i64>::default();
+    let lease_fresh = Gauge::<i64>::default();
+    registry.register("attempts", "Attempts known to the journal, by state", attempts.clone());
+    registry.register("slots", "Configured VM slots", slots.clone());
+    registry.register(
+        "slots_busy",
+        "Slots held by attempts, quarantined VMs or reservations",
+        slots_busy.clone(),
+    );
+    registry.register(
+        "unknown_vms",
+        "Quarantined VMs with the prefix and no attempt",
+        unknown_vms.clone(),
+    );
+    registry.register(
+        "journal_next_seq",
+        "Sequence number of the next journal record",
+        journal_next_seq.clone(),
+    );
+    registry.register(
+        "lease_fresh",
+        "1 while the Lease is fresh enough to claim new builds",
+        lease_fresh.clone(),
+    );
+    {
+        let core = scrape.shared.core.lock().await;
+        for state in AttemptState::ALL {
+            let n = core.attempts.values().filter(|a| a.state == *state).count();
+            attempts
+                .get_or_create(&StateLabels {
+                    state: state.as_str().to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        slots.set(i64::from(scrape.shared.config.slots));
+        slots_busy.set(i64::try_from(core.slot_holders().len()).unwrap_or(i64::MAX));
+        unknown_vms.set(i64::try_from(core.unknown.len()).unwrap_or(i64::MAX));
+        journal_next_seq.set(i64::try_from(core.journal.next_seq()).unwrap_or(i64::MAX));
+    }
+    lease_fresh.set(i64::from(scrape.lease.borrow().can_claim(Instant::now())));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}

@@ -1,0 +1,193 @@
+//! `tartan-agent run`: the agent's life. Take the state-dir lock, replay the journal, recover,
+//! then watch MacBuilds: claim what matches while a slot is free and the Lease is fresh, and
+//! withdraw builds whose MacBuild asks for it.
+//!
+//! An unreachable API never stops a VM: builds already running go on; only new claims wait for
+//! the Lease.
+
+pub mod build;
+pub mod core;
+pub mod metrics;
+pub mod recover;
+
+use self::core::{Core, Shared};
+use crate::cluster::claim::claimable;
+use crate::cluster::delivery::{Delivery, DeliveryConfig};
+use crate::cluster::events::Events;
+use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
+use crate::config::Config;
+use crate::journal::{Journal, JournalOptions};
+use crate::lock::StateLock;
+use crate::machine;
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::jiff::SignedDuration;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tartan_api::MacBuild;
+use tartan_tart::Tart;
+use tokio::sync::{Mutex, Notify};
+
+/// How often the agent looks again at every MacBuild, besides watch events (a slot may have
+/// freed, the Lease may be fresh again, a withdrawal may have been missed).
+const RESCAN: Duration = Duration::from_millis(500);
+
+/// The machine's configuration from the agent's.
+pub fn machine_config(config: &Config) -> machine::Config {
+    machine::Config {
+        slots: config.slots,
+        retry_min_remaining: SignedDuration::try_from(config.timing.retry_min_window)
+            .unwrap_or(SignedDuration::from_secs(120)),
+        ..machine::Config::default()
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT. Errors at start (lock held, damaged journal of a newer
+/// version, cluster unreachable during recovery) end the process; launchd restarts it.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("creating the state directory {}", config.state_dir.display()))?;
+    let lock = StateLock::acquire(&config.state_dir)?;
+    let (journal, replay) = Journal::open(&lock, JournalOptions::default())
+        .with_context(|| format!("opening the journal in {}", config.state_dir.display()))?;
+    for warning in &replay.warnings {
+        tracing::warn!(target: "journal", "{warning}");
+    }
+    tracing::info!(
+        agent = %config.agent_id,
+        records = replay.records.len(),
+        next_seq = journal.next_seq(),
+        slots = config.slots,
+        "agent starting"
+    );
+
+    let client = crate::cluster::client(&config).await?;
+    let lease = LeaseKeeper::spawn(client.clone(), LeaseConfig::from_config(&config));
+    let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
+    let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
+    let tart = Tart::new(&config.tart, config.tart_home.clone());
+    let shared = Arc::new(Shared {
+        machine: machine_config(&config),
+        core: Mutex::new(Core {
+            journal,
+            attempts: BTreeMap::new(),
+            statuses: BTreeMap::new(),
+            epochs: BTreeMap::new(),
+            unknown: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            active: BTreeMap::new(),
+        }),
+        client: client.clone(),
+        tart,
+        delivery,
+        events,
+        slot_freed: Notify::new(),
+        config,
+    });
+
+    recover::recover(&shared, replay.records).await?;
+    let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
+
+    let api: Api<MacBuild> = Api::all(client);
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let changed = Arc::new(Notify::new());
+    let watch_task = {
+        let changed = Arc::clone(&changed);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(_) => changed.notify_one(),
+                    Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
+                }
+            }
+        })
+    };
+
+    let mut terminate = terminated()?;
+    loop {
+        scan(&shared, &reader.state(), &lease).await;
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = shared.slot_freed.notified() => {}
+            _ = tokio::time::sleep(RESCAN) => {}
+            _ = &mut terminate => break,
+        }
+    }
+    // Builds keep running in their VMs; the journal says where each stands, and the next start
+    // recovers them. The Lease stops being renewed, which tells the controller.
+    tracing::info!("agent stopping; running builds are recovered at the next start");
+    watch_task.abort();
+    metrics.abort();
+    lease.stop();
+    Ok(())
+}
+
+/// One look at every MacBuild: withdraw what asks for it, claim what matches.
+async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
+    let mut order: Vec<&Arc<MacBuild>> = builds.iter().collect();
+    // Oldest first: the queue is fair.
+    order.sort_by(|a, b| {
+        a.metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    });
+    let mut slots_left = true;
+    for mb in order {
+        let Some(uid) = mb.metadata.uid.clone() else { continue };
+        {
+            let core = shared.core.lock().await;
+            if let Some(handle) = core.active.get(&uid) {
+                if let Some(why) = build::withdrawal_of(mb) {
+                    handle.cancel(why);
+                }
+                continue;
+            }
+            if core.has_open_attempt(&uid) {
+                continue;
+            }
+        }
+        if !slots_left
+            || claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_err()
+            || !lease.can_claim()
+        {
+            continue;
+        }
+        let slot = shared.core.lock().await.reserve_slot(&uid, shared.config.slots);
+        let Some(slot) = slot else {
+            // No slot: nothing more is claimed in this round (withdrawals are still checked).
+            slots_left = false;
+            continue;
+        };
+        let mb = MacBuild::clone(mb);
+        let shared = Arc::clone(shared);
+        let (placeholder, _) = crate::host::cancel_pair();
+        shared.core.lock().await.active.insert(uid, placeholder);
+        tokio::spawn(async move {
+            let build = Shared::build_ref(&mb);
+            let rest = build::claim_and_run(&shared, &mb, 1, None, slot).await;
+            build::follow_retries(shared, build, rest).await;
+        });
+    }
+}
+
+/// Resolves on SIGTERM (launchd's stop) or SIGINT.
+fn terminated() -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }))
+}

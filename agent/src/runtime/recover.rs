@@ -1,0 +1,291 @@
+//! Recovery at agent start: gather what the journal, tart and the cluster say, ask the pure
+//! planner what to do, and do it. Unknown VMs are journaled first (their slots are blocked before
+//! anything is admitted); every build's actions then run in order in that build's own task.
+
+use super::build::{self, Rest};
+use super::core::Shared;
+use crate::machine::{Action, Attempt, AttemptKey, Event};
+use crate::record::{BuildRef, Record};
+use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, ObservedVm, RecoveryAction};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tartan_api::{FINALIZER, MacBuild, VM_PREFIX};
+
+/// What the cluster says of one MacBuild, for the planner.
+pub fn build_view(mb: &MacBuild) -> BuildView {
+    let status = mb.status.clone().unwrap_or_default();
+    BuildView {
+        namespace: mb.metadata.namespace.clone().unwrap_or_default(),
+        name: mb.metadata.name.clone().unwrap_or_default(),
+        uid: mb.metadata.uid.clone().unwrap_or_default(),
+        // The MacBuild carries no trace of its owner's deletion beyond its own (the garbage
+        // collector deletes it); either way the outcome is `Cancelled` and nothing is retried.
+        owner_deleted: false,
+        deletion_requested: mb.metadata.deletion_timestamp.is_some(),
+        cancel_requested: mb.spec.cancel_requested,
+        claim: status.claim.as_ref().and_then(|c| {
+            crate::cluster::claim::attempt_number(c).map(|attempt| ClaimView {
+                holder: c.holder.clone(),
+                attempt,
+            })
+        }),
+        journal_seq: status.journal_seq,
+        max_attempts: u8::try_from(mb.spec.max_attempts).ok(),
+        timeout_seconds: mb.spec.timeout_seconds,
+        has_finalizer: mb.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER),
+    }
+}
+
+/// Runs recovery: plans from `records` and the live world, journals the unknown VMs, and starts
+/// one task per build with its actions. Returns once the plan is under way.
+pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Result<()> {
+    let vms: Vec<ObservedVm> = shared
+        .tart
+        .list()
+        .await
+        .map_err(|e| anyhow::anyhow!("listing tart VMs for recovery: {e}; the agent cannot account for its VMs"))?
+        .into_iter()
+        .filter(|v| v.source.eq_ignore_ascii_case("local"))
+        .map(|v| ObservedVm {
+            name: v.name,
+            running: v.running,
+        })
+        .collect();
+
+    // Every build the journal names, as the cluster has it now.
+    let mut builds: BTreeMap<String, BuildRef> = BTreeMap::new();
+    for r in &records {
+        if let Some(b) = &r.build {
+            builds.insert(b.uid.clone(), b.clone());
+        }
+    }
+    let mut cluster = ClusterView::default();
+    let mut macbuilds: BTreeMap<String, MacBuild> = BTreeMap::new();
+    for b in builds.values() {
+        match build::read_build(shared, b).await {
+            Ok(Some(mb)) => {
+                cluster.builds.push(build_view(&mb));
+                macbuilds.insert(b.uid.clone(), mb);
+            }
+            Ok(None) => {}
+            Err(error) => anyhow::bail!("{error}; recovery needs the cluster's view, exiting so launchd restarts"),
+        }
+    }
+
+    let now = Timestamp::now();
+    let me = AgentId(shared.config.agent_id.clone());
+    let plan = recovery::plan(&records, &vms, &cluster, &me, now, &shared.machine);
+    tracing::info!(
+        target: "recovery",
+        records = records.len(),
+        vms = vms.iter().filter(|v| v.name.starts_with(VM_PREFIX)).count(),
+        actions = plan.len(),
+        "recovery planned"
+    );
+
+    let mut replayed = recovery::replay(&records, &shared.machine);
+    replayed.see(&cluster, &shared.machine);
+    {
+        let mut core = shared.core.lock().await;
+        for a in &replayed.attempts {
+            core.attempts.insert(a.key(), a.clone());
+        }
+        for u in &replayed.unknown {
+            core.unknown.insert(u.vm.clone(), u.slot);
+        }
+        // The last snapshot of each build: the journal's, else the cluster's.
+        for r in &records {
+            if let (Some(b), Some(status)) = (&r.build, Shared::saved_status(r)) {
+                core.statuses.insert(b.uid.clone(), status);
+            }
+        }
+        for (uid, mb) in &macbuilds {
+            if let Some(status) = &mb.status {
+                if let Some(claim) = &status.claim
+                    && claim.holder == shared.config.agent_id
+                {
+                    core.epochs.insert(uid.clone(), claim.epoch);
+                }
+                core.statuses.entry(uid.clone()).or_insert_with(|| status.clone());
+            }
+        }
+    }
+
+    let mut per_build: BTreeMap<String, Vec<RecoveryAction>> = BTreeMap::new();
+    for action in plan {
+        tracing::info!(target: "recovery", "{action}");
+        match &action {
+            RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => {
+                let seq = shared.core.lock().await.journal.next_seq();
+                if let Some(record) = action.record(seq, Timestamp::now()) {
+                    shared
+                        .journal_unknown(record)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("journaling {action}: {e}"))?;
+                }
+            }
+            other => {
+                let uid = action_build(other).uid.clone();
+                per_build.entry(uid).or_default().push(action);
+            }
+        }
+    }
+
+    for (uid, actions) in per_build {
+        let mb = macbuilds.get(&uid).cloned();
+        let records = records.clone();
+        let shared = Arc::clone(shared);
+        shared.core.lock().await.active.entry(uid.clone()).or_insert_with(|| {
+            // Registered now so the main loop sees the build as ours; replaced per attempt.
+            crate::host::cancel_pair().0
+        });
+        tokio::spawn(async move {
+            let build = action_build(&actions[0]).clone();
+            let rest = run_actions(&shared, mb, &records, actions).await;
+            build::follow_retries(shared, build, rest).await;
+        });
+    }
+    Ok(())
+}
+
+fn action_build(action: &RecoveryAction) -> &BuildRef {
+    match action {
+        RecoveryAction::KillVmProcesses { attempt, .. }
+        | RecoveryAction::Step { attempt, .. }
+        | RecoveryAction::DeleteVm { attempt, .. }
+        | RecoveryAction::ConfirmVmGone { attempt, .. }
+        | RecoveryAction::ResumeAdmission { attempt, .. }
+        | RecoveryAction::RedeliverStatus { attempt, .. } => &attempt.build,
+        RecoveryAction::AdmitNextAttempt { next } => &next.build,
+        RecoveryAction::RemoveFinalizer { build } => build,
+        RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => {
+            unreachable!("unknown-VM actions are journaled before builds are handled")
+        }
+    }
+}
+
+/// One build's recovery actions, in order; returns where its last attempt rests.
+async fn run_actions(shared: &Shared, mb: Option<MacBuild>, records: &[Record], actions: Vec<RecoveryAction>) -> Rest {
+    let generation = mb.as_ref().and_then(|m| m.metadata.generation);
+    let mut rest = Rest::Retired { next: None };
+    for action in actions {
+        rest = match action {
+            RecoveryAction::KillVmProcesses { attempt, vm, then, .. } => {
+                let killed = match shared.tart.kill_vm_processes(&vm).await {
+                    Ok(report) => report.killed.len(),
+                    Err(error) => {
+                        tracing::error!(%vm, %error, "could not kill the VM's tart processes; recovery of this build stops here");
+                        return Rest::Stuck(error.to_string());
+                    }
+                };
+                let u32_killed = u32::try_from(killed).unwrap_or(u32::MAX);
+                drive(shared, &mb, &attempt, then.event(u32_killed), generation).await
+            }
+            RecoveryAction::Step { attempt, event } => drive(shared, &mb, &attempt, event, generation).await,
+            RecoveryAction::DeleteVm { attempt, vm, context } => {
+                let action = if context == crate::machine::DeleteContext::Retry {
+                    Action::RetryDeleteLater {
+                        vm,
+                        after: shared.machine.quarantine_retry,
+                    }
+                } else {
+                    Action::StopAndDeleteVm { vm, context }
+                };
+                perform_then_drive(shared, &mb, &attempt, action, generation).await
+            }
+            RecoveryAction::ConfirmVmGone { attempt, vm } => {
+                perform_then_drive(shared, &mb, &attempt, Action::ConfirmVmGone { vm }, generation).await
+            }
+            RecoveryAction::ResumeAdmission { attempt, .. } => {
+                let Some(mb) = &mb else {
+                    tracing::warn!(attempt = %attempt, "MacBuild gone before its admission");
+                    continue;
+                };
+                let Some(mut a) = known_attempt(shared, &attempt).await else {
+                    continue;
+                };
+                let until = a.deadline.unwrap_or_else(|| {
+                    Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds))
+                });
+                match build::wait_for_slot(shared, &attempt.build.uid, until).await {
+                    Some(slot) => build::admit(shared, mb, &mut a, slot).await,
+                    None => {
+                        drive(
+                            shared,
+                            &Some(mb.clone()),
+                            &attempt,
+                            Event::DeadlinePassed { at_start: None },
+                            generation,
+                        )
+                        .await
+                    }
+                }
+            }
+            RecoveryAction::RedeliverStatus { attempt, seq } => {
+                match records.iter().find(|r| r.seq == seq).and_then(Shared::saved_status) {
+                    Some(status) => shared.delivery.submit(&attempt.build, status, seq),
+                    None => tracing::error!(%seq, "record has no saved status to deliver"),
+                }
+                Rest::Retired { next: None }
+            }
+            RecoveryAction::AdmitNextAttempt { next } => Rest::Retired { next: Some(next) },
+            RecoveryAction::RemoveFinalizer { build } => {
+                build::release_finalizer(shared, &build).await;
+                Rest::Retired { next: None }
+            }
+            RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => continue,
+        };
+        if let Rest::Stuck(_) = rest {
+            return rest;
+        }
+    }
+    rest
+}
+
+async fn known_attempt(shared: &Shared, key: &AttemptKey) -> Option<Attempt> {
+    let found = shared.core.lock().await.attempts.get(key).cloned();
+    if found.is_none() {
+        tracing::error!(attempt = %key, "recovery names an attempt the journal does not have");
+    }
+    found
+}
+
+async fn executor(shared: &Shared, mb: &Option<MacBuild>, a: &Attempt) -> crate::host::AttemptExecutor {
+    let spec = match mb {
+        Some(mb) => mb.spec.clone(),
+        None => build::spec_of_gone_build(1),
+    };
+    build::executor_for(shared, a, spec).await
+}
+
+async fn drive(
+    shared: &Shared,
+    mb: &Option<MacBuild>,
+    key: &AttemptKey,
+    event: Event,
+    generation: Option<i64>,
+) -> Rest {
+    let Some(mut a) = known_attempt(shared, key).await else {
+        return Rest::Stuck(format!("unknown attempt {key}"));
+    };
+    let mut exec = executor(shared, mb, &a).await;
+    build::run_attempt(shared, &mut exec, &mut a, event, generation).await
+}
+
+async fn perform_then_drive(
+    shared: &Shared,
+    mb: &Option<MacBuild>,
+    key: &AttemptKey,
+    action: Action,
+    generation: Option<i64>,
+) -> Rest {
+    let Some(mut a) = known_attempt(shared, key).await else {
+        return Rest::Stuck(format!("unknown attempt {key}"));
+    };
+    let mut exec = executor(shared, mb, &a).await;
+    match exec.perform(&action).await {
+        crate::host::Performed::Event(event) => build::run_attempt(shared, &mut exec, &mut a, event, generation).await,
+        other => Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
+    }
+}
