@@ -1,14 +1,14 @@
 //! tartan-agent: claims MacBuilds, drives tart, keeps the host journal and recovers after a crash.
 
+pub mod cluster;
+pub mod config;
+pub mod host;
 pub mod journal;
 pub mod lock;
 pub mod logging;
 pub mod machine;
 pub mod record;
-pub mod status;
 pub mod recovery;
 pub mod runtime;
 pub mod service;
-pub mod cluster;
-pub mod config;
-pub mod host;
+pub mod status;
