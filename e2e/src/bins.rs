@@ -40,27 +40,24 @@ fn built_dir() -> &'static PathBuf {
     DIR.get_or_init(|| {
         let dir = bin_dir();
         if std::env::var("TARTAN_E2E_NO_BUILD").as_deref() != Ok("1") {
-            // One package per cargo invocation: built together, cargo unifies features, and the
-            // binaries then link both rustls crypto providers (object_store brings aws-lc-rs,
-            // kube ring), which makes rustls panic at the first TLS-capable client.
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.current_dir(workspace_root()).args(["build", "--quiet"]);
             for (package, bin) in BINARIES {
-                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-                let mut cmd = Command::new(cargo);
-                cmd.current_dir(workspace_root())
-                    .args(["build", "--quiet", "-p", package, "--bin", bin]);
-                if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-                    cmd.arg("--release");
-                }
-                if let Some(target) = dir.parent() {
-                    cmd.arg("--target-dir").arg(target);
-                }
-                let out = cmd.output().expect("cannot run cargo to build the binaries under test");
-                assert!(
-                    out.status.success(),
-                    "building {bin} failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                cmd.args(["-p", package, "--bin", bin]);
             }
+            if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
+                cmd.arg("--release");
+            }
+            if let Some(target) = dir.parent() {
+                cmd.arg("--target-dir").arg(target);
+            }
+            let out = cmd.output().expect("cannot run cargo to build the binaries under test");
+            assert!(
+                out.status.success(),
+                "building the binaries under test failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         dir
     })

@@ -626,6 +626,61 @@ status_retry_max = "{srm}"
         .await
     }
 
+    /// Waits until the CustomRun's `Succeeded` condition is no longer `Unknown`; returns the run.
+    pub async fn wait_run_ended(&self, name: &str, limit: Duration) -> Value {
+        wait_for_async(&format!("CustomRun {name} to end"), limit, || async {
+            let run = self.customrun(name).await;
+            let c = run
+                .as_ref()
+                .map(|r| r["status"]["conditions"][0].clone())
+                .unwrap_or(Value::Null);
+            if c["status"] == "True" || c["status"] == "False" {
+                Ok(run.unwrap())
+            } else {
+                Err(format!("CustomRun condition {c}"))
+            }
+        })
+        .await
+    }
+
+    /// Waits until a `watchdog.jsonl` line of agent `id` matches `pred`; returns it.
+    pub async fn wait_watchdog(
+        &self,
+        id: &str,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&tartan_watchdog::Line) -> bool,
+    ) -> tartan_watchdog::Line {
+        wait_for(&format!("{id}'s watchdog: {what}"), limit, || {
+            let lines = self.watchdog_lines(id);
+            lines
+                .iter()
+                .find(|l| pred(l))
+                .cloned()
+                .ok_or_else(|| format!("watchdog.jsonl: {:?}", self.watchdog_text(id)))
+        })
+        .await
+    }
+
+    /// The VM and host execution deadline of the first admitted attempt in `id`'s journal.
+    pub async fn admitted_vm(&self, id: &str) -> (String, k8s_openapi::jiff::Timestamp) {
+        let r = self
+            .wait_journal(id, "an attempt admitted", Duration::from_secs(60), |r| {
+                r.to == tartan_api::AttemptState::Admitted && r.vm.is_some() && r.deadline.is_some()
+            })
+            .await;
+        (r.vm.unwrap(), r.deadline.unwrap())
+    }
+
+    /// Waits until the first build step has started `n` times (it appends a line per start).
+    pub async fn wait_builds_started(&self, n: usize, limit: Duration) {
+        wait_for(&format!("{n} build step start(s)"), limit, || {
+            let got = self.builds_started();
+            (got >= n).then_some(()).ok_or(format!("{got} started"))
+        })
+        .await
+    }
+
     /// Waits until the MacBuild satisfies `pred`; returns it.
     pub async fn wait_macbuild(&self, name: &str, what: &str, limit: Duration, pred: impl Fn(&Value) -> bool) -> Value {
         wait_for_async(&format!("MacBuild {name}: {what}"), limit, || async {
