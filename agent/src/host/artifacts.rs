@@ -244,6 +244,9 @@ async fn copy_into(dir: &Path, key: &str, file: &Path) -> Result<(), String> {
 
 /// The S3 client for `bucket`, from the environment (see the module docs).
 pub fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    // reqwest (under object_store) needs a process-wide TLS crypto provider; ring is the one
+    // kube uses too. Installing fails harmlessly when one is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let endpoint = std::env::var("AWS_ENDPOINT_URL")
         .or_else(|_| std::env::var("AWS_ENDPOINT"))
@@ -278,15 +281,17 @@ async fn put_s3(bucket: &str, key: &str, file: &Path) -> Result<(), String> {
         .await
         .map_err(|e| format!("opening {}: {e}", file.display()))?;
     let mut writer = BufWriter::new(store, location);
-    let copied = async {
-        tokio::io::copy(&mut source, &mut writer).await?;
-        writer.shutdown().await
-    }
-    .await;
-    if let Err(e) = copied {
+    if let Err(e) = tokio::io::copy(&mut source, &mut writer).await {
+        // Drop the parts already sent of a multipart upload.
         let _ = writer.abort().await;
         return Err(format!("PUT s3://{bucket}/{key}: {e}"));
     }
+    // Completes the upload (a single PUT, or the multipart completion); a failure here has
+    // already cleaned up after itself.
+    writer
+        .shutdown()
+        .await
+        .map_err(|e| format!("PUT s3://{bucket}/{key}: {e}"))?;
     Ok(())
 }
 
