@@ -11,7 +11,7 @@ use crate::journal::Journal;
 use crate::machine::{self, Attempt, AttemptKey, SlotHolder, Transition, attempt_holders, decide_retry, free_slot};
 use crate::record::{BuildRef, Record};
 use crate::status::{Reporter, next_status, snapshot_is_journaled};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tartan_api::{AttemptState, BuildResults, MacBuildStatus, Outcome, Reason};
 use tartan_tart::Tart;
 use tokio::sync::{Mutex, Notify};
@@ -33,6 +33,9 @@ pub struct Core {
     pub reserved: BTreeMap<String, u8>,
     /// Builds with a task on this agent (by uid), and how to withdraw them.
     pub active: BTreeMap<String, CancelHandle>,
+    /// `status.journalSeq` each MacBuild showed at agent start (by uid): what earlier runs of
+    /// the agent delivered.
+    pub delivered_before: BTreeMap<String, u64>,
 }
 
 impl Core {
@@ -178,6 +181,69 @@ impl Shared {
         drop(core);
         self.slot_freed.notify_waiters();
         Ok(seq)
+    }
+
+    /// Compacts the journal: drops the records of builds this agent has finished (every attempt
+    /// retired, no task left) whose last record reached the cluster (or needs not: the claim was
+    /// lost, or the MacBuild is gone), and of unknown VMs that were resolved. Returns how many
+    /// builds were dropped.
+    pub async fn compact_journal(&self) -> Result<usize, String> {
+        let mut core = self.core.lock().await;
+        let mut last: BTreeMap<String, (&Attempt, u64)> = BTreeMap::new();
+        for a in core.attempts.values() {
+            let seq = a.last_seq.unwrap_or(0);
+            let entry = last.entry(a.build.uid.clone()).or_insert((a, seq));
+            if a.number > entry.0.number {
+                entry.0 = a;
+            }
+            entry.1 = entry.1.max(seq);
+        }
+        let done: BTreeSet<String> = last
+            .iter()
+            .filter(|(uid, (latest, seq))| {
+                let settled =
+                    !core.active.contains_key(*uid) && !core.reserved.contains_key(*uid) && !core.has_open_attempt(uid);
+                let nothing_owed = latest.build_gone
+                    || latest.reason == Some(Reason::ClaimLost)
+                    || self.delivery.delivered(&latest.build).is_some_and(|d| d >= *seq)
+                    || core.delivered_before.get(*uid).is_some_and(|d| d >= seq)
+                    || self.delivery.progress(&latest.build).borrow().gone;
+                settled && nothing_owed
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        if done.is_empty() {
+            return Ok(0);
+        }
+        let unknown: BTreeSet<String> = core.unknown.keys().cloned().collect();
+        let compaction = tokio::task::block_in_place(|| {
+            core.journal.compact(|r| match &r.build {
+                Some(b) => !done.contains(&b.uid),
+                None => r.vm.as_ref().is_some_and(|vm| unknown.contains(vm)),
+            })
+        })
+        .map_err(|e| e.to_string())?;
+        let builds: Vec<BuildRef> = core
+            .attempts
+            .values()
+            .filter(|a| done.contains(&a.build.uid))
+            .map(|a| a.build.clone())
+            .collect();
+        core.attempts.retain(|k, _| !done.contains(&k.build.uid));
+        core.statuses.retain(|uid, _| !done.contains(uid));
+        core.epochs.retain(|uid, _| !done.contains(uid));
+        drop(core);
+        for b in &builds {
+            self.delivery.forget(b);
+        }
+        tracing::info!(
+            target: "journal",
+            kept = compaction.kept,
+            dropped = compaction.dropped,
+            builds = done.len(),
+            "journal compacted"
+        );
+        Ok(done.len())
     }
 
     /// Builds the status snapshot saved in journal record `seq`, for redelivery.

@@ -35,6 +35,9 @@ use tokio::sync::{Mutex, Notify};
 /// freed, the Lease may be fresh again, a withdrawal may have been missed).
 const RESCAN: Duration = Duration::from_millis(500);
 
+/// How often finished, delivered builds are dropped from the journal.
+const COMPACTION_INTERVAL: Duration = Duration::from_secs(600);
+
 /// The machine's configuration from the agent's.
 pub fn machine_config(config: &Config) -> machine::Config {
     machine::Config {
@@ -79,6 +82,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             unknown: BTreeMap::new(),
             reserved: BTreeMap::new(),
             active: BTreeMap::new(),
+            delivered_before: BTreeMap::new(),
         }),
         client: client.clone(),
         tart,
@@ -111,12 +115,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let mut terminate = terminated()?;
+    let mut compaction = tokio::time::interval(COMPACTION_INTERVAL);
+    compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         scan(&shared, &reader.state(), &lease).await;
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
             _ = tokio::time::sleep(RESCAN) => {}
+            _ = compaction.tick() => {
+                if let Err(error) = shared.compact_journal().await {
+                    tracing::warn!(target: "journal", %error, "compaction failed; the journal is unchanged and is compacted again later");
+                }
+            }
             _ = &mut terminate => break,
         }
     }

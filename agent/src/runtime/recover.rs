@@ -102,10 +102,14 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
         }
         for (uid, mb) in &macbuilds {
             if let Some(status) = &mb.status {
+                // Sequence numbers are this agent's only while it holds the claim.
                 if let Some(claim) = &status.claim
                     && claim.holder == shared.config.agent_id
                 {
                     core.epochs.insert(uid.clone(), claim.epoch);
+                    if let Some(seq) = status.journal_seq {
+                        core.delivered_before.insert(uid.clone(), seq);
+                    }
                 }
                 core.statuses.entry(uid.clone()).or_insert_with(|| status.clone());
             }
