@@ -322,6 +322,12 @@ impl AttemptExecutor {
                     Withdrawal::OwnerDeleted => Event::OwnerDeleted { at_start: None },
                 })
             }
+            // Only the watchdog deletes a VM of ours behind our back, and only after the
+            // deadline: a VM already gone here was removed by it (the agent was paused or slow).
+            Interrupt::Deadline if self.check_gone().is_ok() => {
+                tracing::warn!(%vm, deadline = %self.attempt.deadline, killed, "host execution deadline passed and the watchdog already deleted the VM");
+                Performed::Event(Event::WatchdogRemovedVm)
+            }
             Interrupt::Deadline => {
                 tracing::warn!(%vm, deadline = %self.attempt.deadline, killed, "host execution deadline passed; tart children killed");
                 Performed::Event(Event::DeadlinePassed { at_start: None })

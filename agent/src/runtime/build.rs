@@ -322,10 +322,15 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
                 continue;
             }
         };
+        // A withdrawal that came while the previous attempt was retiring ends the build here.
+        if withdrawal_of(&latest).is_some() {
+            rest = request_and_end(&shared, &latest, &next, Event::CancelRequested { at_start: None }).await;
+            continue;
+        }
         let until = next.deadline - shared.machine.retry_min_remaining;
         let Some(slot) = wait_for_slot(&shared, &build.uid, until).await else {
             tracing::warn!(%build, attempt = next.attempt, "no slot before the retry window closed");
-            rest = request_and_end(&shared, &latest, &next).await;
+            rest = request_and_end(&shared, &latest, &next, Event::DeadlinePassed { at_start: None }).await;
             continue;
         };
         rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), slot).await;
@@ -337,8 +342,9 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
     shared.slot_freed.notify_waiters();
 }
 
-/// The next attempt can no longer start: journal it as requested, then ended by the deadline.
-async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt) -> Rest {
+/// The next attempt must not start (withdrawn, or its window closed): journal it as requested,
+/// then ended by `ending`.
+async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt, ending: Event) -> Rest {
     let build = Shared::build_ref(mb);
     shared.core.lock().await.reserved.remove(&build.uid);
     let vm = vm_name(&build.namespace, &build.name, &build.uid, next.attempt);
@@ -350,14 +356,7 @@ async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt) -> 
         Err(error) => return Rest::Stuck(error),
     }
     let mut exec = executor_for(shared, &attempt, mb.spec.clone()).await;
-    run_attempt(
-        shared,
-        &mut exec,
-        &mut attempt,
-        Event::DeadlinePassed { at_start: None },
-        mb.metadata.generation,
-    )
-    .await
+    run_attempt(shared, &mut exec, &mut attempt, ending, mb.metadata.generation).await
 }
 
 /// The withdrawal a MacBuild asks for, if any: a cancel request or a deletion.
