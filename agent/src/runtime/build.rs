@@ -304,11 +304,8 @@ pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Opti
 
 /// Runs owed next attempts until none follows, then forgets the build's task.
 pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest) {
-    loop {
-        let next = match &rest {
-            Rest::Retired { next: Some(next) } => next.clone(),
-            _ => break,
-        };
+    while let Rest::Retired { next: Some(next) } = &rest {
+        let next = next.clone();
         let latest = match read_build(&shared, &build).await {
             Ok(Some(mb)) => mb,
             Ok(None) => {
