@@ -42,13 +42,19 @@ use crate::machine::{self, Action, Attempt, Event, Refusal, Transition};
 use crate::record::Record;
 use k8s_openapi::jiff::Timestamp;
 use std::future::Future;
-use tartan_api::AttemptState;
+use tartan_api::{AttemptState, BuildResults};
 
 /// The runtime's part of [`drive`].
 pub trait AttemptHooks {
-    /// Journals `t` for `attempt` and returns the record once it is synced. On error nothing of
-    /// `t` is performed and [`drive`] returns the error (fail closed).
-    fn journal(&mut self, attempt: &Attempt, t: &Transition) -> impl Future<Output = Result<Record, String>> + Send;
+    /// Journals `t` for `attempt` and returns the record once it is synced; `results` is what the
+    /// executor has gathered so far (for the status snapshot). On error nothing of `t` is
+    /// performed and [`drive`] returns the error (fail closed).
+    fn journal(
+        &mut self,
+        attempt: &Attempt,
+        t: &Transition,
+        results: &BuildResults,
+    ) -> impl Future<Output = Result<Record, String>> + Send;
 
     /// Performs a non-host action (claim, slot release, status delivery, finalizer, next
     /// attempt); returns the event it produced, if any.
@@ -84,11 +90,14 @@ pub async fn drive(
             attempt: attempt.key().to_string(),
             refusal,
         })?;
-        let record = hooks.journal(attempt, &t).await.map_err(|error| DriveError::Journal {
-            attempt: attempt.key().to_string(),
-            transition: format!("{:?} -> {}", t.from, t.to),
-            error,
-        })?;
+        let record = hooks
+            .journal(attempt, &t, &exec.results())
+            .await
+            .map_err(|error| DriveError::Journal {
+                attempt: attempt.key().to_string(),
+                transition: format!("{:?} -> {}", t.from, t.to),
+                error,
+            })?;
         attempt.observe(&record);
         let mut next = None;
         for action in &t.actions {

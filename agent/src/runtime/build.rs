@@ -6,14 +6,15 @@
 
 use super::core::Shared;
 use crate::cluster::claim::{self, ClaimOutcome};
-use crate::host::{AttemptExecutor, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair};
-use crate::machine::{self, Action, Attempt, Event, NextAttempt, Refusal};
+use crate::host::{AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, Withdrawal, cancel_pair};
+use crate::machine::{self, Action, Attempt, Event, NextAttempt, Refusal, Transition};
 use crate::record::BuildRef;
+use crate::record::Record;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use std::sync::Arc;
 use std::time::Duration;
-use tartan_api::{AttemptState, MacBuild, MacBuildSpec, vm_name};
+use tartan_api::{AttemptState, BuildResults, MacBuild, MacBuildSpec, vm_name};
 
 /// Where an attempt stands when its loop stops.
 #[derive(Debug, PartialEq)]
@@ -72,7 +73,7 @@ pub fn spec_of_gone_build(timeout_seconds: u32) -> MacBuildSpec {
     }
 }
 
-/// Follows `attempt` from `first` until it rests.
+/// Follows `attempt` from `first` until it rests, through the host's step → journal → act loop.
 pub async fn run_attempt(
     shared: &Shared,
     exec: &mut AttemptExecutor,
@@ -80,77 +81,58 @@ pub async fn run_attempt(
     first: Event,
     generation: Option<i64>,
 ) -> Rest {
-    let mut event = first;
-    let mut next = None;
-    loop {
-        let t = match machine::step(attempt, event, Timestamp::now(), &shared.machine) {
-            Ok(t) => t,
-            Err(refusal) => {
-                tracing::error!(attempt = %attempt.key(), %refusal, "transition refused; the attempt stays as journaled");
-                return Rest::Stuck(refusal.to_string());
-            }
-        };
-        let record = match shared.journal(attempt, &t, Some(&exec.results()), generation).await {
-            Ok(r) => r,
-            Err(error) => {
-                tracing::error!(attempt = %attempt.key(), %error, "journal write failed; acting on nothing until it works");
-                return Rest::Stuck(error);
-            }
-        };
-        attempt.observe(&record);
-        let mut produced = None;
-        for action in &t.actions {
-            produced = match exec.perform(action).await {
-                Performed::Done => None,
-                Performed::Event(ev) => Some(ev),
-                Performed::NotHost => act(shared, attempt, action, &mut next).await,
-            };
-            if produced.is_some() {
-                break;
-            }
+    let mut hooks = Hooks {
+        shared,
+        generation,
+        next: None,
+    };
+    match crate::host::drive(exec, attempt, first, &shared.machine, &mut hooks).await {
+        Ok(AttemptState::Retired) => Rest::Retired { next: hooks.next },
+        Ok(state) => Rest::Stuck(format!("{} rests in {state} with nothing to do", attempt.key())),
+        Err(error) => {
+            tracing::error!(attempt = %attempt.key(), %error, "attempt stopped; it stays as journaled");
+            Rest::Stuck(error.to_string())
         }
-        event = match produced {
-            Some(ev) => ev,
-            None if attempt.state == AttemptState::Admitted => Event::Boot,
-            None if attempt.state == AttemptState::Retired => return Rest::Retired { next },
-            None => {
-                return Rest::Stuck(format!(
-                    "{} rests in {} with nothing to do",
-                    attempt.key(),
-                    attempt.state
-                ));
-            }
-        };
     }
 }
 
-/// The runtime's own actions (the executor does the host ones).
-async fn act(shared: &Shared, attempt: &Attempt, action: &Action, next: &mut Option<NextAttempt>) -> Option<Event> {
-    match action {
-        // Status went out with the journal write; slots are computed from the journal.
-        Action::DeliverStatus | Action::ReleaseSlot { .. } => None,
-        Action::RemoveFinalizer => {
-            release_finalizer(shared, &attempt.build).await;
-            None
-        }
-        Action::AdmitNextAttempt {
-            attempt: number,
-            deadline,
-        } => {
-            *next = Some(NextAttempt {
-                build: attempt.build.clone(),
-                attempt: *number,
-                deadline: *deadline,
-            });
-            None
-        }
-        Action::ClaimBuild { .. } => {
-            tracing::error!(attempt = %attempt.key(), "claim asked for outside an admission; ignored");
-            None
-        }
-        other => {
-            tracing::error!(attempt = %attempt.key(), action = ?other, "host action not performed by the executor");
-            None
+/// The runtime's side of an attempt's loop: the journal (with status and Events) and the
+/// non-host actions.
+struct Hooks<'a> {
+    shared: &'a Shared,
+    generation: Option<i64>,
+    /// The next attempt the machine asked for, if any.
+    next: Option<NextAttempt>,
+}
+
+impl AttemptHooks for Hooks<'_> {
+    async fn journal(&mut self, attempt: &Attempt, t: &Transition, results: &BuildResults) -> Result<Record, String> {
+        self.shared.journal(attempt, t, Some(results), self.generation).await
+    }
+
+    async fn act(&mut self, attempt: &Attempt, action: &Action) -> Option<Event> {
+        match action {
+            // Status went out with the journal write; slots are computed from the journal.
+            Action::DeliverStatus | Action::ReleaseSlot { .. } => None,
+            Action::RemoveFinalizer => {
+                release_finalizer(self.shared, &attempt.build).await;
+                None
+            }
+            Action::AdmitNextAttempt {
+                attempt: number,
+                deadline,
+            } => {
+                self.next = Some(NextAttempt {
+                    build: attempt.build.clone(),
+                    attempt: *number,
+                    deadline: *deadline,
+                });
+                None
+            }
+            other => {
+                tracing::error!(attempt = %attempt.key(), action = ?other, "action not for the runtime; ignored");
+                None
+            }
         }
     }
 }

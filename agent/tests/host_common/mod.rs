@@ -242,6 +242,7 @@ impl AttemptHooks for MemJournal {
         &mut self,
         attempt: &Attempt,
         t: &Transition,
+        _results: &tartan_api::BuildResults,
     ) -> impl std::future::Future<Output = Result<Record, String>> + Send {
         let mut records = self.records.lock().unwrap();
         let r = attempt.record(t, records.len() as u64 + 1);
