@@ -32,8 +32,8 @@ pub struct InstallArgs {
     /// unless --dry-run) [default: ~/.config/tartan/agent.toml]
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The agent's state directory, passed to `tartan-agent watchdog --state-dir`; it must be the
-    /// one the config names [default: ~/Library/Application Support/Tartan]
+    /// The agent's state directory, passed to `tartan-agent watchdog --state-dir` [default: the
+    /// config's `state_dir`; without a config (dry run only): ~/Library/Application Support/Tartan]
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print the plists and the launchctl commands instead of writing and running them.
@@ -117,10 +117,24 @@ fn layout(host: &Host, args: &InstallArgs) -> anyhow::Result<Layout> {
             )
         })?
     };
-    let state_dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| Layout::default_state_dir(&host.home));
+    // The watchdog must watch the agent's own state directory: take it from the config, which is
+    // also checked here so a broken config never gets installed. A dry run works without one.
+    let configured = match crate::config::Config::load(&config) {
+        Ok(c) => Some(c.state_dir),
+        Err(_) if args.dry_run && !config.exists() => None,
+        Err(e) => return Err(e).context("the config file must be valid before the LaunchAgents are installed"),
+    };
+    let state_dir = match (args.state_dir.clone(), configured) {
+        (Some(given), Some(configured)) if std::path::absolute(&given).ok().as_ref() != Some(&configured) => bail!(
+            "--state-dir {} differs from state_dir {} in {}; the watchdog must watch the agent's state directory",
+            given.display(),
+            configured.display(),
+            config.display()
+        ),
+        (_, Some(configured)) => configured,
+        (Some(given), None) => given,
+        (None, None) => Layout::default_state_dir(&host.home),
+    };
     let state_dir =
         std::path::absolute(&state_dir).with_context(|| format!("could not make {} absolute", state_dir.display()))?;
     Ok(Layout {

@@ -443,3 +443,37 @@ fn json_log_format_writes_errors_as_json_lines() {
     assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
     assert!(line.contains("agent.toml"), "{line}");
 }
+
+#[test]
+fn the_watchdog_watches_the_state_dir_of_the_config() {
+    let fx = Fixture::new();
+    let config = fx.home.join("agent.toml");
+    fs::write(&config, "state_dir = \"/var/tartan-state\"\n").unwrap();
+    let config = config.to_str().unwrap();
+
+    let out = fx
+        .command(&["install", "--dry-run", "--config", config])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("<string>/var/tartan-state</string>"),
+        "the watchdog plist should name the config's state_dir:\n{stdout}"
+    );
+
+    let out = fx
+        .command(&["install", "--dry-run", "--config", config, "--state-dir", "/elsewhere"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("differs from state_dir /var/tartan-state"), "{stderr}");
+
+    fs::write(fx.home.join("agent.toml"), "slots = 3\n").unwrap();
+    let out = fx
+        .command(&["install", "--dry-run", "--config", config])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a broken config must not be installed");
+}
