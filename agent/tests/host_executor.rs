@@ -9,6 +9,7 @@ use tartan_agent::host::{Withdrawal, cancel_pair, drive};
 use tartan_agent::machine::Config;
 use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
 use tartan_tart::double::{Fault, Faults};
+use tartan_testkit::wait_for;
 
 const LIMIT: Duration = Duration::from_secs(90);
 

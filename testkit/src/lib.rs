@@ -27,9 +27,14 @@
 //! list-type/map-type semantics and conversion webhooks are ignored; a `continue` token is a plain
 //! offset (no snapshot); the watch window is global rather than per resource; deny rules and the
 //! garbage collector's own writes bypass each other; no aggregated discovery (kubectl falls back).
+//!
+//! Also shared by the other crates' tests ([`support`]): workspace binaries such as `tart-double`
+//! built on demand ([`workspace_bin`]), and bounded polling ([`wait_for`]).
 
 pub mod emulator;
+pub mod support;
 
 pub use emulator::{
     Availability, DenyRule, EmulatorHandle, Faults, FaultsUpdate, Options, Predicate, PredicateOp, Target, start,
 };
+pub use support::{tart_double, wait_for, workspace_bin};

@@ -12,10 +12,11 @@
 //! not counted.
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tartan_api::deadline::{DEADLINES_DIR, DeadlineFile, write_deadline_file};
+use tartan_testkit::tart_double;
 use tartan_watchdog::{Action, Config, RECORD_FILE, parse_duration, read_lines};
 
 struct Args {
@@ -47,34 +48,6 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-/// `tart-double` next to this example's profile directory, built by cargo if needed.
-fn tart_double() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("example is in <target>/<profile>/examples");
-    let release = profile_dir.file_name().is_some_and(|n| n == "release");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
-        "tartan-tart",
-        "--bin",
-        "tart-double",
-        "--target-dir",
-    ])
-    .arg(profile_dir.parent().expect("target dir"));
-    if release {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("run cargo to build tart-double");
-    assert!(status.success(), "building tart-double failed");
-    profile_dir.join("tart-double")
 }
 
 fn cpu_time() -> Duration {

@@ -4,10 +4,9 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tartan_agent::host::{AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, UploadPolicy};
 use tartan_agent::machine::{Action, Attempt, Event, Transition};
 use tartan_agent::record::{BuildRef, Record};
@@ -16,43 +15,6 @@ use tartan_tart::double::Faults;
 use tartan_tart::{Tart, Timeouts};
 
 pub const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-base:latest";
-
-/// `tart-double`, built with the test's profile into the test's target dir (cargo releases its
-/// build lock while tests run, so this nested build does not deadlock).
-pub fn tart_double() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("the test knows its own path");
-            let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps");
-            let target_dir = profile_dir.parent().expect("profile dir is inside the target dir");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args([
-                "build",
-                "--quiet",
-                "-p",
-                "tartan-tart",
-                "--bin",
-                "tart-double",
-                "--target-dir",
-            ])
-            .arg(target_dir);
-            if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-                cmd.arg("--release");
-            }
-            let out = cmd.output().expect("run cargo to build tart-double");
-            assert!(
-                out.status.success(),
-                "cargo build -p tartan-tart --bin tart-double failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let path = profile_dir.join("tart-double");
-            assert!(path.is_file(), "{} missing after building it", path.display());
-            path
-        })
-        .clone()
-}
 
 /// A tart home and a state directory; on drop, SIGKILLs any `tart run` still holding a VM lock.
 pub struct Rig {
@@ -74,7 +36,7 @@ impl Rig {
             ip_margin: Duration::from_secs(5),
             stop_margin: Duration::from_secs(10),
         };
-        let tart = Tart::new(tart_double(), Some(home.path().to_path_buf())).with_timeouts(timeouts);
+        let tart = Tart::new(tartan_testkit::tart_double(), Some(home.path().to_path_buf())).with_timeouts(timeouts);
         Rig { home, state, tart }
     }
 
@@ -255,17 +217,5 @@ impl AttemptHooks for MemJournal {
     fn act(&mut self, _attempt: &Attempt, action: &Action) -> impl std::future::Future<Output = Option<Event>> + Send {
         self.other_actions.lock().unwrap().push(action.clone());
         async { None }
-    }
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
-pub async fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "gave up after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -7,76 +7,19 @@
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tartan_api::deadline::{DEADLINES_DIR, DeadlineFile, write_deadline_file};
 use tartan_watchdog::{Config, Line, RECORD_FILE, read_lines};
 
 /// The source image every test VM is cloned from (the double synthesises it).
 const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-base:latest";
 
-/// The path of binary `bin` of workspace package `package`, built with the same profile as this
-/// test (a no-op when `cargo test --workspace` already built it). Other crates' binaries have no
-/// `CARGO_BIN_EXE_*` here, so the test asks cargo itself; cargo releases its build lock while
-/// tests run, so this nested build does not deadlock.
-pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let mut built = BUILT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(path) = built.get(bin) {
-        return path.clone();
-    }
-    // The test executable lives in <target>/<profile>/deps/.
-    let exe = std::env::current_exe().expect("the test knows its own path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test exe is in <target>/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("profile dir is inside the target dir");
-    let profile = profile_dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", package, "--bin", bin, "--target-dir"])
-        .arg(target_dir);
-    if profile == "release" {
-        cmd.arg("--release");
-    }
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cargo to build {bin}: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo build -p {package} --bin {bin} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = profile_dir.join(bin);
-    assert!(path.is_file(), "{} missing after building it", path.display());
-    built.insert(bin.to_string(), path.clone());
-    path
-}
-
-pub fn tart_double() -> PathBuf {
-    workspace_bin("tartan-tart", "tart-double")
-}
+pub use tartan_testkit::{tart_double, wait_for, workspace_bin};
 
 pub fn tartan_agent() -> PathBuf {
     workspace_bin("tartan-agent", "tartan-agent")
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
-pub async fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "gave up after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 pub fn secs_f(s: f64) -> SignedDuration {
