@@ -146,6 +146,24 @@ impl BuildView {
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// Deletes the MacBuild (fenced on `precondition_rv`), unless its deletion is under way.
+    fn delete_unless_deleting(&self, precondition_rv: Option<String>) -> BuildAction {
+        if self.deleting {
+            BuildAction::None
+        } else {
+            BuildAction::Delete { precondition_rv }
+        }
+    }
+
+    /// Asks the agent to cancel, unless the MacBuild already asks it.
+    fn request_cancel_unless_requested(&self) -> BuildAction {
+        if self.cancel_requested {
+            BuildAction::None
+        } else {
+            BuildAction::RequestCancel
+        }
+    }
 }
 
 /// The holder's Lease as read from the API.
@@ -837,22 +855,12 @@ fn decide_cancel(mut d: Draft, b: &BuildView, live: Option<Liveness>, timing: &T
             "CustomRun cancelled before a Mac host claimed MacBuild {}; no VM was created",
             b.key()
         );
-        let action = if b.deleting {
-            BuildAction::None
-        } else {
-            BuildAction::Delete {
-                precondition_rv: Some(b.resource_version.clone()),
-            }
-        };
+        let action = b.delete_unless_deleting(Some(b.resource_version.clone()));
         return d.finish("False", reason::CANCELLED, msg, VmRetirement::None, Some(b), action);
     };
     let live = live.unwrap_or(Liveness::Missing);
     d.set_unreachable(Some(&agent), Some(live));
-    let action = if b.cancel_requested {
-        BuildAction::None
-    } else {
-        BuildAction::RequestCancel
-    };
+    let action = b.request_cancel_unless_requested();
     let requested_at = d
         .extra
         .cancel_requested_at
@@ -924,13 +932,7 @@ fn decide_timeout(
             "no Mac host claimed MacBuild {} within timeout {timeout_text}; no VM was created and the MacBuild is deleted",
             b.key()
         );
-        let action = if b.deleting {
-            BuildAction::None
-        } else {
-            BuildAction::Delete {
-                precondition_rv: Some(b.resource_version.clone()),
-            }
-        };
+        let action = b.delete_unless_deleting(Some(b.resource_version.clone()));
         return d.finish("False", reason::TIMED_OUT, msg, VmRetirement::None, Some(b), action);
     };
     let live = live.unwrap_or(Liveness::Missing);
@@ -959,11 +961,7 @@ fn decide_timeout(
             "MacBuild did not finish within timeout {timeout_text} + {grace} grace; VM retirement unconfirmed: {why}; \
              the MacBuild is kept until the agent returns"
         );
-        let action = if b.deleting {
-            BuildAction::None
-        } else {
-            BuildAction::Delete { precondition_rv: None }
-        };
+        let action = b.delete_unless_deleting(None);
         return d.finish(
             "False",
             reason::TIMED_OUT,
@@ -978,11 +976,7 @@ fn decide_timeout(
          {agent} to delete its VM"
     );
     d.set_succeeded("Unknown", own::TIMING_OUT, msg);
-    let action = if b.cancel_requested {
-        BuildAction::None
-    } else {
-        BuildAction::RequestCancel
-    };
+    let action = b.request_cancel_unless_requested();
     let mut wake = vec![give_up];
     if let Liveness::Live { expires, .. } = live {
         wake.push(expires);
