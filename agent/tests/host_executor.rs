@@ -5,8 +5,8 @@ mod host_common;
 
 use host_common::*;
 use std::time::{Duration, Instant};
-use tartan_agent::host::{Withdrawal, cancel_pair, drive};
-use tartan_agent::machine::Config;
+use tartan_agent::host::{AttemptExecutor, DriveError, Withdrawal, cancel_pair, drive};
+use tartan_agent::machine::{Attempt, Config};
 use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
 use tartan_tart::double::{Fault, Faults};
 use tartan_testkit::wait_for;
@@ -27,6 +27,20 @@ fn vm_fault(vm: &str, f: Fault) -> Faults {
     let mut faults = Faults::default();
     faults.vms.insert(vm.to_string(), f);
     faults
+}
+
+/// Drives the attempt (admitted with 600 s) on a task that journals into `journal` and returns
+/// how it ended together with the executor.
+fn spawn_drive(
+    mut exec: AttemptExecutor,
+    mut a: Attempt,
+    journal: &MemJournal,
+) -> tokio::task::JoinHandle<(Result<S, DriveError>, AttemptExecutor)> {
+    let mut hooks = journal.clone();
+    tokio::spawn(async move {
+        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
+        (end, exec)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,7 +186,7 @@ async fn a_malformed_test_report_fails_the_attempt_with_the_parse_error() {
 async fn a_failing_delete_quarantines_the_vm_until_the_fault_is_lifted() {
     let rig = Rig::new();
     let (_cancel, signal) = cancel_pair();
-    let (mut a, mut exec) = attempt(&rig, "stuck", spec(vec![step("build", "true")]), signal);
+    let (a, exec) = attempt(&rig, "stuck", spec(vec![step("build", "true")]), signal);
     let vm = a.vm.clone();
     rig.set_faults(&vm_fault(
         &vm,
@@ -182,11 +196,7 @@ async fn a_failing_delete_quarantines_the_vm_until_the_fault_is_lifted() {
         },
     ));
     let journal = MemJournal::new();
-    let mut hooks = journal.clone();
-    let task = tokio::spawn(async move {
-        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
-        (end, exec)
-    });
+    let task = spawn_drive(exec, a, &journal);
     wait_for("Quarantined", LIMIT, || journal.has_state(S::Quarantined).then_some(())).await;
     let q = journal.last();
     assert_eq!(q.reason, Some(Reason::DeleteFailed));
@@ -218,14 +228,13 @@ async fn a_failing_delete_quarantines_the_vm_until_the_fault_is_lifted() {
 async fn an_existing_vm_directory_is_never_cloned_over_nor_deleted() {
     let rig = Rig::new();
     let (_cancel, signal) = cancel_pair();
-    let (mut a, mut exec) = attempt(&rig, "taken", spec(vec![step("build", "true")]), signal);
+    let (a, exec) = attempt(&rig, "taken", spec(vec![step("build", "true")]), signal);
     let vm = a.vm.clone();
     rig.tart.clone_vm(IMAGE, &vm).await.unwrap();
     let marker = rig.vm_dir(&vm).join("operator-was-here");
     std::fs::write(&marker, "x").unwrap();
     let journal = MemJournal::new();
-    let mut hooks = journal.clone();
-    let task = tokio::spawn(async move { drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await });
+    let task = spawn_drive(exec, a, &journal);
     wait_for("Quarantined", LIMIT, || journal.has_state(S::Quarantined).then_some(())).await;
     let lines = journal.lines();
     assert!(lines[2].contains("(VMStartFailed) VM did not start: "), "{lines:#?}");
@@ -241,7 +250,7 @@ async fn an_existing_vm_directory_is_never_cloned_over_nor_deleted() {
     // An operator removes it; the quarantine resolves.
     rig.tart.delete(&vm).await.unwrap();
     assert_eq!(
-        tokio::time::timeout(LIMIT, task).await.unwrap().unwrap().unwrap(),
+        tokio::time::timeout(LIMIT, task).await.unwrap().unwrap().0.unwrap(),
         S::Retired
     );
     assert!(journal.last().to_string().contains("Quarantined -> Retired (Resolved)"));
@@ -251,7 +260,7 @@ async fn an_existing_vm_directory_is_never_cloned_over_nor_deleted() {
 async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
     let rig = Rig::new();
     let (cancel, signal) = cancel_pair();
-    let (mut a, mut exec) = attempt(&rig, "cancel-clone", spec(vec![step("build", "true")]), signal);
+    let (a, exec) = attempt(&rig, "cancel-clone", spec(vec![step("build", "true")]), signal);
     let vm = a.vm.clone();
     rig.set_faults(&vm_fault(
         &vm,
@@ -261,11 +270,7 @@ async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
         },
     ));
     let journal = MemJournal::new();
-    let mut hooks = journal.clone();
-    let task = tokio::spawn(async move {
-        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
-        (end, exec)
-    });
+    let task = spawn_drive(exec, a, &journal);
     let clone_pids = wait_for("the tart clone process", LIMIT, || {
         let pids = rig.tart.client_pids(&vm).unwrap();
         (!pids.is_empty()).then_some(pids)
@@ -311,7 +316,7 @@ async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
 async fn cancellation_during_boot_kills_tart_run_at_once() {
     let rig = Rig::new();
     let (cancel, signal) = cancel_pair();
-    let (mut a, mut exec) = attempt(&rig, "cancel-boot", spec(vec![step("build", "true")]), signal);
+    let (a, exec) = attempt(&rig, "cancel-boot", spec(vec![step("build", "true")]), signal);
     let vm = a.vm.clone();
     rig.set_faults(&vm_fault(
         &vm,
@@ -321,11 +326,7 @@ async fn cancellation_during_boot_kills_tart_run_at_once() {
         },
     ));
     let journal = MemJournal::new();
-    let mut hooks = journal.clone();
-    let task = tokio::spawn(async move {
-        let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
-        (end, exec)
-    });
+    let task = spawn_drive(exec, a, &journal);
     let home = rig.home.path().to_path_buf();
     let run = wait_for("tart run holding the VM lock", LIMIT, || {
         tartan_tart::run_pid(&home, &vm).ok().flatten()
