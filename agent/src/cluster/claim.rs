@@ -22,7 +22,7 @@
 //! with a `test` on the finalizer's index so a concurrent change to the list cannot make us remove
 //! someone else's entry.
 
-use super::{op_add, op_remove, op_replace, op_test, patch_params, timed};
+use super::{CallError, op_add, op_remove, op_replace, op_test, patch_params, timed};
 use crate::record::BuildRef;
 use json_patch::Patch as JsonPatch;
 use kube::api::{Api, Patch};
@@ -262,6 +262,12 @@ pub async fn claim(
     };
     let wanted = claim_for(mb, holder, attempt);
     let lost = |reason: String| Ok(ClaimOutcome::Lost { reason });
+    // After a 409/422 on `write`: the MacBuild as it is now (`None`: deleted).
+    let reread = async |action: &'static str, write: &str, e: &CallError| {
+        timed(api_timeout, api.get_opt(&name))
+            .await
+            .map_err(|read| err(action, format!("{write} got {e}, and reading it again failed: {read}")))
+    };
 
     // Step 1: the claim, unless `mb` shows it already.
     let mut current = if is_ours(mb, &wanted) {
@@ -297,15 +303,8 @@ pub async fn claim(
             Ok(updated) => updated,
             Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
             Err(e) if e.is_precondition() => {
-                let fresh = match timed(api_timeout, api.get_opt(&name)).await {
-                    Ok(Some(fresh)) => fresh,
-                    Ok(None) => return lost("the MacBuild was deleted".into()),
-                    Err(read) => {
-                        return Err(err(
-                            "claiming",
-                            format!("the claim got {e}, and reading it again failed: {read}"),
-                        ));
-                    }
+                let Some(fresh) = reread("claiming", "the claim", &e).await? else {
+                    return lost("the MacBuild was deleted".into());
                 };
                 if fresh.metadata.uid != mb.metadata.uid {
                     return lost("the MacBuild was deleted and created again".into());
@@ -351,15 +350,8 @@ pub async fn claim(
             }
             Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
             Err(e) if e.is_precondition() => {
-                let fresh = match timed(api_timeout, api.get_opt(&name)).await {
-                    Ok(Some(fresh)) => fresh,
-                    Ok(None) => return lost("the MacBuild was deleted".into()),
-                    Err(read) => {
-                        return Err(err(
-                            "adding the finalizer to",
-                            format!("the patch got {e}, and reading it again failed: {read}"),
-                        ));
-                    }
+                let Some(fresh) = reread("adding the finalizer to", "the patch", &e).await? else {
+                    return lost("the MacBuild was deleted".into());
                 };
                 if !is_ours(&fresh, &wanted) {
                     return lost(format!(
