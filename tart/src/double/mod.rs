@@ -407,6 +407,20 @@ fn vm_lock(home: &Path, name: &str) -> Result<LockProbe, Fail> {
     probe_write_lock(&path).map_err(|e| io_fail("cannot query the VM lock on", &path, e))
 }
 
+/// Opens the config.json in VM folder `dir` and takes the VM lock on it: the open descriptor, which
+/// holds the lock while it (and every other descriptor of that file in this process) stays open, or
+/// `None` when another process holds the lock (the VM is running).
+fn take_vm_lock(dir: &Path) -> Result<Option<File>, Fail> {
+    let path = dir.join("config.json");
+    let config = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_fail("cannot open", &path, e))?;
+    let locked = try_write_lock(&config).map_err(|e| io_fail("failed to lock", &path, e))?;
+    Ok(locked.then_some(config))
+}
+
 fn require_vm(home: &Path, name: &str) -> Result<PathBuf, Fail> {
     let dir = vm_dir(home, name);
     if name.is_empty() || name.contains('/') || !dir.join("config.json").is_file() {
@@ -755,17 +769,11 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
         .thread_block()
         .map_err(|e| Fail::Error(format!("cannot block signals: {e}")))?;
     let global = lock_home(home)?;
-    let path = dir.join("config.json");
     // This descriptor must stay open for the VM's whole life: closing any descriptor of config.json in this
     // process would drop the lock.
-    let config = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| io_fail("cannot open", &path, e))?;
-    if !try_write_lock(&config).map_err(|e| io_fail("failed to lock", &path, e))? {
+    let Some(config) = take_vm_lock(&dir)? else {
         return Err(Fail::Bare(2, format!("VM \"{name}\" is already running!")));
-    }
+    };
     drop(global);
     let sock = dir.join("control.sock");
     fs::write(&sock, format!("{}\n", std::process::id())).map_err(|e| io_fail("cannot create", &sock, e))?;
@@ -944,15 +952,9 @@ fn cmd_delete(home: &Path, name: &str) -> Result<(), Fail> {
         return removed.map_err(|e| io_fail("cannot delete", &entry, e));
     }
     let dir = require_vm(home, name)?;
-    let path = dir.join("config.json");
-    let config = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| io_fail("cannot open", &path, e))?;
-    if !try_write_lock(&config).map_err(|e| io_fail("failed to lock", &path, e))? {
+    let Some(config) = take_vm_lock(&dir)? else {
         return Err(Fail::Bare(1, format!("VM \"{name}\" is running")));
-    }
+    };
     if faults_for(home, name)?.delete_fails == Some(true) {
         return Err(Fail::Error(format!(
             "failed to delete VM \"{name}\": injected fault delete_fails (see {}); the VM is left in place",
