@@ -106,6 +106,9 @@ pub struct Timing {
     pub api_timeout: Duration,
     /// A retry starts only with at least this much left before the host execution deadline (120 s).
     pub retry_min_window: Duration,
+    /// The watchdog's `--grace` (60 s): an attempt whose VM is gone this long after its deadline
+    /// was retired by the watchdog (`WatchdogDeadline`). Keep it equal to the watchdog's.
+    pub watchdog_grace: Duration,
     /// First wait before a refused or failed status write is sent again (1 s); doubles per try.
     pub status_retry_initial: Duration,
     /// Longest wait between two tries of a status write (30 s).
@@ -119,6 +122,7 @@ impl Default for Timing {
             lease_duration: Duration::from_secs(20),
             api_timeout: Duration::from_secs(4),
             retry_min_window: Duration::from_secs(120),
+            watchdog_grace: Duration::from_secs(60),
             status_retry_initial: Duration::from_secs(1),
             status_retry_max: Duration::from_secs(30),
         }
@@ -174,6 +178,7 @@ struct RawTiming {
     lease_duration: Option<HumaneDuration>,
     api_timeout: Option<HumaneDuration>,
     retry_min_window: Option<HumaneDuration>,
+    watchdog_grace: Option<HumaneDuration>,
     status_retry_initial: Option<HumaneDuration>,
     status_retry_max: Option<HumaneDuration>,
 }
@@ -384,6 +389,7 @@ impl Config {
             lease_duration: pick(t.lease_duration, d.lease_duration),
             api_timeout: pick(t.api_timeout, d.api_timeout),
             retry_min_window: pick(t.retry_min_window, d.retry_min_window),
+            watchdog_grace: pick(t.watchdog_grace, d.watchdog_grace),
             status_retry_initial: pick(t.status_retry_initial, d.status_retry_initial),
             status_retry_max: pick(t.status_retry_max, d.status_retry_max),
         };

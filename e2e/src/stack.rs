@@ -31,6 +31,8 @@ pub struct AgentOptions {
     pub retry_min_window: &'static str,
     pub status_retry_initial: &'static str,
     pub status_retry_max: &'static str,
+    /// The watchdog's `--grace`, also the agent's `watchdog_grace`.
+    pub watchdog_grace: &'static str,
     /// tart-double: seconds from `run` until `exec` answers.
     pub boot_delay_secs: f64,
 }
@@ -45,6 +47,7 @@ impl Default for AgentOptions {
             retry_min_window: "10s",
             status_retry_initial: "200ms",
             status_retry_max: "1s",
+            watchdog_grace: "3s",
             boot_delay_secs: 0.2,
         }
     }
@@ -60,6 +63,7 @@ impl AgentOptions {
             retry_min_window: "120s",
             status_retry_initial: "1s",
             status_retry_max: "30s",
+            watchdog_grace: "60s",
             ..AgentOptions::default()
         }
     }
@@ -249,6 +253,7 @@ api_timeout = "{api}"
 retry_min_window = "{window}"
 status_retry_initial = "{sri}"
 status_retry_max = "{srm}"
+watchdog_grace = "{wg}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -264,6 +269,7 @@ status_retry_max = "{srm}"
             window = opts.retry_min_window,
             sri = opts.status_retry_initial,
             srm = opts.status_retry_max,
+            wg = opts.watchdog_grace,
         );
         std::fs::write(&config, toml).unwrap();
         self.agents.insert(
@@ -376,9 +382,11 @@ status_retry_max = "{srm}"
         self.agent_mut(id).proc.as_mut().is_some_and(|p| p.alive())
     }
 
-    /// Starts `tartan-agent watchdog` on the agent's state dir and tart home.
-    pub fn start_watchdog(&mut self, id: &str, grace: &str) {
+    /// Starts `tartan-agent watchdog` on the agent's state dir and tart home, with the grace the
+    /// agent was configured with.
+    pub fn start_watchdog(&mut self, id: &str) {
         let a = self.agent_mut(id);
+        let grace = a.opts.watchdog_grace;
         assert!(a.watchdog.is_none(), "watchdog of {id} already running");
         let mut cmd = Command::new(bin("tartan-agent"));
         cmd.arg("watchdog")

@@ -1,4 +1,4 @@
-//! Issue 5's watchdog cases on short timings (host timeout 6 s, watchdog grace 3 s): the agent
+//! Issue 5's watchdog cases on short timings (host timeout 6 s, watchdog grace 3 s: `AgentOptions::default`): the agent
 //! killed with its tart children surviving (as under `nohup`), with and without the watchdog;
 //! the watchdog itself killed and restarted mid-wait; a failing delete.
 
@@ -9,7 +9,6 @@ use tartan_api::{AttemptState, Outcome, Reason};
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 use tartan_watchdog::{Action, Line};
 
-const GRACE: &str = "3s";
 const GRACE_SECS: i64 = 3;
 
 /// A stack whose build hangs in its first step; returns it with the VM and its deadline.
@@ -64,7 +63,7 @@ async fn restarted_agent_records(s: &mut Stack, reason: Reason) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_tart_children_survive_watchdog_deletes() {
     let (mut s, vm, _) = hung_build("watchdog-killed-agent").await;
-    s.start_watchdog("agent-a", GRACE);
+    s.start_watchdog("agent-a");
     s.kill_agent("agent-a", KillMode::Alone);
     assert!(tart_alive_for(&s, &vm), "tart run/exec of {vm} survive the agent");
     let line = s
@@ -112,11 +111,11 @@ async fn killed_agent_without_watchdog_restart_deletes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_restarted_mid_wait_is_on_time() {
     let (mut s, vm, deadline) = hung_build("watchdog-restarted").await;
-    s.start_watchdog("agent-a", GRACE);
+    s.start_watchdog("agent-a");
     s.kill_agent("agent-a", KillMode::Alone);
     s.kill_watchdog("agent-a");
     assert!(Timestamp::now() < deadline, "the restart happens before the deadline");
-    s.start_watchdog("agent-a", GRACE);
+    s.start_watchdog("agent-a");
     let line = s
         .wait_watchdog("agent-a", "deleted", Duration::from_secs(30), |l| {
             l.vm == vm && l.action == Action::Deleted
@@ -134,7 +133,7 @@ async fn watchdog_restarted_mid_wait_is_on_time() {
 async fn watchdog_delete_failed_then_deleted() {
     let (mut s, vm, _) = hung_build("watchdog-delete-failed").await;
     s.tart_faults("agent-a", json!({"vms": {vm.clone(): {"delete_fails": true}}}));
-    s.start_watchdog("agent-a", GRACE);
+    s.start_watchdog("agent-a");
     s.kill_agent("agent-a", KillMode::Alone);
     let failed = s
         .wait_watchdog("agent-a", "delete-failed", Duration::from_secs(30), |l| {

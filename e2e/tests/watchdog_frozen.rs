@@ -19,7 +19,7 @@ async fn frozen_agent_watchdog_deletes_at_deadline_plus_grace() {
     s.add_agent("agent-a", AgentOptions::source_defaults());
     s.start_controller(ControllerOptions::source_defaults());
     s.start_agent("agent-a").await;
-    s.start_watchdog("agent-a", "60s");
+    s.start_watchdog("agent-a");
     let mut params = s.build_params(true);
     params.push(("timeout-seconds", json!("10")));
     params.push(("max-attempts", json!("1")));

@@ -135,9 +135,9 @@ impl std::fmt::Display for RunExit {
     }
 }
 
-/// A `tart run NAME` we started. It runs in its own process group, so signals aimed at the caller's group
-/// (Ctrl-C, a launchd stop) do not reach it. Dropping the handle does **not** stop the VM: a restarted agent
-/// finds it again with [`discovery::run_pid`].
+/// A `tart run NAME` we started, in the caller's process group (see [`Tart::run`]). Dropping the handle
+/// does **not** stop the VM: a process that survives (the agent killed alone, as under `nohup`) is found
+/// again with [`discovery::run_pid`].
 #[derive(Debug)]
 pub struct RunningVm {
     name: String,
@@ -396,13 +396,17 @@ impl Tart {
         Ok(())
     }
 
-    /// Starts `tart run --no-graphics [extra] NAME` in its own process group and returns at once. Use
+    /// Starts `tart run --no-graphics [extra] NAME` and returns at once. Use
     /// [`RunningVm::wait_until_running`] to wait until it holds the VM lock.
+    ///
+    /// The child stays in the caller's process group on purpose: the agent's LaunchAgent leaves
+    /// `AbandonProcessGroup` unset, so when the agent dies launchd kills the group and no VM keeps
+    /// running without its agent (DESIGN.md "launchd"). Dropping the handle does not stop the VM.
     pub fn run(&self, name: &str, options: &RunOptions) -> Result<RunningVm, TartError> {
         let home = self.home()?;
         let mut cmd = self.command();
         cmd.arg("run").arg("--no-graphics").args(&options.extra_args).arg(name);
-        cmd.process_group(0).kill_on_drop(false);
+        cmd.kill_on_drop(false);
         match &options.log_path {
             Some(path) => {
                 let open = || {

@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::journal::{Journal, JournalOptions};
 use crate::lock::StateLock;
 use crate::machine;
+use crate::recovery::RecoveryAction;
 use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::jiff::SignedDuration;
@@ -44,6 +45,7 @@ pub fn machine_config(config: &Config) -> machine::Config {
         slots: config.slots,
         retry_min_remaining: SignedDuration::try_from(config.timing.retry_min_window)
             .unwrap_or(SignedDuration::from_secs(120)),
+        watchdog_grace: SignedDuration::try_from(config.timing.watchdog_grace).unwrap_or(SignedDuration::from_secs(60)),
         ..machine::Config::default()
     }
 }
@@ -140,8 +142,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Releases the slot of every quarantined unknown VM an operator has removed.
+async fn resolve_unknown_vms(shared: &Shared) {
+    let unknown: Vec<(String, Option<u8>)> = shared
+        .core
+        .lock()
+        .await
+        .unknown
+        .iter()
+        .map(|(vm, slot)| (vm.clone(), *slot))
+        .collect();
+    for (vm, slot) in unknown {
+        let gone = match shared.tart.vm_dir(&vm) {
+            Ok(dir) => matches!(std::fs::symlink_metadata(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound),
+            Err(error) => {
+                tracing::warn!(%vm, %error, "cannot locate the quarantined VM's folder");
+                false
+            }
+        };
+        if !gone {
+            continue;
+        }
+        let action = RecoveryAction::ResolveUnknownVm { vm: vm.clone(), slot };
+        let seq = shared.core.lock().await.journal.next_seq();
+        if let Some(record) = action.record(seq, k8s_openapi::jiff::Timestamp::now())
+            && let Err(error) = shared.journal_unknown(record).await
+        {
+            tracing::error!(%vm, %error, "could not journal the unknown VM's removal; its slot stays blocked");
+        }
+    }
+}
+
 /// One look at every MacBuild: withdraw what asks for it, claim what matches.
 async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
+    resolve_unknown_vms(shared).await;
     let mut order: Vec<&Arc<MacBuild>> = builds.iter().collect();
     // Oldest first: the queue is fair.
     order.sort_by(|a, b| {
