@@ -736,6 +736,61 @@ async fn delete_fault_fails_until_lifted() {
     assert!(!h.vm_dir(&vm).exists());
 }
 
+#[test]
+fn delete_delay_fault_delays_each_delete_and_a_lift_reaches_the_next() {
+    let h = Harness::new();
+    if h.double_only("delete_delay_secs is a double fault") {
+        return;
+    }
+    let (slow, other) = (h.vm("mb-slow-del"), h.vm("mb-other"));
+    h.clone_image(&slow);
+    h.clone_image(&other);
+    let delay = Duration::from_millis(1500);
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        slow.clone(),
+        Fault {
+            delete_delay_secs: Some(delay.as_secs_f64()),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+
+    // Only the named VM's delete waits; it holds no lock meanwhile and the VM stays whole.
+    let started = Instant::now();
+    assert_eq!(h.raw(&["delete", &other]).code, Some(0));
+    assert!(started.elapsed() < delay, "another VM's delete is not delayed");
+    let started = Instant::now();
+    let mut pending = h.spawn(&["delete", &slow], &h.scratch.join("delete.log"));
+    std::thread::sleep(Duration::from_millis(300));
+    let entry = h.listed(&slow).expect("the VM is untouched while its delete sleeps");
+    assert_eq!(entry["Running"], false, "the sleeping delete holds no VM lock: {entry}");
+    // Lifting the fault mid-way is read by the next invocation, not by the one asleep.
+    h.set_faults(&Faults::default());
+    let status = pending.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() >= delay,
+        "the delayed delete took {:?}, less than {delay:?}",
+        started.elapsed()
+    );
+    assert!(!h.vm_dir(&slow).exists(), "then it deleted normally");
+
+    h.clone_image(&slow);
+    let started = Instant::now();
+    assert_eq!(h.raw(&["delete", &slow]).code, Some(0));
+    assert!(started.elapsed() < delay, "the next delete reads the lifted fault");
+    assert!(!h.vm_dir(&slow).exists());
+
+    // A killed delete (the fault back on) leaves the VM in place.
+    h.set_faults(&faults);
+    h.clone_image(&slow);
+    let mut killed = h.spawn(&["delete", &slow], &h.scratch.join("delete-killed.log"));
+    std::thread::sleep(Duration::from_millis(200));
+    killed.kill_and_wait();
+    assert!(h.listed(&slow).is_some(), "a killed delete leaves the VM whole");
+}
+
 #[tokio::test]
 async fn run_dies_after_fault_leaves_a_stopped_vm() {
     let h = Harness::new();

@@ -30,6 +30,10 @@ pub struct Fault {
     /// Overrides `TART_DOUBLE_BOOT_DELAY_SECS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_delay_secs: Option<f64>,
+    /// `delete` of the VM sleeps this long before touching anything (holding no lock, so it can be killed
+    /// mid-way), then proceeds normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_delay_secs: Option<f64>,
 }
 
 impl Fault {
@@ -41,6 +45,7 @@ impl Fault {
             exec_hangs: self.exec_hangs.or(fallback.exec_hangs),
             run_dies_after_secs: self.run_dies_after_secs.or(fallback.run_dies_after_secs),
             boot_delay_secs: self.boot_delay_secs.or(fallback.boot_delay_secs),
+            delete_delay_secs: self.delete_delay_secs.or(fallback.delete_delay_secs),
         }
     }
 }
@@ -98,12 +103,14 @@ mod tests {
     #[test]
     fn vm_entry_overrides_global_field_by_field() {
         let faults: Faults = serde_json::from_str(
-            r#"{"global": {"boot_delay_secs": 5, "delete_fails": true}, "vms": {"mb-x": {"delete_fails": false}}}"#,
+            r#"{"global": {"boot_delay_secs": 5, "delete_fails": true, "delete_delay_secs": 2}, "vms": {"mb-x": {"delete_fails": false, "delete_delay_secs": 0.5}}}"#,
         )
         .unwrap();
         let x = faults.for_vm("mb-x");
         assert_eq!(x.delete_fails, Some(false));
         assert_eq!(x.boot_delay_secs, Some(5.0));
+        assert_eq!(x.delete_delay_secs, Some(0.5));
+        assert_eq!(faults.for_vm("mb-y").delete_delay_secs, Some(2.0));
         assert_eq!(faults.for_vm("mb-y").delete_fails, Some(true));
         assert!(serde_json::from_str::<Faults>(r#"{"global": {"typo": 1}}"#).is_err());
     }

@@ -62,6 +62,8 @@ FAULT INJECTION: $TART_HOME/double-faults.json, read on every invocation (edit i
   exec_hangs: bool            exec in the VM hangs without running anything, until the fault is lifted
   run_dies_after_secs: number run of the VM SIGKILLs itself this long after taking the VM lock
   boot_delay_secs: number     overrides TART_DOUBLE_BOOT_DELAY_SECS
+  delete_delay_secs: number   delete of the VM first sleeps this long, holding no lock (so it can be killed
+                              mid-way), then proceeds normally; a change reaches the next delete
 
 SHELL EXAMPLE:
   export TART_HOME=$(mktemp -d)
@@ -950,6 +952,10 @@ fn cmd_delete(home: &Path, name: &str) -> Result<(), Fail> {
             fs::remove_dir_all(&entry)
         };
         return removed.map_err(|e| io_fail("cannot delete", &entry, e));
+    }
+    // Before touching the VM and holding nothing: a killed `delete` leaves the VM as it was.
+    if let Some(delay) = faults_for(home, name)?.delete_delay_secs {
+        std::thread::sleep(secs(delay));
     }
     let dir = require_vm(home, name)?;
     let Some(config) = take_vm_lock(&dir)? else {
