@@ -476,6 +476,23 @@ watchdog_grace = "{wg}"
             .collect()
     }
 
+    /// The argv of each tart-double process of this agent's tart home (e.g. to see a `delete`
+    /// in flight), by pid.
+    pub fn tart_commands(&self, id: &str) -> Vec<(i32, Vec<String>)> {
+        self.tart_pids(id)
+            .into_iter()
+            .filter_map(|pid| {
+                let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let argv = raw
+                    .split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                Some((pid, argv))
+            })
+            .collect()
+    }
+
     // ---- journal and watchdog record ----
 
     pub fn journal(&self, id: &str) -> Vec<Record> {
