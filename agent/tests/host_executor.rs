@@ -414,3 +414,42 @@ async fn the_deadline_interrupts_a_hanging_exec_and_fails_the_attempt() {
         "the hanging tart exec was killed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_macbuild_without_a_destination_publishes_to_the_configured_default() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let mut spec = spec(vec![step("build", "mkdir -p out && printf built > out/App.ipa")]);
+    spec.artifacts = Some(Artifacts {
+        paths: vec!["out/App.ipa".into()],
+        destination: String::new(),
+    });
+    let (_cancel, signal) = cancel_pair();
+    let b = host_common::build("default-dest");
+    let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
+    let mut a = Attempt::new(b.clone(), 1, vm.clone(), 2);
+    let mut cfg = rig.config();
+    cfg.artifacts.destination = Some(format!("file://{}/", dest.path().display()));
+    let host = tartan_agent::host::HostAttempt {
+        build: b,
+        attempt: 1,
+        vm: vm.clone(),
+        spec,
+        deadline: k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600),
+        agent: "mac-test".into(),
+    };
+    let mut exec = AttemptExecutor::new(host, rig.tart.clone(), cfg, signal);
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    assert_eq!(a.outcome, Some(Outcome::Succeeded), "{:?}", journal.lines());
+    let published = dest.path().join(&vm).join("out/App.ipa");
+    assert_eq!(std::fs::read_to_string(&published).unwrap(), "built");
+    assert_eq!(
+        exec.results().artifact_url,
+        Some(format!("file://{}", published.display()))
+    );
+}

@@ -125,7 +125,7 @@ fn artifacts_go_to_s3_in_one_piece_or_multipart_and_a_missing_bucket_fails_after
             exec.results().artifact_url.as_deref(),
             Some(format!("s3://artifacts/app/{vm}/").as_str())
         );
-        let store = s3_store("artifacts").unwrap();
+        let store = s3_store("artifacts", &Default::default()).unwrap();
         let get = |key: String| {
             let store = store.clone();
             async move {

@@ -136,7 +136,9 @@ pub struct Artifacts {
     /// Paths in the guest, relative to the build directory.
     #[schemars(length(min = 1), inner(length(min = 1)))]
     pub paths: Vec<String>,
-    /// Where they go: `s3://bucket/prefix/` or `file:///absolute/dir/` on the host.
+    /// Where they go: `s3://bucket/prefix/` or `file:///absolute/dir/` on the host; unset = the
+    /// agent's configured default destination.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(regex(pattern = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file:///.*)$"))]
     pub destination: String,
 }

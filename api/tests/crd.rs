@@ -324,7 +324,11 @@ fn spec_validation_is_in_the_schema() {
     assert_eq!(p["steps"]["items"]["properties"]["run"]["items"]["minLength"], 1);
     assert!(p["steps"]["items"]["properties"]["name"]["pattern"].is_string());
     assert_eq!(p["source"]["required"], json!(["git", "revision"]));
-    assert_eq!(p["artifacts"]["required"], json!(["destination", "paths"]));
+    assert_eq!(
+        p["artifacts"]["required"],
+        json!(["paths"]),
+        "an unset destination means the agent's configured default"
+    );
     assert_eq!(p["artifacts"]["properties"]["paths"]["minItems"], 1);
     let destination = p["artifacts"]["properties"]["destination"]["pattern"].as_str().unwrap();
     assert!(

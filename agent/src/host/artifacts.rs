@@ -7,12 +7,15 @@
 //!
 //! * `file:///abs/dir/`: copied to a temp file beside the target, fsynced, renamed into place,
 //!   and the directory fsynced, so a crash leaves the old file or the whole new one.
-//! * `s3://bucket/prefix/`: `object_store`'s S3 client, configured from the environment
-//!   (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` or
-//!   `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` or `AWS_ENDPOINT` for S3-compatible servers);
+//! * `s3://bucket/prefix/`: `object_store`'s S3 client, configured from the agent config's
+//!   `[artifacts]` (`s3_region`, `s3_endpoint`, `s3_access_key_id`, `s3_secret_access_key`) and,
+//!   for what it leaves unset, the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//!   `AWS_SESSION_TOKEN`, `AWS_REGION` or `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` or
+//!   `AWS_ENDPOINT` for S3-compatible servers);
 //!   plain `http://` endpoints are allowed (a local MinIO or moto), and large files go up in
 //!   multipart chunks without being held in memory.
 
+use crate::config::ArtifactsConfig;
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::buffered::BufWriter;
@@ -180,7 +183,13 @@ pub struct UploadError {
 }
 
 /// Uploads host file `file` to `key` under `dest`, retrying per `policy`. Returns the URL.
-pub async fn upload(dest: &Destination, key: &str, file: &Path, policy: &UploadPolicy) -> Result<String, UploadError> {
+pub async fn upload(
+    dest: &Destination,
+    key: &str,
+    file: &Path,
+    policy: &UploadPolicy,
+    settings: &ArtifactsConfig,
+) -> Result<String, UploadError> {
     let url = dest.url_of(key);
     let mut wait = policy.backoff;
     let attempts = policy.attempts.max(1);
@@ -189,7 +198,7 @@ pub async fn upload(dest: &Destination, key: &str, file: &Path, policy: &UploadP
         let once = async {
             match dest {
                 Destination::File { dir } => copy_into(dir, key, file).await,
-                Destination::S3 { bucket, prefix } => put_s3(bucket, &join_key(prefix, key), file).await,
+                Destination::S3 { bucket, prefix } => put_s3(bucket, &join_key(prefix, key), file, settings).await,
             }
         };
         match tokio::time::timeout(policy.attempt_timeout, once).await {
@@ -242,15 +251,23 @@ async fn copy_into(dir: &Path, key: &str, file: &Path) -> Result<(), String> {
     .map_err(|e| format!("copy task failed: {e}"))?
 }
 
-/// The S3 client for `bucket`, from the environment (see the module docs).
-pub fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
+/// The S3 client for `bucket`, from `settings` and the environment (see the module docs).
+pub fn s3_store(bucket: &str, settings: &ArtifactsConfig) -> Result<Arc<dyn ObjectStore>, String> {
     // reqwest (under object_store) needs a process-wide TLS crypto provider; ring is the one
     // kube uses too. Installing fails harmlessly when one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let endpoint = std::env::var("AWS_ENDPOINT_URL")
-        .or_else(|_| std::env::var("AWS_ENDPOINT"))
-        .ok();
+    if let Some(id) = &settings.s3_access_key_id {
+        builder = builder.with_access_key_id(id);
+    }
+    if let Some(secret) = &settings.s3_secret_access_key {
+        builder = builder.with_secret_access_key(secret);
+    }
+    let endpoint = settings.s3_endpoint.clone().or_else(|| {
+        std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+            .ok()
+    });
     if let Some(endpoint) = endpoint.filter(|e| !e.is_empty()) {
         // A custom endpoint is an S3-compatible server: path-style requests, and http allowed
         // when the endpoint says http.
@@ -259,7 +276,9 @@ pub fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
             .with_virtual_hosted_style_request(false)
             .with_allow_http(endpoint.starts_with("http://"));
     }
-    if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+    if let Some(region) = &settings.s3_region {
+        builder = builder.with_region(region);
+    } else if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
         builder = builder.with_region("us-east-1");
     }
     let retry = object_store::RetryConfig {
@@ -274,8 +293,8 @@ pub fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
     Ok(Arc::new(store))
 }
 
-async fn put_s3(bucket: &str, key: &str, file: &Path) -> Result<(), String> {
-    let store = s3_store(bucket)?;
+async fn put_s3(bucket: &str, key: &str, file: &Path, settings: &ArtifactsConfig) -> Result<(), String> {
+    let store = s3_store(bucket, settings)?;
     let location = ObjectPath::parse(key).map_err(|e| format!("object key {key:?} is not valid: {e}"))?;
     let mut source = tokio::fs::File::open(file)
         .await
@@ -390,7 +409,9 @@ mod tests {
             max_backoff: Duration::from_millis(10),
             attempt_timeout: Duration::from_secs(10),
         };
-        let url = upload(&dest, "mb-x/out/App.ipa", &src, &policy).await.unwrap();
+        let url = upload(&dest, "mb-x/out/App.ipa", &src, &policy, &Default::default())
+            .await
+            .unwrap();
         assert_eq!(url, format!("file://{}/dest/mb-x/out/App.ipa", tmp.path().display()));
         assert_eq!(
             std::fs::read(tmp.path().join("dest/mb-x/out/App.ipa")).unwrap(),
@@ -399,9 +420,15 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("dest/mb-x/out")).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
         // A missing source fails every attempt and the error says so.
-        let e = upload(&dest, "mb-x/gone", &tmp.path().join("gone"), &policy)
-            .await
-            .unwrap_err();
+        let e = upload(
+            &dest,
+            "mb-x/gone",
+            &tmp.path().join("gone"),
+            &policy,
+            &Default::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.attempts, 2);
         assert!(e.to_string().contains("failed after 2 attempt(s): copying"), "{e}");
     }

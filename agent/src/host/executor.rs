@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use super::artifacts::{Destination, UploadPolicy, artifact_key, upload};
 use super::junit::{TestCounts, parse_report};
 use super::steps::{GuestCommand, checkout_commands, log_dir, step_log};
+use crate::config::ArtifactsConfig;
 use crate::machine::{Action, DeleteContext, Deleted, Event};
 use crate::record::BuildRef;
 
@@ -114,6 +115,8 @@ pub struct ExecutorConfig {
     pub checkout_dir: String,
     /// Retries of each artifact upload.
     pub upload: UploadPolicy,
+    /// The default destination (for a MacBuild that names none) and the S3 settings.
+    pub artifacts: ArtifactsConfig,
 }
 
 impl ExecutorConfig {
@@ -130,6 +133,7 @@ impl ExecutorConfig {
             artifact_cap: 16 << 30,
             checkout_dir: "src".to_string(),
             upload: UploadPolicy::default(),
+            artifacts: ArtifactsConfig::default(),
         }
     }
 }
@@ -641,7 +645,17 @@ impl AttemptExecutor {
             return Performed::Event(passed);
         };
         let failed = |error: String| Performed::Event(Event::ArtifactUploadFailed { error });
-        let dest = match Destination::parse(&artifacts.destination) {
+        let destination = match (artifacts.destination.as_str(), &self.cfg.artifacts.destination) {
+            ("", Some(default)) => default.clone(),
+            ("", None) => {
+                return failed(
+                    "the MacBuild names no artifact destination and the agent config has no [artifacts] destination"
+                        .into(),
+                );
+            }
+            (named, _) => named.to_string(),
+        };
+        let dest = match Destination::parse(&destination) {
             Ok(d) => d,
             Err(e) => return failed(e.to_string()),
         };
@@ -657,7 +671,7 @@ impl AttemptExecutor {
                 Ok(n) => n,
                 Err(e) => return failed(format!("artifact {path} could not be read from the guest: {e}")),
             };
-            let result = upload(&dest, &key, &host, &self.cfg.upload).await;
+            let result = upload(&dest, &key, &host, &self.cfg.upload, &self.cfg.artifacts).await;
             let _ = std::fs::remove_file(&host);
             match result {
                 Ok(url) => {

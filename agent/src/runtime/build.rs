@@ -8,8 +8,7 @@ use super::core::Shared;
 use crate::cluster::claim::{self, ClaimOutcome};
 use crate::host::{AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, Withdrawal, cancel_pair};
 use crate::machine::{self, Action, Attempt, Event, NextAttempt, Refusal, Transition};
-use crate::record::BuildRef;
-use crate::record::Record;
+use crate::record::{BuildRef, Record};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use std::sync::Arc;
@@ -48,12 +47,11 @@ fn new_executor(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: 
         spec,
         agent: shared.config.agent_id.clone(),
     };
-    AttemptExecutor::new(
-        host,
-        shared.tart.clone(),
-        ExecutorConfig::new(&shared.config.state_dir),
-        cancel,
-    )
+    let cfg = ExecutorConfig {
+        artifacts: shared.config.artifacts.clone(),
+        ..ExecutorConfig::new(&shared.config.state_dir)
+    };
+    AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel)
 }
 
 /// A spec for an attempt whose MacBuild is gone: only retiring actions (stop, delete) run, and
