@@ -2,7 +2,7 @@
 //! state dir and tart home, as separate Macs), watchdogs, and readers for every fact a scenario
 //! waits on or the invariant checker needs.
 
-use crate::bins::{agent_has_run, bin};
+use crate::bins::bin;
 use crate::cluster::Cluster;
 use crate::invariants::{self, AgentFacts, PlantedVm, World};
 use crate::process::{Proc, kill_pids_with_env};
@@ -159,8 +159,6 @@ fn macbuilds_resource() -> ApiResource {
 impl Stack {
     /// A fresh API (emulator or `$KUBECONFIG`'s cluster) and namespace; nothing else runs yet.
     pub async fn new(name: &str) -> Stack {
-        // Both rustls providers are linked (kube: ring, object_store: aws-lc-rs); choose one.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let tempdir = tempfile::Builder::new()
             .prefix(&format!("tartan-e2e-{name}-"))
             .tempdir()
@@ -304,11 +302,6 @@ watchdog_grace = "{wg}"
 
     /// Starts (or restarts) `tartan-agent run --config` and waits until it renews its Lease.
     pub async fn start_agent(&mut self, id: &str) {
-        assert!(
-            agent_has_run(),
-            "`tartan-agent run` does not exist yet in {}: this scenario needs the agent's run loop",
-            bin("tartan-agent").display()
-        );
         let started = k8s_openapi::jiff::Timestamp::now();
         let a = self.agent_mut(id);
         assert!(a.proc.is_none(), "agent {id} already running");
