@@ -51,19 +51,15 @@ async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
     let mut mb = MacBuild::new(
         name,
         MacBuildSpec {
-            image: "ghcr.io/cirruslabs/macos-sequoia-xcode:16".into(),
-            source: None,
-            steps: vec![Step {
-                name: "build".into(),
-                run: vec!["true".into()],
-            }],
-            test_report: None,
-            artifacts: None,
             timeout_seconds: 600,
-            max_attempts: 2,
-            resources: None,
             host_selector: BTreeMap::from([("xcode".to_string(), "16".to_string())]),
-            cancel_requested: false,
+            ..MacBuildSpec::new(
+                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
+                vec![Step {
+                    name: "build".into(),
+                    run: vec!["true".into()],
+                }],
+            )
         },
     );
     mb.metadata.namespace = Some("ci".into());

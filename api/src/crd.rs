@@ -92,6 +92,25 @@ pub struct MacBuildSpec {
     pub cancel_requested: bool,
 }
 
+impl MacBuildSpec {
+    /// A spec with `image` and `steps` and every optional field at its default (no source, test
+    /// report or artifacts; `timeoutSeconds` and `maxAttempts` defaulted; no host selector).
+    pub fn new(image: impl Into<String>, steps: Vec<Step>) -> MacBuildSpec {
+        MacBuildSpec {
+            image: image.into(),
+            source: None,
+            steps,
+            test_report: None,
+            artifacts: None,
+            timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            resources: None,
+            host_selector: BTreeMap::new(),
+            cancel_requested: false,
+        }
+    }
+}
+
 fn default_timeout_seconds() -> u32 {
     DEFAULT_TIMEOUT_SECONDS
 }

@@ -424,19 +424,15 @@ mod tests {
         let mut mb = MacBuild::new(
             "b",
             MacBuildSpec {
-                image: "img".into(),
-                source: None,
-                steps: vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                }],
-                test_report: None,
-                artifacts: None,
                 timeout_seconds: 100,
-                max_attempts: 2,
-                resources: None,
                 host_selector: BTreeMap::from([("xcode".to_string(), "16".to_string())]),
-                cancel_requested: false,
+                ..MacBuildSpec::new(
+                    "img",
+                    vec![Step {
+                        name: "build".into(),
+                        run: vec!["true".into()],
+                    }],
+                )
             },
         );
         mb.metadata.namespace = Some("ci".into());

@@ -58,16 +58,9 @@ fn new_executor(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: 
 /// they need nothing from it.
 pub fn spec_of_gone_build(timeout_seconds: u32) -> MacBuildSpec {
     MacBuildSpec {
-        image: String::new(),
-        source: None,
-        steps: Vec::new(),
-        test_report: None,
-        artifacts: None,
         timeout_seconds,
         max_attempts: 1,
-        resources: None,
-        host_selector: Default::default(),
-        cancel_requested: false,
+        ..MacBuildSpec::new(String::new(), Vec::new())
     }
 }
 

@@ -119,16 +119,8 @@ pub fn step(name: &str, script: &str) -> Step {
 
 pub fn spec(steps: Vec<Step>) -> MacBuildSpec {
     MacBuildSpec {
-        image: IMAGE.into(),
-        source: None,
-        steps,
-        test_report: None,
-        artifacts: None,
         timeout_seconds: 600,
-        max_attempts: 2,
-        resources: None,
-        host_selector: Default::default(),
-        cancel_requested: false,
+        ..MacBuildSpec::new(IMAGE, steps)
     }
 }
 
