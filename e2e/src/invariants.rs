@@ -39,6 +39,10 @@ pub struct World {
     pub custom_runs: Vec<Value>,
     pub macbuilds: Vec<Value>,
     pub leases: Vec<Value>,
+    /// The scenario made the cluster refuse terminal `macbuilds/status` writes and never lifted
+    /// it (DESIGN.md invariant 6: "unless the cluster refuses writes past the deadline"). Only
+    /// then may a journaled result of a timed-out CustomRun stay undelivered.
+    pub refused_terminal_status: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -454,11 +458,12 @@ fn delivery(world: &World, v: &mut Vec<Violation>) {
         let Some((agent, r)) = terminal else { continue };
         let name = r.build.as_ref().map(|b| b.name.as_str()).unwrap_or("?");
         let run = world.custom_runs.iter().find(|c| c["metadata"]["name"] == name);
-        if run
-            .and_then(condition)
-            .is_some_and(|(_, reason, _)| reason == "CustomRunTimedOut")
+        if world.refused_terminal_status
+            && run
+                .and_then(condition)
+                .is_some_and(|(_, reason, _)| reason == "CustomRunTimedOut")
         {
-            continue; // refused or late past the deadline: the timeout stands
+            continue; // the cluster refused the result past the deadline: the timeout stands
         }
         match macbuild_by_uid(world, &uid) {
             Some(mb) => {

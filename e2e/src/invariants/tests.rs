@@ -92,6 +92,7 @@ fn good() -> World {
             "status": {"phase": "Succeeded", "journalSeq": 7, "vm": V1, "attempts": [{"number": 1}]},
         })],
         leases: vec![json!({"spec": {"holderIdentity": "agent-a", "leaseDurationSeconds": 20}})],
+        refused_terminal_status: false,
     }
 }
 
@@ -230,4 +231,19 @@ fn deleting_a_foreign_vm_breaks_7() {
         detail: String::new(),
     });
     assert_breaks(&w, 7);
+}
+
+#[test]
+fn an_undelivered_result_of_a_timed_out_run_breaks_6_unless_the_cluster_refused_it() {
+    let mut w = good();
+    w.macbuilds[0]["status"]["journalSeq"] = json!(6);
+    w.macbuilds[0]["status"]["phase"] = json!("Retiring");
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut", "message": "MacBuild did not finish within timeout 5s"});
+    w.custom_runs[0]["status"]["results"][1]["value"] = json!("none");
+    // A timeout alone does not excuse an undelivered result.
+    assert_eq!(invariants_broken(&w), [6].into());
+    // Refused past the deadline (DESIGN.md invariant 6's exception): the timeout stands.
+    w.refused_terminal_status = true;
+    assert_eq!(check(&w), vec![]);
 }
