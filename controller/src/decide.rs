@@ -953,13 +953,21 @@ fn decide_timeout(
     }
     let give_up = add(deadline, timing.grace);
     if now >= give_up {
-        let why = match live {
-            Liveness::Live { .. } => format!("{} but has not confirmed the VM deleted", lease_phrase(&agent, live)),
-            other => lease_phrase(&agent, other),
+        // What happens to the MacBuild next differs: a live agent releases it once it confirms
+        // the VM gone; an unreachable one holds it (finalizer) until it returns.
+        let (why, next) = match live {
+            Liveness::Live { .. } => (
+                format!("{} but has not confirmed the VM deleted", lease_phrase(&agent, live)),
+                "the MacBuild is deleted once the agent confirms its VM is gone",
+            ),
+            other => (
+                lease_phrase(&agent, other),
+                "the MacBuild is kept until the agent returns",
+            ),
         };
         let msg = format!(
             "MacBuild did not finish within timeout {timeout_text} + {grace} grace; VM retirement unconfirmed: {why}; \
-             the MacBuild is kept until the agent returns"
+             {next}"
         );
         let action = b.delete_unless_deleting(None);
         return d.finish(

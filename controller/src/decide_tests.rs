@@ -636,8 +636,8 @@ fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
     assert_eq!(
         msg(&p),
         "MacBuild did not finish within timeout 100s + 45s grace; VM retirement unconfirmed: agent agent-a lease is \
-         live (last renewed 2026-10-05T02:54:24Z) but has not confirmed the VM deleted; the MacBuild is kept until the \
-         agent returns"
+         live (last renewed 2026-10-05T02:54:24Z) but has not confirmed the VM deleted; the MacBuild is deleted once \
+         the agent confirms its VM is gone"
     );
 }
 

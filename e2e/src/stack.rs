@@ -781,27 +781,8 @@ watchdog_grace = "{wg}"
 
     /// Checks all seven invariants; panics listing every violation with the journals.
     pub async fn check_invariants(&self) {
-        self.check_invariants_expecting(&[]).await;
-    }
-
-    /// [`Stack::check_invariants`] for a scenario that pins a known contradiction: exactly the
-    /// `known` violations (invariant number, text the message contains) must be found, each
-    /// printed; any other violation, or a known one that no longer happens, panics.
-    pub async fn check_invariants_expecting(&self, known: &[(u8, &str)]) {
         let world = self.world().await;
-        let mut violations = invariants::check(&world);
-        for (n, text) in known {
-            match violations
-                .iter()
-                .position(|v| v.invariant == *n && v.message.contains(text))
-            {
-                Some(i) => eprintln!("[e2e] {}: KNOWN violation: {}", self.name, violations.remove(i)),
-                None => panic!(
-                    "{}: the known violation of invariant {n} ({text:?}) no longer happens; update the scenario",
-                    self.name
-                ),
-            }
-        }
+        let violations = invariants::check(&world);
         if !violations.is_empty() {
             let list: Vec<String> = violations.iter().map(|v| format!("  - {v}")).collect();
             panic!(
@@ -812,15 +793,7 @@ watchdog_grace = "{wg}"
                 self.journals_text()
             );
         }
-        if known.is_empty() {
-            eprintln!("[e2e] {}: all 7 invariants hold", self.name);
-        } else {
-            eprintln!(
-                "[e2e] {}: no violations besides the {} known one(s)",
-                self.name,
-                known.len()
-            );
-        }
+        eprintln!("[e2e] {}: all 7 invariants hold", self.name);
     }
 
     fn journals_text(&self) -> String {
@@ -831,13 +804,8 @@ watchdog_grace = "{wg}"
     }
 
     /// Checks the invariants, prints the journals, then stops everything.
-    pub async fn finish(self) {
-        self.finish_expecting(&[]).await;
-    }
-
-    /// [`Stack::finish`] with [`Stack::check_invariants_expecting`].
-    pub async fn finish_expecting(mut self, known: &[(u8, &str)]) {
-        self.check_invariants_expecting(known).await;
+    pub async fn finish(mut self) {
+        self.check_invariants().await;
         eprint!("{}", self.journals_text());
         self.cluster.cleanup(&self.client, &self.ns).await;
         self.stop_all();

@@ -187,6 +187,19 @@ fn a_terminal_status_against_the_journal_breaks_4() {
 }
 
 #[test]
+fn unconfirmed_with_a_live_lease_is_true_only_when_the_cluster_refused_the_confirmation() {
+    let mut w = good();
+    w.macbuilds[0]["status"]["journalSeq"] = json!(6);
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut",
+        "message": "MacBuild did not finish within timeout 5s + 3s grace; VM retirement unconfirmed: agent agent-a lease is live (last renewed 2027-01-15T08:00:25Z) but has not confirmed the VM deleted"});
+    w.custom_runs[0]["status"]["results"][1]["value"] = json!("unconfirmed");
+    assert!(invariants_broken(&w).contains(&4));
+    w.refused_terminal_status = true;
+    assert_eq!(check(&w), vec![]);
+}
+
+#[test]
 fn too_many_attempts_or_a_retry_after_failure_break_5() {
     let mut w = good();
     let mut j = attempt(1, "u1", 1, V2, Outcome::Failed, Reason::StepFailed);
