@@ -5,7 +5,7 @@ mod host_common;
 
 use host_common::*;
 use std::time::{Duration, Instant};
-use tartan_agent::host::{AttemptExecutor, DriveError, Withdrawal, cancel_pair, drive};
+use tartan_agent::host::{AttemptExecutor, CancelHandle, DriveError, Withdrawal, cancel_pair, drive};
 use tartan_agent::machine::{Attempt, Config};
 use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
 use tartan_tart::double::{Fault, Faults};
@@ -41,6 +41,36 @@ fn spawn_drive(
         let end = drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks).await;
         (end, exec)
     })
+}
+
+/// Cancels the attempt `task` drives, then measures (and prints) how long until the tart
+/// processes `pids` are dead and the attempt is Retired; the kill must take under 2 s.
+async fn cancel_and_measure(
+    phase: &str,
+    cancel: &CancelHandle,
+    why: Withdrawal,
+    pids: &[tartan_tart::Pid],
+    task: tokio::task::JoinHandle<(Result<S, DriveError>, AttemptExecutor)>,
+) -> AttemptExecutor {
+    let t0 = Instant::now();
+    cancel.cancel(why);
+    wait_for("the tart processes to die", Duration::from_secs(5), || {
+        pids.iter().all(|p| !tartan_tart::process_alive(*p)).then_some(())
+    })
+    .await;
+    let killed_after = t0.elapsed();
+    let (end, exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    let retired_after = t0.elapsed();
+    assert_eq!(end.unwrap(), S::Retired);
+    eprintln!(
+        "cancel during {phase}: executor interrupted in {:?}, tart processes dead after {killed_after:?}, Retired after {retired_after:?}",
+        exec.interrupt_latency().unwrap()
+    );
+    assert!(
+        killed_after < Duration::from_secs(2),
+        "tart processes killed after {killed_after:?}"
+    );
+    exec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,24 +307,7 @@ async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
     })
     .await;
     assert!(!rig.tmp_entries().is_empty(), "the clone is in flight in tmp/");
-    let t0 = Instant::now();
-    cancel.cancel(Withdrawal::CancelRequested);
-    wait_for("the clone process to die", Duration::from_secs(5), || {
-        clone_pids.iter().all(|p| !tartan_tart::process_alive(*p)).then_some(())
-    })
-    .await;
-    let killed_after = t0.elapsed();
-    let (end, exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
-    let retired_after = t0.elapsed();
-    assert_eq!(end.unwrap(), S::Retired);
-    eprintln!(
-        "cancel during clone: executor interrupted in {:?}, clone dead after {killed_after:?}, Retired after {retired_after:?}",
-        exec.interrupt_latency().unwrap()
-    );
-    assert!(
-        killed_after < Duration::from_secs(2),
-        "clone killed after {killed_after:?}"
-    );
+    let exec = cancel_and_measure("clone", &cancel, Withdrawal::CancelRequested, &clone_pids, task).await;
     let lines = journal.lines();
     assert!(
         lines[2].ends_with("Booting -> Retiring (CancelRequested) cancel requested outcome=Cancelled"),
@@ -332,24 +345,7 @@ async fn cancellation_during_boot_kills_tart_run_at_once() {
         tartan_tart::run_pid(&home, &vm).ok().flatten()
     })
     .await;
-    let t0 = Instant::now();
-    cancel.cancel(Withdrawal::OwnerDeleted);
-    wait_for("tart run to die", Duration::from_secs(5), || {
-        (!tartan_tart::process_alive(run)).then_some(())
-    })
-    .await;
-    let killed_after = t0.elapsed();
-    let (end, exec) = tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
-    let retired_after = t0.elapsed();
-    assert_eq!(end.unwrap(), S::Retired);
-    eprintln!(
-        "cancel during boot: executor interrupted in {:?}, tart run dead after {killed_after:?}, Retired after {retired_after:?}",
-        exec.interrupt_latency().unwrap()
-    );
-    assert!(
-        killed_after < Duration::from_secs(2),
-        "tart run killed after {killed_after:?}"
-    );
+    let _exec = cancel_and_measure("boot", &cancel, Withdrawal::OwnerDeleted, &[run], task).await;
     let lines = journal.lines();
     assert!(
         lines[2].ends_with("Booting -> Retiring (OwnerDeleted) owner deleted outcome=Cancelled"),
