@@ -17,6 +17,17 @@ pub struct BuildRef {
     pub uid: String,
 }
 
+impl BuildRef {
+    /// The build a MacBuild object is (by namespace, name and uid).
+    pub fn of(mb: &tartan_api::MacBuild) -> BuildRef {
+        BuildRef {
+            namespace: mb.metadata.namespace.clone().unwrap_or_default(),
+            name: mb.metadata.name.clone().unwrap_or_default(),
+            uid: mb.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
 impl fmt::Display for BuildRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
@@ -73,6 +84,11 @@ impl Record {
             Some(n) => format!("a{n}"),
             None => "-".to_string(),
         }
+    }
+
+    /// The MacBuild status saved in a terminal record, for redelivery.
+    pub fn saved_status(&self) -> Option<tartan_api::MacBuildStatus> {
+        serde_json::from_value(self.status.clone()?).ok()
     }
 
     /// The attempt id used outside the journal: `<macbuild>#<n>`.

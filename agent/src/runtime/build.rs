@@ -25,19 +25,17 @@ pub enum Rest {
     Stuck(String),
 }
 
-/// The executor for `attempt`, with a fresh cancellation pair registered for its build.
-pub async fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec) -> AttemptExecutor {
+/// Registers a task for the build `uid` on this agent: the main loop withdraws it through the
+/// handle kept in `active`, and every executor of the build (all its attempts) listens to the
+/// returned signal, so a withdrawal that comes before an executor exists is not lost.
+pub async fn register(shared: &Shared, uid: &str) -> CancelSignal {
     let (handle, signal) = cancel_pair();
-    shared
-        .core
-        .lock()
-        .await
-        .active
-        .insert(attempt.build.uid.clone(), handle);
-    new_executor(shared, attempt, spec, signal)
+    shared.core.lock().await.active.insert(uid.to_string(), handle);
+    signal
 }
 
-fn new_executor(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: CancelSignal) -> AttemptExecutor {
+/// The executor for `attempt`, listening to its build's withdrawal signal.
+pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: &CancelSignal) -> AttemptExecutor {
     let provisional = Timestamp::now() + SignedDuration::from_secs(i64::from(spec.timeout_seconds));
     let host = HostAttempt {
         build: attempt.build.clone(),
@@ -51,14 +49,13 @@ fn new_executor(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, cancel: 
         artifacts: shared.config.artifacts.clone(),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
-    AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel)
+    AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
 }
 
 /// A spec for an attempt whose MacBuild is gone: only retiring actions (stop, delete) run, and
 /// they need nothing from it.
-pub fn spec_of_gone_build(timeout_seconds: u32) -> MacBuildSpec {
+pub fn spec_of_gone_build() -> MacBuildSpec {
     MacBuildSpec {
-        timeout_seconds,
         max_attempts: 1,
         ..MacBuildSpec::new(String::new(), Vec::new())
     }
@@ -165,8 +162,9 @@ pub async fn claim_and_run(
     number: u32,
     retry_of: Option<&NextAttempt>,
     slot: u8,
+    cancel: &CancelSignal,
 ) -> Rest {
-    let build = Shared::build_ref(mb);
+    let build = BuildRef::of(mb);
     let vm = vm_name(&build.namespace, &build.name, &build.uid, number);
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
     let mut attempt = Attempt::new(build.clone(), number, vm, max_attempts);
@@ -179,11 +177,11 @@ pub async fn claim_and_run(
             return Rest::Stuck(error);
         }
     }
-    admit(shared, mb, &mut attempt, slot).await
+    admit(shared, mb, &mut attempt, slot, cancel).await
 }
 
 /// Claims `attempt` (already `Requested`) and runs it from the admission on.
-pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: u8) -> Rest {
+pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: u8, cancel: &CancelSignal) -> Rest {
     let build = attempt.build.clone();
     let timeout = SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds));
     let first = match claim_with_retries(shared, mb, attempt.number, timeout).await {
@@ -210,7 +208,7 @@ pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: 
             }
         }
     };
-    let mut exec = executor_for(shared, attempt, mb.spec.clone()).await;
+    let mut exec = executor_for(shared, attempt, mb.spec.clone(), cancel);
     let event = match (
         &first,
         machine::step(attempt, first.clone(), Timestamp::now(), &shared.machine),
@@ -249,7 +247,7 @@ async fn claim_with_retries(
                 tracing::warn!(%error, retry_in = ?wait, "claim not confirmed; trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(10));
-                if let Ok(Some(fresh)) = read_build(shared, &Shared::build_ref(mb)).await {
+                if let Ok(Some(fresh)) = read_build(shared, &BuildRef::of(mb)).await {
                     current = fresh;
                 }
             }
@@ -276,7 +274,7 @@ pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Opti
 }
 
 /// Runs owed next attempts until none follows, then forgets the build's task.
-pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest) {
+pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest, cancel: CancelSignal) {
     while let Rest::Retired { next: Some(next) } = &rest {
         let next = next.clone();
         let latest = match read_build(&shared, &build).await {
@@ -294,16 +292,30 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
         };
         // A withdrawal that came while the previous attempt was retiring ends the build here.
         if withdrawal_of(&latest).is_some() {
-            rest = request_and_end(&shared, &latest, &next, Event::CancelRequested { at_start: None }).await;
+            rest = request_and_end(
+                &shared,
+                &latest,
+                &next,
+                Event::CancelRequested { at_start: None },
+                &cancel,
+            )
+            .await;
             continue;
         }
         let until = next.deadline - shared.machine.retry_min_remaining;
         let Some(slot) = wait_for_slot(&shared, &build.uid, until).await else {
             tracing::warn!(%build, attempt = next.attempt, "no slot before the retry window closed");
-            rest = request_and_end(&shared, &latest, &next, Event::DeadlinePassed { at_start: None }).await;
+            rest = request_and_end(
+                &shared,
+                &latest,
+                &next,
+                Event::DeadlinePassed { at_start: None },
+                &cancel,
+            )
+            .await;
             continue;
         };
-        rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), slot).await;
+        rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), slot, &cancel).await;
     }
     if let Rest::Stuck(why) = &rest {
         tracing::error!(%build, %why, "build stopped; the next agent start recovers it from the journal");
@@ -314,8 +326,14 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
 
 /// The next attempt must not start (withdrawn, or its window closed): journal it as requested,
 /// then ended by `ending`.
-async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt, ending: Event) -> Rest {
-    let build = Shared::build_ref(mb);
+async fn request_and_end(
+    shared: &Shared,
+    mb: &MacBuild,
+    next: &NextAttempt,
+    ending: Event,
+    cancel: &CancelSignal,
+) -> Rest {
+    let build = BuildRef::of(mb);
     shared.core.lock().await.reserved.remove(&build.uid);
     let vm = vm_name(&build.namespace, &build.name, &build.uid, next.attempt);
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
@@ -325,7 +343,7 @@ async fn request_and_end(shared: &Shared, mb: &MacBuild, next: &NextAttempt, end
         Ok(record) => attempt.observe(&record),
         Err(error) => return Rest::Stuck(error),
     }
-    let mut exec = executor_for(shared, &attempt, mb.spec.clone()).await;
+    let mut exec = executor_for(shared, &attempt, mb.spec.clone(), cancel);
     run_attempt(shared, &mut exec, &mut attempt, ending, mb.metadata.generation).await
 }
 

@@ -116,7 +116,7 @@ impl Shared {
             .or_else(|| core.statuses.get(&uid).and_then(|s| s.claim.as_ref()).map(|c| c.epoch))
             .unwrap_or(1);
         let previous = core.statuses.get(&uid).cloned().unwrap_or_default();
-        let mut snapshot = next_status(
+        let snapshot = next_status(
             &previous,
             &after,
             &record,
@@ -133,10 +133,8 @@ impl Shared {
         }
         let written = tokio::task::block_in_place(|| core.journal.append(&mut record))
             .map_err(|e| format!("{e}; the transition is not recorded and nothing of it is done"))?;
-        if written != seq {
-            // The journal numbers records; keep the snapshot in step with what it wrote.
-            snapshot.journal_seq = Some(written);
-        }
+        // The journal numbers a record with its `next_seq` (a failed append's number is reused).
+        debug_assert_eq!(written, seq, "the journal numbered the record unexpectedly");
         tracing::info!(target: "journal", "{record}");
         core.attempts.insert(after.key(), after.clone());
         core.statuses.insert(uid.clone(), snapshot.clone());
@@ -157,7 +155,7 @@ impl Shared {
         }
         drop(core);
         if deliverable(&record, &after) {
-            self.delivery.submit(&attempt.build, snapshot, written);
+            self.delivery.submit(&attempt.build, snapshot, seq);
         }
         self.events.transition(&record);
         if record.to == AttemptState::Retired {
@@ -244,20 +242,6 @@ impl Shared {
             "journal compacted"
         );
         Ok(done.len())
-    }
-
-    /// Builds the status snapshot saved in journal record `seq`, for redelivery.
-    pub fn saved_status(record: &Record) -> Option<MacBuildStatus> {
-        serde_json::from_value(record.status.clone()?).ok()
-    }
-
-    /// The build reference of a MacBuild's metadata.
-    pub fn build_ref(mb: &tartan_api::MacBuild) -> BuildRef {
-        BuildRef {
-            namespace: mb.metadata.namespace.clone().unwrap_or_default(),
-            name: mb.metadata.name.clone().unwrap_or_default(),
-            uid: mb.metadata.uid.clone().unwrap_or_default(),
-        }
     }
 }
 

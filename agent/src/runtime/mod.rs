@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::journal::{Journal, JournalOptions};
 use crate::lock::StateLock;
 use crate::machine;
+use crate::record::BuildRef;
 use crate::recovery::RecoveryAction;
 use anyhow::Context;
 use futures::StreamExt;
@@ -214,12 +215,10 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
         };
         let mb = MacBuild::clone(mb);
         let shared = Arc::clone(shared);
-        let (placeholder, _) = crate::host::cancel_pair();
-        shared.core.lock().await.active.insert(uid, placeholder);
+        let cancel = build::register(&shared, &uid).await;
         tokio::spawn(async move {
-            let build = Shared::build_ref(&mb);
-            let rest = build::claim_and_run(&shared, &mb, 1, None, slot).await;
-            build::follow_retries(shared, build, rest).await;
+            let rest = build::claim_and_run(&shared, &mb, 1, None, slot, &cancel).await;
+            build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
         });
     }
 }

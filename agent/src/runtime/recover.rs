@@ -4,6 +4,7 @@
 
 use super::build::{self, Rest};
 use super::core::Shared;
+use crate::host::{CancelSignal, Performed};
 use crate::machine::{Action, Attempt, AttemptKey, Event};
 use crate::record::{BuildRef, Record};
 use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, ObservedVm, RecoveryAction};
@@ -96,7 +97,7 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
         }
         // The last snapshot of each build: the journal's, else the cluster's.
         for r in &records {
-            if let (Some(b), Some(status)) = (&r.build, Shared::saved_status(r)) {
+            if let (Some(b), Some(status)) = (&r.build, r.saved_status()) {
                 core.statuses.insert(b.uid.clone(), status);
             }
         }
@@ -140,14 +141,11 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
         let mb = macbuilds.get(&uid).cloned();
         let records = records.clone();
         let shared = Arc::clone(shared);
-        shared.core.lock().await.active.entry(uid.clone()).or_insert_with(|| {
-            // Registered now so the main loop sees the build as ours; replaced per attempt.
-            crate::host::cancel_pair().0
-        });
+        let cancel = build::register(&shared, &uid).await;
         tokio::spawn(async move {
             let build = action_build(&actions[0]).clone();
-            let rest = run_actions(&shared, mb, &records, actions).await;
-            build::follow_retries(shared, build, rest).await;
+            let rest = run_actions(&shared, mb, &records, actions, &cancel).await;
+            build::follow_retries(shared, build, rest, cancel).await;
         });
     }
     Ok(())
@@ -170,7 +168,13 @@ fn action_build(action: &RecoveryAction) -> &BuildRef {
 }
 
 /// One build's recovery actions, in order; returns where its last attempt rests.
-async fn run_actions(shared: &Shared, mb: Option<MacBuild>, records: &[Record], actions: Vec<RecoveryAction>) -> Rest {
+async fn run_actions(
+    shared: &Shared,
+    mb: Option<MacBuild>,
+    records: &[Record],
+    actions: Vec<RecoveryAction>,
+    cancel: &CancelSignal,
+) -> Rest {
     let generation = mb.as_ref().and_then(|m| m.metadata.generation);
     let mut rest = Rest::Retired { next: None };
     for action in actions {
@@ -184,9 +188,19 @@ async fn run_actions(shared: &Shared, mb: Option<MacBuild>, records: &[Record], 
                     }
                 };
                 let u32_killed = u32::try_from(killed).unwrap_or(u32::MAX);
-                drive(shared, &mb, &attempt, then.event(u32_killed), generation).await
+                drive(
+                    shared,
+                    &mb,
+                    &attempt,
+                    Start::Event(then.event(u32_killed)),
+                    generation,
+                    cancel,
+                )
+                .await
             }
-            RecoveryAction::Step { attempt, event } => drive(shared, &mb, &attempt, event, generation).await,
+            RecoveryAction::Step { attempt, event } => {
+                drive(shared, &mb, &attempt, Start::Event(event), generation, cancel).await
+            }
             RecoveryAction::DeleteVm { attempt, vm, context } => {
                 let action = if context == crate::machine::DeleteContext::Retry {
                     Action::RetryDeleteLater {
@@ -196,10 +210,11 @@ async fn run_actions(shared: &Shared, mb: Option<MacBuild>, records: &[Record], 
                 } else {
                     Action::StopAndDeleteVm { vm, context }
                 };
-                perform_then_drive(shared, &mb, &attempt, action, generation).await
+                drive(shared, &mb, &attempt, Start::Perform(action), generation, cancel).await
             }
             RecoveryAction::ConfirmVmGone { attempt, vm } => {
-                perform_then_drive(shared, &mb, &attempt, Action::ConfirmVmGone { vm }, generation).await
+                let start = Start::Perform(Action::ConfirmVmGone { vm });
+                drive(shared, &mb, &attempt, start, generation, cancel).await
             }
             RecoveryAction::ResumeAdmission { attempt, .. } => {
                 let Some(mb) = &mb else {
@@ -213,21 +228,15 @@ async fn run_actions(shared: &Shared, mb: Option<MacBuild>, records: &[Record], 
                     Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds))
                 });
                 match build::wait_for_slot(shared, &attempt.build.uid, until).await {
-                    Some(slot) => build::admit(shared, mb, &mut a, slot).await,
+                    Some(slot) => build::admit(shared, mb, &mut a, slot, cancel).await,
                     None => {
-                        drive(
-                            shared,
-                            &Some(mb.clone()),
-                            &attempt,
-                            Event::DeadlinePassed { at_start: None },
-                            generation,
-                        )
-                        .await
+                        let start = Start::Event(Event::DeadlinePassed { at_start: None });
+                        drive(shared, &Some(mb.clone()), &attempt, start, generation, cancel).await
                     }
                 }
             }
             RecoveryAction::RedeliverStatus { attempt, seq } => {
-                match records.iter().find(|r| r.seq == seq).and_then(Shared::saved_status) {
+                match records.iter().find(|r| r.seq == seq).and_then(Record::saved_status) {
                     Some(status) => shared.delivery.submit(&attempt.build, status, seq),
                     None => tracing::error!(%seq, "record has no saved status to deliver"),
                 }
@@ -255,41 +264,32 @@ async fn known_attempt(shared: &Shared, key: &AttemptKey) -> Option<Attempt> {
     found
 }
 
-async fn executor(shared: &Shared, mb: &Option<MacBuild>, a: &Attempt) -> crate::host::AttemptExecutor {
-    let spec = match mb {
-        Some(mb) => mb.spec.clone(),
-        None => build::spec_of_gone_build(1),
-    };
-    build::executor_for(shared, a, spec).await
+/// How a recovered attempt's loop starts: with an event, or with a host action whose result is
+/// the first event (a deletion, a confirmation that the watchdog deleted the VM).
+enum Start {
+    Event(Event),
+    Perform(Action),
 }
 
 async fn drive(
     shared: &Shared,
     mb: &Option<MacBuild>,
     key: &AttemptKey,
-    event: Event,
+    start: Start,
     generation: Option<i64>,
+    cancel: &CancelSignal,
 ) -> Rest {
     let Some(mut a) = known_attempt(shared, key).await else {
         return Rest::Stuck(format!("unknown attempt {key}"));
     };
-    let mut exec = executor(shared, mb, &a).await;
+    let spec = mb.as_ref().map_or_else(build::spec_of_gone_build, |mb| mb.spec.clone());
+    let mut exec = build::executor_for(shared, &a, spec, cancel);
+    let event = match start {
+        Start::Event(event) => event,
+        Start::Perform(action) => match exec.perform(&action).await {
+            Performed::Event(event) => event,
+            other => return Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
+        },
+    };
     build::run_attempt(shared, &mut exec, &mut a, event, generation).await
-}
-
-async fn perform_then_drive(
-    shared: &Shared,
-    mb: &Option<MacBuild>,
-    key: &AttemptKey,
-    action: Action,
-    generation: Option<i64>,
-) -> Rest {
-    let Some(mut a) = known_attempt(shared, key).await else {
-        return Rest::Stuck(format!("unknown attempt {key}"));
-    };
-    let mut exec = executor(shared, mb, &a).await;
-    match exec.perform(&action).await {
-        crate::host::Performed::Event(event) => build::run_attempt(shared, &mut exec, &mut a, event, generation).await,
-        other => Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
-    }
 }
