@@ -243,6 +243,9 @@ pub enum Event {
     WatchdogRemovedVm,
     /// Recovery found the attempt open at agent start and killed `killed` tart processes.
     AgentRestarted { killed: u32 },
+    /// The agent's own task driving the attempt failed (a panic, with its message): the attempt
+    /// is interrupted as if the agent had restarted, and its VM deleted.
+    AgentFault { message: String },
     /// The VM's deletion is confirmed.
     VmDeleted { how: Deleted },
     /// `tart delete` failed (or the VM is still listed).
@@ -290,6 +293,7 @@ event_kinds! {
     DeadlinePassed,
     WatchdogRemovedVm,
     AgentRestarted,
+    AgentFault,
     VmDeleted,
     DeleteFailed,
 }
@@ -730,7 +734,7 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                     withdrawal_text(a, reason),
                     show(&a.outcome)
                 ),
-                vec![],
+                vec![continue_retirement(a, cfg, at_start(&ev))],
             ))
         }
         (_, Event::DeadlinePassed { at_start: killed }) if running => {
@@ -774,6 +778,14 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             tr.outcome = Some(Outcome::Failed);
             Ok(tr)
         }
+        (_, Event::AgentFault { message }) if running => Ok(retire(
+            a,
+            t,
+            Reason::AgentFault,
+            Outcome::Interrupted,
+            format!("the agent's task for this attempt failed: {message}"),
+            DeleteContext::Normal,
+        )),
         (_, Event::AgentRestarted { killed }) if running => {
             let detail = with_start(String::new(), state, Some(killed));
             Ok(retire(
@@ -839,6 +851,25 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             ))
         }
         _ => Err(not_allowed),
+    }
+}
+
+/// The deletion still owed by an attempt in `Retiring`/`Quarantined` whose transition stays there
+/// (a withdrawal recorded after the outcome was fixed): a withdrawal never stops the deletion, so
+/// every record in those states carries the action that leads on to `Retired`.
+pub fn continue_retirement(a: &Attempt, cfg: &Config, at_start: Option<u32>) -> Action {
+    let vm = a.vm.clone();
+    match (a.state, a.reason) {
+        // The watchdog took the VM: only confirm it is gone, never touch it.
+        (AttemptState::Retiring, Some(Reason::WatchdogDeadline)) => Action::ConfirmVmGone { vm },
+        (AttemptState::Retiring, _) => Action::StopAndDeleteVm {
+            vm,
+            context: context(at_start),
+        },
+        _ => Action::RetryDeleteLater {
+            vm,
+            after: cfg.quarantine_retry,
+        },
     }
 }
 

@@ -21,8 +21,8 @@ use std::fmt;
 use tartan_api::{AttemptState, Reason, VM_PREFIX};
 
 use crate::machine::{
-    Attempt, AttemptKey, Config, DeleteContext, Event, NextAttempt, SlotHolder, attempt_holders, decide_retry,
-    free_slot,
+    self, Action, Attempt, AttemptKey, Config, DeleteContext, Event, NextAttempt, SlotHolder, attempt_holders,
+    decide_retry, free_slot,
 };
 use crate::record::{BuildRef, RECORD_VERSION, Record};
 
@@ -227,6 +227,21 @@ pub enum RecoveryAction {
 }
 
 impl RecoveryAction {
+    /// The recovery action for the deletion an attempt in `Retiring`/`Quarantined` still owes
+    /// ([`machine::continue_retirement`], the one place that decides it).
+    fn finishing(attempt: AttemptKey, owed: Action) -> RecoveryAction {
+        match owed {
+            Action::ConfirmVmGone { vm } => RecoveryAction::ConfirmVmGone { attempt, vm },
+            Action::StopAndDeleteVm { vm, context } => RecoveryAction::DeleteVm { attempt, vm, context },
+            Action::RetryDeleteLater { vm, .. } => RecoveryAction::DeleteVm {
+                attempt,
+                vm,
+                context: DeleteContext::Retry,
+            },
+            other => unreachable!("continue_retirement owes a deletion, not {other:?}"),
+        }
+    }
+
     /// The record to journal for the actions that journal without an attempt (unknown VMs).
     pub fn record(&self, seq: u64, now: Timestamp) -> Option<Record> {
         let (vm, slot, from, to, reason, detail) = match self {
@@ -416,32 +431,20 @@ pub fn plan(
             }
             AttemptState::Retiring | AttemptState::Quarantined => {
                 // The outcome is kept; a withdrawal is recorded once so that no retry follows.
+                // Its transition carries the deletion still owed (the machine never lets a
+                // withdrawal stop it), so nothing else is planned for the attempt then.
                 if let (Some(w), None) = (withdrawal, a.withdrawn) {
                     let event = match w {
-                        Ending::OwnerDeleted => Event::OwnerDeleted { at_start: None },
-                        _ => Event::CancelRequested { at_start: None },
+                        Ending::OwnerDeleted => Event::OwnerDeleted { at_start: Some(0) },
+                        _ => Event::CancelRequested { at_start: Some(0) },
                     };
-                    out.push(RecoveryAction::Step {
-                        attempt: key.clone(),
-                        event,
-                    });
+                    out.push(RecoveryAction::Step { attempt: key, event });
+                    continue;
                 }
-                let vm = a.vm.clone();
-                out.push(match (a.state, a.reason) {
-                    (AttemptState::Retiring, Some(Reason::WatchdogDeadline)) => {
-                        RecoveryAction::ConfirmVmGone { attempt: key, vm }
-                    }
-                    (AttemptState::Retiring, _) => RecoveryAction::DeleteVm {
-                        attempt: key,
-                        vm,
-                        context: DeleteContext::AgentStart,
-                    },
-                    _ => RecoveryAction::DeleteVm {
-                        attempt: key,
-                        vm,
-                        context: DeleteContext::Retry,
-                    },
-                });
+                out.push(RecoveryAction::finishing(
+                    key,
+                    machine::continue_retirement(a, cfg, Some(0)),
+                ));
             }
             AttemptState::Retired => {}
         }

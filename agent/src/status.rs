@@ -58,10 +58,16 @@ pub fn next_status(
     status.journal_seq = Some(record.seq);
     status.vm = Some(attempt.vm.clone());
     status.deadline = attempt.deadline.map(Time);
-    if let Some(results) = who.results {
+    // The results journaled when the outcome was fixed (entering `Retiring`) are the attempt's
+    // until it is retired: a later record (the delete's retry, or recovery's fresh executor that
+    // gathered nothing) never replaces them.
+    let outcome_fixed_earlier = matches!(record.from, Some(AttemptState::Retiring | AttemptState::Quarantined));
+    if new_attempt {
+        status.results = who.results.cloned();
+    } else if let Some(results) = who.results
+        && !outcome_fixed_earlier
+    {
         status.results = Some(results.clone());
-    } else if new_attempt {
-        status.results = None;
     }
 
     let entry = match status.attempts.iter().position(|a| a.number == attempt.number) {
@@ -422,6 +428,39 @@ mod tests {
             condition(&s, ConditionType::Succeeded),
             (ConditionStatus::False, ConditionReason::AttemptsExhausted)
         );
+    }
+
+    /// Recovery drives the retirement with a fresh executor that gathered nothing: the results
+    /// journaled at `Retiring` must survive every later record (the chaos run's lost result).
+    #[test]
+    fn results_fixed_at_retiring_survive_a_later_record_with_empty_results() {
+        use AttemptState::*;
+        let results = BuildResults {
+            tests_passed: Some(4),
+            tests_total: Some(4),
+            artifact_url: Some("file:///srv/a/".into()),
+        };
+        let empty = BuildResults::default();
+        let records = happy(Reason::TestsPassed, Outcome::Succeeded);
+        let (mut attempt, mut status) = run(&records[..6], &who(Some(&results), false));
+        assert_eq!(status.results.as_ref(), Some(&results));
+        // Quarantined, withdrawn while the agent was down, then resolved by a restarted agent.
+        let later = [
+            rec(7, 1, Some(Retiring), Quarantined, Some(Reason::DeleteFailed)),
+            rec(8, 1, Some(Quarantined), Quarantined, Some(Reason::CancelRequested)),
+            rec(9, 1, Some(Quarantined), Retired, Some(Reason::Resolved)),
+        ];
+        for r in &later {
+            attempt.observe(r);
+            status = next_status(&status, &attempt, r, &who(Some(&empty), false));
+            assert_eq!(status.results.as_ref(), Some(&results), "after #{}", r.seq);
+        }
+        // Killed during Retiring instead: the restarted agent's Retired record keeps them too.
+        let (_, status) = run(&records[..6], &who(Some(&results), false));
+        let (mut a, _) = run(&records[..6], &who(Some(&results), false));
+        a.observe(&records[6]);
+        let status = next_status(&status, &a, &records[6], &who(Some(&empty), false));
+        assert_eq!(status.results.as_ref(), Some(&results));
     }
 
     #[test]

@@ -56,6 +56,9 @@ vocabulary! {
         ArtifactUploadFailed => "ArtifactUploadFailed",
         /// The agent found the attempt open at start; the process that ran it is gone.
         AgentRestarted => "AgentRestarted",
+        /// The agent's task running the attempt failed (a panic); the VM is deleted and a retry
+        /// may follow.
+        AgentFault => "AgentFault",
         /// The VM's deletion is confirmed.
         VMDeleted => "VMDeleted",
         /// `tart delete` failed or the VM directory is still there.
@@ -110,6 +113,7 @@ impl From<Reason> for ConditionReason {
             Reason::VMStartFailed => ConditionReason::VMStartFailed,
             Reason::ArtifactUploadFailed => ConditionReason::ArtifactUploadFailed,
             Reason::AgentRestarted => ConditionReason::AgentRestarted,
+            Reason::AgentFault => ConditionReason::AgentFault,
             Reason::VMDeleted => ConditionReason::VMDeleted,
             Reason::DeleteFailed => ConditionReason::DeleteFailed,
             Reason::Resolved => ConditionReason::Resolved,

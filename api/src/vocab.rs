@@ -137,6 +137,9 @@ vocabulary! {
         ArtifactUploadFailed => "ArtifactUploadFailed",
         /// The agent found the attempt open at start; the process that ran it is gone.
         AgentRestarted => "AgentRestarted",
+        /// The agent's task running the attempt failed (a panic); the VM is deleted and a retry
+        /// may follow.
+        AgentFault => "AgentFault",
         /// The VM's deletion is confirmed.
         VMDeleted => "VMDeleted",
         /// `tart delete` failed or the VM directory is still there.

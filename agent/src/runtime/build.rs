@@ -6,11 +6,14 @@
 
 use super::core::Shared;
 use crate::cluster::claim::{self, ClaimOutcome};
-use crate::host::{AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, Withdrawal, cancel_pair};
-use crate::machine::{self, Action, Attempt, Event, NextAttempt, Refusal, Transition};
+use crate::host::{
+    AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair,
+};
+use crate::machine::{self, Action, Attempt, AttemptKey, Event, NextAttempt, Refusal, Transition};
 use crate::record::{BuildRef, Record};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tartan_api::{AttemptState, BuildResults, MacBuild, MacBuildSpec, vm_name};
@@ -169,6 +172,16 @@ pub async fn claim_and_run(
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
     let mut attempt = Attempt::new(build.clone(), number, vm, max_attempts);
     let generation = mb.metadata.generation;
+    {
+        // The journal, not a cached MacBuild, says what was run: an attempt it already has is
+        // never requested (and so never cloned) again.
+        let mut core = shared.core.lock().await;
+        if core.attempts.contains_key(&attempt.key()) {
+            core.reserved.remove(&build.uid);
+            tracing::warn!(attempt = %attempt.key(), "the journal already has this attempt; not claiming it again");
+            return Rest::Retired { next: None };
+        }
+    }
     let t = machine::request(&attempt, retry_of, Timestamp::now());
     match shared.journal(&attempt, &t, None, generation).await {
         Ok(record) => attempt.observe(&record),
@@ -353,5 +366,183 @@ pub fn withdrawal_of(mb: &MacBuild) -> Option<Withdrawal> {
         Some(Withdrawal::CancelRequested)
     } else {
         None
+    }
+}
+
+/// How many times a build's task is restarted after a panic before it is left to the next agent
+/// start (a fault that repeats on every try must not loop).
+const MAX_TASK_FAULTS: u32 = 3;
+
+/// Runs a build's task (`work`, given the shared state and the build's withdrawal signal) and
+/// watches how it ends: a panic must never leave an attempt open with its VM running and its slot
+/// held. The open attempt is then interrupted (`AgentFault`, with the panic's message) or, past
+/// its outcome, its owed deletion performed; the retries that may follow run as usual.
+pub fn spawn_supervised<W, F>(shared: Arc<Shared>, build: BuildRef, cancel: CancelSignal, work: W)
+where
+    W: FnOnce(Arc<Shared>, CancelSignal) -> F + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let first = work(Arc::clone(&shared), cancel.clone());
+        let take_over = |message: String| {
+            tracing::error!(%build, %message, "the build's task failed; interrupting its open attempt");
+            let (shared, build, cancel) = (Arc::clone(&shared), build.clone(), cancel.clone());
+            async move {
+                let rest = after_fault(&shared, &build, &message, &cancel).await;
+                follow_retries(shared, build, rest, cancel).await;
+            }
+        };
+        if let Err(message) = supervise(first, take_over).await {
+            tracing::error!(%build, %message, "the build's task failed {MAX_TASK_FAULTS} times; the next agent start recovers it from the journal");
+            shared.core.lock().await.active.remove(&build.uid);
+        }
+    });
+}
+
+/// Runs `first` in its own task; each time a task fails (panics), runs `take_over(message)` in a
+/// new one, at most [`MAX_TASK_FAULTS`] times. `Err` carries the last failure when they ran out.
+pub async fn supervise<F, H, G>(first: F, mut take_over: H) -> Result<(), String>
+where
+    F: Future<Output = ()> + Send + 'static,
+    H: FnMut(String) -> G,
+    G: Future<Output = ()> + Send + 'static,
+{
+    let mut task = tokio::spawn(first);
+    let mut faults = 0;
+    loop {
+        let message = match task.await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_panic() => panic_message(e.into_panic()),
+            Err(e) => e.to_string(),
+        };
+        faults += 1;
+        if faults > MAX_TASK_FAULTS {
+            return Err(message);
+        }
+        task = tokio::spawn(take_over(message));
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+/// Takes over the open attempt of `build` after its task failed.
+async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &CancelSignal) -> Rest {
+    let open = {
+        let core = shared.core.lock().await;
+        core.latest_attempt(&build.uid)
+            .filter(|a| a.state != AttemptState::Retired)
+            .cloned()
+    };
+    let Some(a) = open else {
+        return Rest::Retired { next: None };
+    };
+    let start = match a.state {
+        AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {
+            Start::Event(Event::AgentFault {
+                message: message.to_string(),
+            })
+        }
+        AttemptState::Retiring | AttemptState::Quarantined => {
+            Start::Perform(machine::continue_retirement(&a, &shared.machine, None))
+        }
+        // Nothing was cloned yet; the claim is resumed at the next agent start.
+        AttemptState::Requested | AttemptState::Retired => {
+            return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
+        }
+    };
+    let mb = read_build(shared, build).await.ok().flatten();
+    drive(
+        shared,
+        &mb,
+        &a.key(),
+        start,
+        mb.as_ref().and_then(|m| m.metadata.generation),
+        cancel,
+    )
+    .await
+}
+
+/// The journal's view of attempt `key`, if it has one.
+pub async fn known_attempt(shared: &Shared, key: &AttemptKey) -> Option<Attempt> {
+    let found = shared.core.lock().await.attempts.get(key).cloned();
+    if found.is_none() {
+        tracing::error!(attempt = %key, "the journal does not have this attempt");
+    }
+    found
+}
+
+/// How an attempt's loop starts when no task was following it (at recovery, or after its task
+/// failed): with an event, or with a host action whose result is the first event (a deletion, a
+/// confirmation that the watchdog deleted the VM).
+pub enum Start {
+    Event(Event),
+    Perform(Action),
+}
+
+/// Follows attempt `key` from `start` with a fresh executor until it rests.
+pub async fn drive(
+    shared: &Shared,
+    mb: &Option<MacBuild>,
+    key: &AttemptKey,
+    start: Start,
+    generation: Option<i64>,
+    cancel: &CancelSignal,
+) -> Rest {
+    let Some(mut a) = known_attempt(shared, key).await else {
+        return Rest::Stuck(format!("unknown attempt {key}"));
+    };
+    let spec = mb.as_ref().map_or_else(spec_of_gone_build, |mb| mb.spec.clone());
+    let mut exec = executor_for(shared, &a, spec, cancel);
+    let event = match start {
+        Start::Event(event) => event,
+        Start::Perform(action) => match exec.perform(&action).await {
+            Performed::Event(event) => event,
+            other => return Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
+        },
+    };
+    run_attempt(shared, &mut exec, &mut a, event, generation).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    #[tokio::test]
+    async fn a_panicking_task_is_taken_over_with_its_message() {
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let result = supervise(async { panic!("attempt to add with overflow") }, move |message| {
+            log.lock().unwrap().push(message);
+            async {}
+        })
+        .await;
+        assert_eq!(result, Ok(()));
+        assert_eq!(*seen.lock().unwrap(), vec!["attempt to add with overflow".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn a_fault_that_repeats_is_given_up_after_a_bound() {
+        let calls = Arc::new(StdMutex::new(0));
+        let count = Arc::clone(&calls);
+        let result = supervise(async { panic!("first") }, move |_| {
+            *count.lock().unwrap() += 1;
+            async { panic!("again") }
+        })
+        .await;
+        assert_eq!(result, Err("again".to_string()));
+        assert_eq!(*calls.lock().unwrap(), MAX_TASK_FAULTS);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_normally_is_not_taken_over() {
+        let result = supervise(async {}, |_| -> std::future::Ready<()> { panic!("must not be called") }).await;
+        assert_eq!(result, Ok(()));
     }
 }

@@ -36,6 +36,9 @@ pub struct Core {
     /// `status.journalSeq` each MacBuild showed at agent start (by uid): what earlier runs of
     /// the agent delivered.
     pub delivered_before: BTreeMap<String, u64>,
+    /// Builds finished here whose records compaction dropped (by uid): the journal no longer
+    /// names them, and they must still never be claimed again.
+    pub compacted: BTreeSet<String>,
 }
 
 impl Core {
@@ -67,6 +70,16 @@ impl Core {
             .values()
             .filter(|a| a.build.uid == uid)
             .max_by_key(|a| a.number)
+    }
+
+    /// Whether the journal says this agent finished `uid`: its last attempt is retired with an
+    /// outcome (a lost claim has none) and no task follows it. Such a build is only ever
+    /// redelivered, never claimed, admitted or cloned again, whatever a cached MacBuild says.
+    pub fn finished_here(&self, uid: &str) -> bool {
+        self.compacted.contains(uid)
+            || self
+                .latest_attempt(uid)
+                .is_some_and(|a| a.state == AttemptState::Retired && a.outcome.is_some())
     }
 
     /// Whether this agent still has anything to do for `uid` (an attempt not yet retired).
@@ -227,6 +240,8 @@ impl Shared {
             .filter(|a| done.contains(&a.build.uid))
             .map(|a| a.build.clone())
             .collect();
+        let finished: Vec<String> = done.iter().filter(|uid| core.finished_here(uid)).cloned().collect();
+        core.compacted.extend(finished);
         core.attempts.retain(|k, _| !done.contains(&k.build.uid));
         core.statuses.retain(|uid, _| !done.contains(uid));
         core.epochs.retain(|uid, _| !done.contains(uid));

@@ -86,6 +86,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             reserved: BTreeMap::new(),
             active: BTreeMap::new(),
             delivered_before: BTreeMap::new(),
+            compacted: Default::default(),
         }),
         client: client.clone(),
         tart,
@@ -197,7 +198,7 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
                 }
                 continue;
             }
-            if core.has_open_attempt(&uid) {
+            if core.has_open_attempt(&uid) || core.finished_here(&uid) {
                 continue;
             }
         }
@@ -216,7 +217,7 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
         let mb = MacBuild::clone(mb);
         let shared = Arc::clone(shared);
         let cancel = build::register(&shared, &uid).await;
-        tokio::spawn(async move {
+        build::spawn_supervised(shared, BuildRef::of(&mb), cancel, move |shared, cancel| async move {
             let rest = build::claim_and_run(&shared, &mb, 1, None, slot, &cancel).await;
             build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
         });

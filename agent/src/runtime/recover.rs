@@ -2,10 +2,10 @@
 //! planner what to do, and do it. Unknown VMs are journaled first (their slots are blocked before
 //! anything is admitted); every build's actions then run in order in that build's own task.
 
-use super::build::{self, Rest};
+use super::build::{self, Rest, Start, drive, known_attempt};
 use super::core::Shared;
-use crate::host::{CancelSignal, Performed};
-use crate::machine::{Action, Attempt, AttemptKey, Event};
+use crate::host::CancelSignal;
+use crate::machine::{Action, Event};
 use crate::record::{BuildRef, Record};
 use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, ObservedVm, RecoveryAction};
 use k8s_openapi::jiff::Timestamp;
@@ -142,7 +142,8 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
         let records = records.clone();
         let shared = Arc::clone(shared);
         let cancel = build::register(&shared, &uid).await;
-        tokio::spawn(async move {
+        let build = action_build(&actions[0]).clone();
+        build::spawn_supervised(shared, build, cancel, move |shared, cancel| async move {
             let build = action_build(&actions[0]).clone();
             let rest = run_actions(&shared, mb, &records, actions, &cancel).await;
             build::follow_retries(shared, build, rest, cancel).await;
@@ -254,42 +255,4 @@ async fn run_actions(
         }
     }
     rest
-}
-
-async fn known_attempt(shared: &Shared, key: &AttemptKey) -> Option<Attempt> {
-    let found = shared.core.lock().await.attempts.get(key).cloned();
-    if found.is_none() {
-        tracing::error!(attempt = %key, "recovery names an attempt the journal does not have");
-    }
-    found
-}
-
-/// How a recovered attempt's loop starts: with an event, or with a host action whose result is
-/// the first event (a deletion, a confirmation that the watchdog deleted the VM).
-enum Start {
-    Event(Event),
-    Perform(Action),
-}
-
-async fn drive(
-    shared: &Shared,
-    mb: &Option<MacBuild>,
-    key: &AttemptKey,
-    start: Start,
-    generation: Option<i64>,
-    cancel: &CancelSignal,
-) -> Rest {
-    let Some(mut a) = known_attempt(shared, key).await else {
-        return Rest::Stuck(format!("unknown attempt {key}"));
-    };
-    let spec = mb.as_ref().map_or_else(build::spec_of_gone_build, |mb| mb.spec.clone());
-    let mut exec = build::executor_for(shared, &a, spec, cancel);
-    let event = match start {
-        Start::Event(event) => event,
-        Start::Perform(action) => match exec.perform(&action).await {
-            Performed::Event(event) => event,
-            other => return Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
-        },
-    };
-    build::run_attempt(shared, &mut exec, &mut a, event, generation).await
 }
