@@ -37,6 +37,7 @@ fn record(i: u64) -> Record {
         outcome: (i % 6 == 5).then_some(Outcome::Succeeded),
         slot: Some((i % 2) as u8),
         deadline: Some("2026-10-05T03:11:40.304Z".parse().unwrap()),
+        max_attempts: None,
         status: None,
     }
 }

@@ -119,6 +119,9 @@ impl Attempt {
         if matches!(r.reason, Some(Reason::CancelRequested | Reason::OwnerDeleted)) {
             self.withdrawn = self.withdrawn.or(r.reason);
         }
+        if let Some(max) = r.max_attempts {
+            self.max_attempts = max;
+        }
         self.last_seq = Some(r.seq);
         self.last_time = Some(r.time);
     }
@@ -139,6 +142,7 @@ impl Attempt {
             outcome: t.outcome,
             slot: t.slot.or(self.slot),
             deadline: t.deadline.or(self.deadline),
+            max_attempts: (t.to == AttemptState::Requested).then_some(self.max_attempts),
             status: None,
         }
     }

@@ -72,6 +72,10 @@ pub struct Record {
     /// The host execution deadline, fixed at the first admission and kept by retries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Timestamp>,
+    /// `maxAttempts` the attempt runs under, on its `Requested` record: the retry decision is
+    /// the journal's alone, so recovery can make it while the cluster is unreachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u8>,
     /// For terminal records: the MacBuild status to submit (again, if it did not arrive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -140,6 +144,7 @@ mod tests {
             outcome: None,
             slot: Some(0),
             deadline: None,
+            max_attempts: None,
             status: None,
         }
     }

@@ -73,6 +73,35 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// What recovery assumes while the cluster cannot be read: every build the journal names
+    /// still exists as the journal left it — not withdrawn, claimed by `me` for its latest
+    /// attempt, holding its latest record, under the journal's `maxAttempts`. Only the host side
+    /// of the plan made with it is acted on ([`host_side`]); the rest waits for the real view.
+    pub fn as_journaled(rp: &Replay, me: &AgentId) -> ClusterView {
+        ClusterView {
+            builds: rp
+                .latest_by_build()
+                .into_values()
+                .map(|a| BuildView {
+                    namespace: a.build.namespace.clone(),
+                    name: a.build.name.clone(),
+                    uid: a.build.uid.clone(),
+                    owner_deleted: false,
+                    deletion_requested: false,
+                    cancel_requested: false,
+                    claim: Some(ClaimView {
+                        holder: me.0.clone(),
+                        attempt: a.number,
+                    }),
+                    journal_seq: a.last_seq,
+                    max_attempts: Some(a.max_attempts),
+                    timeout_seconds: 0,
+                    has_finalizer: false,
+                })
+                .collect(),
+        }
+    }
+
     /// The MacBuild an attempt belongs to, by uid (a recreated MacBuild of the same name is another build).
     pub fn get(&self, build: &BuildRef) -> Option<&BuildView> {
         self.builds.iter().find(|b| b.uid == build.uid)
@@ -95,8 +124,9 @@ pub struct Replay {
     pub unknown: Vec<UnknownVm>,
 }
 
-/// Folds replayed records. `max_attempts` is not journaled: every attempt gets `default_max_attempts`
-/// until the caller knows better (see [`plan`]).
+/// Folds replayed records. `max_attempts` comes from each attempt's `Requested` record (journals
+/// written before it was recorded: `default_max_attempts`); the cluster's view may override it
+/// (see [`Replay::see`]).
 pub fn replay(records: &[Record], cfg: &Config) -> Replay {
     let mut out = Replay::default();
     let mut index: BTreeMap<(String, u32), usize> = BTreeMap::new();
@@ -129,6 +159,18 @@ pub fn replay(records: &[Record], cfg: &Config) -> Replay {
 }
 
 impl Replay {
+    /// The attempt with the highest number of each build (by uid).
+    pub fn latest_by_build(&self) -> BTreeMap<&str, &Attempt> {
+        let mut latest: BTreeMap<&str, &Attempt> = BTreeMap::new();
+        for a in &self.attempts {
+            let e = latest.entry(a.build.uid.as_str()).or_insert(a);
+            if a.number > e.number {
+                *e = a;
+            }
+        }
+        latest
+    }
+
     /// Applies what only the cluster knows: each attempt's `maxAttempts`, and whether its
     /// MacBuild is gone (then nothing is delivered to it and no finalizer is removed).
     pub fn see(&mut self, cluster: &ClusterView, cfg: &Config) {
@@ -227,6 +269,21 @@ pub enum RecoveryAction {
 }
 
 impl RecoveryAction {
+    /// The build the action is for; `None` for the unknown-VM actions, which have no build.
+    pub fn build(&self) -> Option<&BuildRef> {
+        match self {
+            RecoveryAction::KillVmProcesses { attempt, .. }
+            | RecoveryAction::Step { attempt, .. }
+            | RecoveryAction::DeleteVm { attempt, .. }
+            | RecoveryAction::ConfirmVmGone { attempt, .. }
+            | RecoveryAction::ResumeAdmission { attempt, .. }
+            | RecoveryAction::RedeliverStatus { attempt, .. } => Some(&attempt.build),
+            RecoveryAction::AdmitNextAttempt { next } => Some(&next.build),
+            RecoveryAction::RemoveFinalizer { build } => Some(build),
+            RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => None,
+        }
+    }
+
     /// The recovery action for the deletion an attempt in `Retiring`/`Quarantined` still owes
     /// ([`machine::continue_retirement`], the one place that decides it).
     fn finishing(attempt: AttemptKey, owed: Action) -> RecoveryAction {
@@ -284,6 +341,7 @@ impl RecoveryAction {
             outcome: None,
             slot,
             deadline: None,
+            max_attempts: None,
             status: None,
         })
     }
@@ -338,6 +396,18 @@ impl fmt::Display for RecoveryAction {
             }
         }
     }
+}
+
+/// The builds whose recovery needs no cluster: their latest attempt may have a VM (Admitted to
+/// Quarantined), so killing, deleting and journaling it is the host's own business. Builds whose
+/// latest attempt is `Requested` or `Retired` (claims, redelivery, owed retries, finalizers) need
+/// the cluster's view first.
+pub fn host_side(rp: &Replay) -> BTreeSet<String> {
+    rp.latest_by_build()
+        .into_iter()
+        .filter(|(_, a)| a.state.may_have_vm())
+        .map(|(uid, _)| uid.to_string())
+        .collect()
 }
 
 /// Plans recovery at agent start. Pure: `now` is an argument; see [`RecoveryAction`] for order.

@@ -286,6 +286,7 @@ mod tests {
             outcome: None,
             slot: Some(0),
             deadline: None,
+            max_attempts: None,
             status: None,
         }
     }

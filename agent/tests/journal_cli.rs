@@ -26,6 +26,7 @@ fn record(from: Option<AttemptState>, to: AttemptState, reason: Reason, detail: 
         outcome: None,
         slot: Some(0),
         deadline: None,
+        max_attempts: None,
         status: None,
     }
 }

@@ -45,6 +45,7 @@ fn record(detail: String) -> Record {
         outcome: None,
         slot: Some(0),
         deadline: None,
+        max_attempts: None,
         status: None,
     }
 }

@@ -26,6 +26,7 @@ fn record(detail: &str) -> Record {
         outcome: None,
         slot: None,
         deadline: None,
+        max_attempts: None,
         status: None,
     }
 }

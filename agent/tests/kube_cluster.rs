@@ -712,6 +712,7 @@ async fn each_transition_becomes_an_event_on_the_macbuild() {
         outcome: None,
         slot: Some(0),
         deadline: None,
+        max_attempts: None,
         status: None,
     };
     events.transition(&record(

@@ -164,6 +164,18 @@ spec:
         }
     }
 
+    /// Makes every API request fail with 503 (`down`) or serve again. Emulator only: a real
+    /// apiserver has no such switch.
+    pub async fn set_api_down(&self, down: bool) {
+        match self {
+            Cluster::Emulator { url, .. } => {
+                let availability = if down { "unavailable" } else { "up" };
+                emulator_post(url, "/emulator/faults", &json!({"availability": availability}));
+            }
+            Cluster::Real { .. } => panic!("an API outage is injected only into the emulator"),
+        }
+    }
+
     /// Creates `namespace` (a fresh one per stack).
     pub async fn create_namespace(&self, client: &kube::Client, namespace: &str) {
         let api: Api<Namespace> = Api::all(client.clone());

@@ -208,6 +208,15 @@ impl Stack {
         self.refusing_terminal_status = false;
     }
 
+    /// Every API request fails (503) until [`Stack::api_up`].
+    pub async fn api_down(&mut self) {
+        self.cluster.set_api_down(true).await;
+    }
+
+    pub async fn api_up(&mut self) {
+        self.cluster.set_api_down(false).await;
+    }
+
     // ---- controller ----
 
     pub fn start_controller(&mut self, opts: ControllerOptions) {
@@ -306,6 +315,13 @@ watchdog_grace = "{wg}"
         &self.agents[id]
     }
 
+    /// The log of agent `id`'s current (or last) run.
+    pub fn agent_log(&self, id: &str) -> String {
+        let a = self.agent(id);
+        let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
+        std::fs::read_to_string(log).unwrap_or_default()
+    }
+
     pub fn agent(&self, id: &str) -> &Agent {
         self.agents.get(id).unwrap_or_else(|| panic!("no agent {id}"))
     }
@@ -322,6 +338,12 @@ watchdog_grace = "{wg}"
     /// Starts (or restarts) `tartan-agent run --config` and waits until it renews its Lease.
     pub async fn start_agent(&mut self, id: &str) {
         let started = k8s_openapi::jiff::Timestamp::now();
+        self.spawn_agent(id);
+        self.wait_lease_renewed(id, started).await;
+    }
+
+    /// Starts (or restarts) `tartan-agent run --config` without waiting for anything.
+    pub fn spawn_agent(&mut self, id: &str) {
         let a = self.agent_mut(id);
         assert!(a.proc.is_none(), "agent {id} already running");
         a.starts += 1;
@@ -334,6 +356,10 @@ watchdog_grace = "{wg}"
             .env("RUST_LOG", "info");
         let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
         a.proc = Some(Proc::spawn(&format!("tartan-agent {id}"), cmd, &log));
+    }
+
+    /// Waits until agent `id` renews its Lease at or after `started`.
+    pub async fn wait_lease_renewed(&self, id: &str, started: k8s_openapi::jiff::Timestamp) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         let name = format!("tartan-agent-{id}");
         let limit = Duration::from_secs(30);

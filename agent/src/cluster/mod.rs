@@ -21,7 +21,8 @@ use tartan_api::AGENT_FIELD_MANAGER;
 
 /// A kube client as the config says: the kubeconfig file and context if given, else the
 /// standard inference (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
-pub async fn client(config: &Config) -> anyhow::Result<kube::Client> {
+/// The client, and the API server's URL (for log lines that must name it).
+pub async fn client(config: &Config) -> anyhow::Result<(kube::Client, String)> {
     let options = kube::config::KubeConfigOptions {
         context: config.context.clone(),
         ..Default::default()
@@ -41,7 +42,9 @@ pub async fn client(config: &Config) -> anyhow::Result<kube::Client> {
             .await
             .context("finding a kubeconfig ($KUBECONFIG, ~/.kube/config) or in-cluster config")?,
     };
-    kube::Client::try_from(kube_config).context("building the Kubernetes client")
+    let server = kube_config.cluster_url.to_string();
+    let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+    Ok((client, server))
 }
 
 /// Why one API request failed.

@@ -22,6 +22,7 @@ fn draft(attempt: u32, to: AttemptState, detail: &str) -> Record {
         outcome: None,
         slot: Some(0),
         deadline: None,
+        max_attempts: None,
         status: None,
     }
 }

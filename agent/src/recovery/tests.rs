@@ -1281,3 +1281,52 @@ fn recovery_action_log_lines_name_what_happens() {
     );
     assert_eq!(kill.record(1, t0()), None);
 }
+
+/// The cluster is unreachable at agent start: the host side (kill, retire, delete) is planned from
+/// the journal alone, under the `maxAttempts` the journal recorded, and nothing that needs the
+/// cluster (claims, redelivery, owed retries of retired attempts) is in it.
+#[test]
+fn host_side_recovery_needs_no_cluster_and_keeps_the_journals_max_attempts() {
+    let mut j = Journal::new(117);
+    j.run_to(1, S::Running);
+    // A default that differs from the journaled 2: the journal's value must win.
+    let cfg = Config {
+        default_max_attempts: 1,
+        ..Config::default()
+    };
+    let rp = replay(&j.recs, &cfg);
+    assert_eq!(
+        rp.attempts[0].max_attempts, 2,
+        "maxAttempts comes from the Requested record"
+    );
+    assert_eq!(host_side(&rp), BTreeSet::from(["u-42".to_string()]));
+    let assumed = ClusterView::as_journaled(&rp, &me());
+    let (plan, log) = recover(&j, assumed, world(&[&vm_of(1)]), ts("2026-10-05T02:41:58.395Z"));
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::AgentRestarted
+        }]
+    );
+    assert!(log.iter().any(|l| l == "admit a2 next"), "{log:?}");
+
+    // Retired with a retry owed, or just requested: both wait for the cluster.
+    let mut retired = Journal::new(1);
+    retired
+        .run_to(1, S::Running)
+        .go(1, Event::AgentRestarted { killed: 0 }, t0() + secs(60))
+        .go(
+            1,
+            Event::VmDeleted {
+                how: Deleted::AtAgentStart,
+            },
+            t0() + secs(61),
+        );
+    assert!(host_side(&replay(&retired.recs, &cfg)).is_empty());
+    let mut requested = Journal::new(1);
+    requested.request(1, None, t0());
+    assert!(host_side(&replay(&requested.recs, &cfg)).is_empty());
+}

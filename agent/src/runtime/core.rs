@@ -101,6 +101,10 @@ pub struct Shared {
     pub events: Events,
     /// Signalled whenever a slot may have become free.
     pub slot_freed: Notify,
+    /// The API server's URL, for log lines.
+    pub api_server: String,
+    /// Why recovery still waits for the cluster (it could not be read at start), if it does.
+    pub recovery_waits: std::sync::Mutex<Option<String>>,
 }
 
 impl Shared {

@@ -37,13 +37,21 @@ pub async fn serve(
         .with_context(|| format!("binding the metrics address {address} (config key metrics_address)"))?;
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .with_state(Arc::new(Scrape { shared, lease }));
     Ok(tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "metrics server stopped");
         }
     }))
+}
+
+/// `ok`, or 503 with why the agent cannot do its whole job now.
+async fn healthz(State(scrape): State<Arc<Scrape>>) -> (axum::http::StatusCode, String) {
+    match scrape.shared.recovery_waits.lock().expect("not poisoned").clone() {
+        Some(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),
+        None => (axum::http::StatusCode::OK, "ok".to_string()),
+    }
 }
 
 async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
@@ -54,6 +62,7 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
     let unknown_vms = Gauge::<i64>::default();
     let journal_next_seq = Gauge::<i64>::default();
     let lease_fresh = Gauge::<i64>::default();
+    let recovery_waits = Gauge::<i64>::default();
     registry.register("attempts", "Attempts known to the journal, by state", attempts.clone());
     registry.register("slots", "Configured VM slots", slots.clone());
     registry.register(
@@ -76,6 +85,14 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
         "1 while the Lease is fresh enough to claim new builds",
         lease_fresh.clone(),
     );
+    registry.register(
+        "recovery_waits_for_cluster",
+        "1 while the part of recovery that needs the cluster waits for it to answer",
+        recovery_waits.clone(),
+    );
+    recovery_waits.set(i64::from(
+        scrape.shared.recovery_waits.lock().expect("not poisoned").is_some(),
+    ));
     {
         let core = scrape.shared.core.lock().await;
         for state in AttemptState::ALL {

@@ -70,7 +70,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "agent starting"
     );
 
-    let client = crate::cluster::client(&config).await?;
+    let (client, api_server) = crate::cluster::client(&config).await?;
     let lease = LeaseKeeper::spawn(client.clone(), LeaseConfig::from_config(&config));
     let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
     let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
@@ -93,6 +93,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         delivery,
         events,
         slot_freed: Notify::new(),
+        api_server,
+        recovery_waits: std::sync::Mutex::new(None),
         config,
     });
 

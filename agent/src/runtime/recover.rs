@@ -40,6 +40,11 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
 
 /// Runs recovery: plans from `records` and the live world, journals the unknown VMs, and starts
 /// one task per build with its actions. Returns once the plan is under way.
+///
+/// The cluster is read first (one API timeout at most). If it does not answer, the host side —
+/// killing survivors and deleting the VMs of open attempts, from the journal and `tart list`
+/// alone — starts at once, and a background task waits for the cluster (backing off, naming the
+/// server, `/healthz` saying why) to plan the rest: claims, redelivery, owed retries, finalizers.
 pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Result<()> {
     let vms: Vec<ObservedVm> = shared
         .tart
@@ -53,41 +58,35 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
             running: v.running,
         })
         .collect();
-
-    // Every build the journal names, as the cluster has it now.
-    let mut builds: BTreeMap<String, BuildRef> = BTreeMap::new();
-    for r in &records {
-        if let Some(b) = &r.build {
-            builds.insert(b.uid.clone(), b.clone());
-        }
-    }
-    let mut cluster = ClusterView::default();
-    let mut macbuilds: BTreeMap<String, MacBuild> = BTreeMap::new();
-    for b in builds.values() {
-        match build::read_build(shared, b).await {
-            Ok(Some(mb)) => {
-                cluster.builds.push(build_view(&mb));
-                macbuilds.insert(b.uid.clone(), mb);
-            }
-            Ok(None) => {}
-            Err(error) => anyhow::bail!("{error}; recovery needs the cluster's view, exiting so launchd restarts"),
-        }
-    }
-
-    let now = Timestamp::now();
     let me = AgentId(shared.config.agent_id.clone());
-    let plan = recovery::plan(&records, &vms, &cluster, &me, now, &shared.machine);
+    let replayed = recovery::replay(&records, &shared.machine);
+
+    let (view, pending) = match read_cluster(shared, &records).await {
+        Ok((view, macbuilds)) => (view, Some(macbuilds)),
+        Err(error) => {
+            let why = format!(
+                "{error}; recovering the host side now (killing survivors, deleting the VMs of open attempts), \
+                 the rest once the API server {} answers",
+                shared.api_server
+            );
+            tracing::warn!(target: "recovery", "{why}");
+            *shared.recovery_waits.lock().expect("not poisoned") = Some(why);
+            (ClusterView::as_journaled(&replayed, &me), None)
+        }
+    };
+    let host_only = pending.is_none();
+    let plan = recovery::plan(&records, &vms, &view, &me, Timestamp::now(), &shared.machine);
     tracing::info!(
         target: "recovery",
         records = records.len(),
         vms = vms.iter().filter(|v| v.name.starts_with(VM_PREFIX)).count(),
         actions = plan.len(),
+        cluster = if host_only { "unreachable: host side only" } else { "read" },
         "recovery planned"
     );
-
-    let mut replayed = recovery::replay(&records, &shared.machine);
-    replayed.see(&cluster, &shared.machine);
     {
+        let mut replayed = replayed.clone();
+        replayed.see(&view, &shared.machine);
         let mut core = shared.core.lock().await;
         for a in &replayed.attempts {
             core.attempts.insert(a.key(), a.clone());
@@ -101,27 +100,133 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
                 core.statuses.insert(b.uid.clone(), status);
             }
         }
-        for (uid, mb) in &macbuilds {
-            if let Some(status) = &mb.status {
-                // Sequence numbers are this agent's only while it holds the claim.
-                if let Some(claim) = &status.claim
-                    && claim.holder == shared.config.agent_id
-                {
-                    core.epochs.insert(uid.clone(), claim.epoch);
-                    if let Some(seq) = status.journal_seq {
-                        core.delivered_before.insert(uid.clone(), seq);
-                    }
+    }
+    let host_builds = recovery::host_side(&replayed);
+    let (mine, deferred): (Vec<RecoveryAction>, Vec<RecoveryAction>) = plan
+        .into_iter()
+        .partition(|a| !host_only || a.build().is_none_or(|b| host_builds.contains(&b.uid)));
+    match pending {
+        Some(macbuilds) => {
+            learn_from_cluster(shared, &macbuilds).await;
+            start(shared, mine, &macbuilds, &records).await
+        }
+        None => {
+            start(shared, mine, &BTreeMap::new(), &records).await?;
+            tracing::info!(target: "recovery", deferred = deferred.len(), "waiting for the cluster to plan the rest");
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move { finish_with_cluster(&shared, records, vms, host_builds).await });
+            Ok(())
+        }
+    }
+}
+
+/// Every build the journal names, as the cluster has it now; the first failure ends the read
+/// (one API timeout at most: recovery must not wait on an API that is down).
+async fn read_cluster(
+    shared: &Shared,
+    records: &[Record],
+) -> Result<(ClusterView, BTreeMap<String, MacBuild>), String> {
+    let builds: BTreeMap<String, BuildRef> = records
+        .iter()
+        .filter_map(|r| r.build.as_ref().map(|b| (b.uid.clone(), b.clone())))
+        .collect();
+    let mut cluster = ClusterView::default();
+    let mut macbuilds: BTreeMap<String, MacBuild> = BTreeMap::new();
+    for b in builds.values() {
+        if let Some(mb) = build::read_build(shared, b).await? {
+            cluster.builds.push(build_view(&mb));
+            macbuilds.insert(b.uid.clone(), mb);
+        }
+    }
+    Ok((cluster, macbuilds))
+}
+
+/// What only the cluster knows: our claim epochs, what earlier runs delivered, and the status of
+/// builds the journal saved none for.
+async fn learn_from_cluster(shared: &Shared, macbuilds: &BTreeMap<String, MacBuild>) {
+    let mut core = shared.core.lock().await;
+    for (uid, mb) in macbuilds {
+        if let Some(status) = &mb.status {
+            // Sequence numbers are this agent's only while it holds the claim.
+            if let Some(claim) = &status.claim
+                && claim.holder == shared.config.agent_id
+            {
+                core.epochs.insert(uid.clone(), claim.epoch);
+                if let Some(seq) = status.journal_seq {
+                    core.delivered_before.insert(uid.clone(), seq);
                 }
-                core.statuses.entry(uid.clone()).or_insert_with(|| status.clone());
+            }
+            core.statuses.entry(uid.clone()).or_insert_with(|| status.clone());
+        }
+    }
+}
+
+/// The part of recovery that waited for the cluster: read it with capped backoff until it
+/// answers, then plan again with its view and act on every build the host side did not take.
+async fn finish_with_cluster(
+    shared: &Arc<Shared>,
+    records: Vec<Record>,
+    vms: Vec<ObservedVm>,
+    host_builds: std::collections::BTreeSet<String>,
+) {
+    let mut wait = std::time::Duration::from_secs(1);
+    let (view, macbuilds) = loop {
+        match read_cluster(shared, &records).await {
+            Ok(read) => break read,
+            Err(error) => {
+                let why = format!(
+                    "recovery waits for the API server {}: {error}; retrying in {wait:?}",
+                    shared.api_server
+                );
+                tracing::warn!(target: "recovery", "{why}");
+                *shared.recovery_waits.lock().expect("not poisoned") = Some(why);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    };
+    let me = AgentId(shared.config.agent_id.clone());
+    let plan = recovery::plan(&records, &vms, &view, &me, Timestamp::now(), &shared.machine);
+    let rest: Vec<RecoveryAction> = plan
+        .into_iter()
+        .filter(|a| a.build().is_some_and(|b| !host_builds.contains(&b.uid)))
+        .collect();
+    {
+        let mut replayed = recovery::replay(&records, &shared.machine);
+        replayed.see(&view, &shared.machine);
+        let mut core = shared.core.lock().await;
+        // Whether each waiting build still exists and its maxAttempts, as the cluster says now.
+        for a in replayed.attempts.iter().filter(|a| !host_builds.contains(&a.build.uid)) {
+            if let Some(known) = core.attempts.get_mut(&a.key()) {
+                known.build_gone = a.build_gone;
+                known.max_attempts = a.max_attempts;
             }
         }
     }
+    learn_from_cluster(shared, &macbuilds).await;
+    tracing::info!(target: "recovery", actions = rest.len(), "the cluster answers; recovering the rest");
+    for action in &rest {
+        tracing::info!(target: "recovery", "{action}");
+    }
+    if let Err(error) = start(shared, rest, &macbuilds, &records).await {
+        tracing::error!(target: "recovery", %error, "the rest of recovery could not start; the next agent start retries it");
+        return;
+    }
+    *shared.recovery_waits.lock().expect("not poisoned") = None;
+}
 
+/// Journals the unknown-VM actions of `plan`, then starts one task per build with its actions.
+async fn start(
+    shared: &Arc<Shared>,
+    plan: Vec<RecoveryAction>,
+    macbuilds: &BTreeMap<String, MacBuild>,
+    records: &[Record],
+) -> anyhow::Result<()> {
     let mut per_build: BTreeMap<String, Vec<RecoveryAction>> = BTreeMap::new();
     for action in plan {
         tracing::info!(target: "recovery", "{action}");
-        match &action {
-            RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => {
+        match action.build() {
+            None => {
                 let seq = shared.core.lock().await.journal.next_seq();
                 if let Some(record) = action.record(seq, Timestamp::now()) {
                     shared
@@ -130,42 +235,27 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
                         .map_err(|e| anyhow::anyhow!("journaling {action}: {e}"))?;
                 }
             }
-            other => {
-                let uid = action_build(other).uid.clone();
-                per_build.entry(uid).or_default().push(action);
-            }
+            Some(build) => per_build.entry(build.uid.clone()).or_default().push(action),
         }
     }
-
     for (uid, actions) in per_build {
         let mb = macbuilds.get(&uid).cloned();
-        let records = records.clone();
-        let shared = Arc::clone(shared);
-        let cancel = build::register(&shared, &uid).await;
-        let build = action_build(&actions[0]).clone();
-        build::spawn_supervised(shared, build, cancel, move |shared, cancel| async move {
-            let build = action_build(&actions[0]).clone();
-            let rest = run_actions(&shared, mb, &records, actions, &cancel).await;
-            build::follow_retries(shared, build, rest, cancel).await;
-        });
+        let records = records.to_vec();
+        let cancel = build::register(shared, &uid).await;
+        let Some(build) = actions[0].build().cloned() else {
+            continue;
+        };
+        build::spawn_supervised(
+            Arc::clone(shared),
+            build.clone(),
+            cancel,
+            move |shared, cancel| async move {
+                let rest = run_actions(&shared, mb, &records, actions, &cancel).await;
+                build::follow_retries(shared, build, rest, cancel).await;
+            },
+        );
     }
     Ok(())
-}
-
-fn action_build(action: &RecoveryAction) -> &BuildRef {
-    match action {
-        RecoveryAction::KillVmProcesses { attempt, .. }
-        | RecoveryAction::Step { attempt, .. }
-        | RecoveryAction::DeleteVm { attempt, .. }
-        | RecoveryAction::ConfirmVmGone { attempt, .. }
-        | RecoveryAction::ResumeAdmission { attempt, .. }
-        | RecoveryAction::RedeliverStatus { attempt, .. } => &attempt.build,
-        RecoveryAction::AdmitNextAttempt { next } => &next.build,
-        RecoveryAction::RemoveFinalizer { build } => build,
-        RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => {
-            unreachable!("unknown-VM actions are journaled before builds are handled")
-        }
-    }
 }
 
 /// One build's recovery actions, in order; returns where its last attempt rests.

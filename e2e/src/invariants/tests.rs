@@ -26,6 +26,7 @@ fn rec(seq: u64, uid: &str, attempt: u32, vm: &str, from: Option<AttemptState>, 
         outcome: None,
         slot: None,
         deadline: None,
+        max_attempts: None,
         status: None,
     }
 }
