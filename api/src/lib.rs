@@ -8,6 +8,7 @@ pub mod condition;
 pub mod crd;
 pub mod deadline;
 pub mod names;
+pub mod text;
 pub mod vocab;
 
 pub use condition::{Condition, ConditionReason, ConditionStatus, find_condition, set_condition};
