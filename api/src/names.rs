@@ -116,9 +116,11 @@ fn check_label_name(name: &str) -> Result<(), String> {
     let ends = name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
     if !ends || !name.bytes().all(inner) {
-        return Err("must consist of alphanumeric characters, '-', '_' or '.', and must start and end with \
+        return Err(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with \
                     an alphanumeric character"
-            .to_string());
+                .to_string(),
+        );
     }
     Ok(())
 }
@@ -131,10 +133,7 @@ fn check_dns_subdomain(s: &str) -> Result<(), String> {
     let label_ok = |l: &str| {
         let b = l.as_bytes();
         let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-        !b.is_empty()
-            && alnum(&b[0])
-            && alnum(&b[b.len() - 1])
-            && b.iter().all(|c| alnum(c) || *c == b'-')
+        !b.is_empty() && alnum(&b[0]) && alnum(&b[b.len() - 1]) && b.iter().all(|c| alnum(c) || *c == b'-')
     };
     if !s.split('.').all(label_ok) {
         return Err(format!(

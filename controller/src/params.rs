@@ -489,7 +489,10 @@ mod tests {
             ));
             let err = macbuild_spec(&run, None).unwrap_err();
             assert_eq!(err.reason(), "InvalidParams", "{value}: {err}");
-            assert!(err.to_string().contains(needle), "{value}: {err} should mention {needle}");
+            assert!(
+                err.to_string().contains(needle),
+                "{value}: {err} should mention {needle}"
+            );
         }
         // Kubernetes allows an empty value and a prefixed key.
         let run = spec(&format!(
@@ -517,7 +520,11 @@ mod tests {
         use proptest::prelude::*;
 
         fn text() -> impl Strategy<Value = String> {
-            prop_oneof!["[a-z0-9./:_-]{0,12}", "[a-z]{1,8}=[a-z0-9]{0,4}(,[ a-z/.]{1,8}=[=a-z0-9. ]{0,4}){0,2}", ".{0,12}"]
+            prop_oneof![
+                "[a-z0-9./:_-]{0,12}",
+                "[a-z]{1,8}=[a-z0-9]{0,4}(,[ a-z/.]{1,8}=[=a-z0-9. ]{0,4}){0,2}",
+                ".{0,12}"
+            ]
         }
 
         fn json() -> impl Strategy<Value = Value> {
@@ -539,11 +546,12 @@ mod tests {
         /// A plausible value for each param name (often valid), or any JSON.
         fn value(name: String) -> BoxedStrategy<Value> {
             let plausible: BoxedStrategy<Value> = match name.as_str() {
-                "max-attempts" | "timeout-seconds" | "cpu" | "memory-mib" => {
-                    prop_oneof![(-2i64..5).prop_map(|n| n.to_string()), any::<i64>().prop_map(|n| n.to_string())]
-                        .prop_map(Value::from)
-                        .boxed()
-                }
+                "max-attempts" | "timeout-seconds" | "cpu" | "memory-mib" => prop_oneof![
+                    (-2i64..5).prop_map(|n| n.to_string()),
+                    any::<i64>().prop_map(|n| n.to_string())
+                ]
+                .prop_map(Value::from)
+                .boxed(),
                 "steps" | "artifact-paths" => proptest::collection::vec("[a-z ./-]{0,10}", 0..4)
                     .prop_map(|v| json!(v))
                     .boxed(),
@@ -560,12 +568,29 @@ mod tests {
                 8 => proptest::sample::select(PARAM_NAMES).prop_map(String::from),
                 1 => "[a-z-]{1,12}",
             ];
-            let param = name.prop_flat_map(|n| value(n.clone()).prop_map(move |v| Param { name: n.clone(), value: v }));
+            let param = name.prop_flat_map(|n| {
+                value(n.clone()).prop_map(move |v| Param {
+                    name: n.clone(),
+                    value: v,
+                })
+            });
             proptest::collection::vec(param, 0..8).prop_map(|mut ps| {
                 // Most lists carry the required params, so that acceptance is common.
                 if ps.len() % 2 == 0 {
-                    ps.insert(0, Param { name: "image".into(), value: json!("img") });
-                    ps.insert(1, Param { name: "steps".into(), value: json!(["make"]) });
+                    ps.insert(
+                        0,
+                        Param {
+                            name: "image".into(),
+                            value: json!("img"),
+                        },
+                    );
+                    ps.insert(
+                        1,
+                        Param {
+                            name: "steps".into(),
+                            value: json!(["make"]),
+                        },
+                    );
                 }
                 ps
             })

@@ -40,8 +40,7 @@ impl TestCounts {
 
     /// Cases that ran and passed.
     pub fn passed(&self) -> u32 {
-        self.total
-            .saturating_sub(self.failed().saturating_add(self.skipped))
+        self.total.saturating_sub(self.failed().saturating_add(self.skipped))
     }
 }
 
@@ -54,7 +53,9 @@ pub enum ReportError {
     Malformed { what: String, detail: String },
     #[error("test report {what} has root element <{root}>, expected <testsuites> or <testsuite>")]
     WrongRoot { what: String, root: String },
-    #[error("test report {what}: attribute {attribute}={value:?} of <{element}> is not a whole number from 0 to 2^64-1")]
+    #[error(
+        "test report {what}: attribute {attribute}={value:?} of <{element}> is not a whole number from 0 to 2^64-1"
+    )]
     BadCount {
         what: String,
         element: String,
@@ -98,7 +99,9 @@ impl Sums {
             skipped,
         } = self;
         if total > MAX_TESTS {
-            return Err(untrustworthy(format!("{total} tests, more than the {MAX_TESTS} accepted")));
+            return Err(untrustworthy(format!(
+                "{total} tests, more than the {MAX_TESTS} accepted"
+            )));
         }
         let outcomes = failures.checked_add(errors).and_then(|n| n.checked_add(skipped));
         if outcomes.is_none_or(|n| n > total) {
@@ -296,7 +299,11 @@ mod tests {
              the build is not counted as passed"
         );
         let e = parse(r#"<testsuite tests="10000001"/>"#).unwrap_err();
-        assert!(e.to_string().contains("10000001 tests, more than the 10000000 accepted"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("10000001 tests, more than the 10000000 accepted"),
+            "{e}"
+        );
         let e = parse(r#"<testsuite tests="3" failures="1" errors="1" skipped="2"/>"#).unwrap_err();
         assert!(matches!(e, ReportError::Untrustworthy { .. }), "{e}");
         let e = parse(r#"<testsuite tests="0" failures="1"/>"#).unwrap_err();
@@ -316,7 +323,7 @@ mod tests {
         fn reference(suites: &[(u64, u64, u64, u64)]) -> Option<TestCounts> {
             let sum = |f: fn(&(u64, u64, u64, u64)) -> u64| suites.iter().map(|s| u128::from(f(s))).sum::<u128>();
             let (total, failures, errors, skipped) = (sum(|s| s.0), sum(|s| s.1), sum(|s| s.2), sum(|s| s.3));
-            (total <= u128::from(MAX_TESTS) && failures + errors + skipped <= total).then(|| TestCounts {
+            (total <= u128::from(MAX_TESTS) && failures + errors + skipped <= total).then_some(TestCounts {
                 total: total as u32,
                 failures: failures as u32,
                 errors: errors as u32,
@@ -325,7 +332,13 @@ mod tests {
         }
 
         fn count() -> impl Strategy<Value = u64> {
-            prop_oneof![0u64..20, 0u64..=MAX_TESTS, any::<u64>(), Just(u64::from(u32::MAX)), Just(u64::MAX)]
+            prop_oneof![
+                0u64..20,
+                0u64..=MAX_TESTS,
+                any::<u64>(),
+                Just(u64::from(u32::MAX)),
+                Just(u64::MAX)
+            ]
         }
 
         fn accepted_counts_are_consistent(c: &TestCounts) -> Result<(), TestCaseError> {

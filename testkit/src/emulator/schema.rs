@@ -689,7 +689,10 @@ mod tests {
             }}
         }});
         let errs = |obj: Value| -> Vec<String> { validate(&obj, &schema).iter().map(ToString::to_string).collect() };
-        assert!(errs(json!({"spec": {"steps": [{"name": "a"}, {"name": "b"}], "ports": [{"port": 1}, {"port": 2}]}})).is_empty());
+        assert!(
+            errs(json!({"spec": {"steps": [{"name": "a"}, {"name": "b"}], "ports": [{"port": 1}, {"port": 2}]}}))
+                .is_empty()
+        );
         // A third occurrence is not reported again; items with no key repeat each other.
         assert_eq!(
             errs(json!({"spec": {"steps": [
@@ -702,8 +705,10 @@ mod tests {
             ]
         );
         assert_eq!(
-            errs(json!({"spec": {"ports": [{"port": 80, "protocol": "TCP"}, {"port": 80, "protocol": "UDP"},
-                {"protocol": "TCP", "port": 80, "x": 1}]}})),
+            errs(
+                json!({"spec": {"ports": [{"port": 80, "protocol": "TCP"}, {"port": 80, "protocol": "UDP"},
+                {"protocol": "TCP", "port": 80, "x": 1}]}})
+            ),
             vec!["spec.ports[2]: Duplicate value: map[string]interface {}{\"port\":80, \"protocol\":\"TCP\"}"]
         );
         assert_eq!(
