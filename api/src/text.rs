@@ -12,7 +12,7 @@ pub const TAIL_LINES: usize = 30;
 /// Bytes of a failing step's output kept for its status ([`last_lines`]).
 pub const TAIL_BYTES: usize = 4 << 10;
 
-/// `input` without invalid UTF-8, ANSI/VT escape sequences (CSI, OSC, DCS and two-byte escapes,
+/// `input` without invalid UTF-8 (nor the U+FFFD a lossy decoding put in its place), ANSI/VT escape sequences (CSI, OSC, DCS and two-byte escapes,
 /// also in their 8-bit C1 forms), control characters other than `\n` and `\t` (NUL, `\r`, BEL,
 /// DEL, …) and bidirectional-override characters (which can make text read differently than it
 /// is), with trailing whitespace removed; at most `max_bytes` long: longer text keeps its start
@@ -56,7 +56,11 @@ pub fn last_lines(input: &[u8], max_lines: usize, max_bytes: usize) -> String {
     let mut bytes = 0;
     for (i, line) in lines.iter().rev().enumerate() {
         let add = line.len() + usize::from(kept > 0);
-        let marker = if i + 1 == lines.len() { (0, 0) } else { (1, CUT.len() + 1) };
+        let marker = if i + 1 == lines.len() {
+            (0, 0)
+        } else {
+            (1, CUT.len() + 1)
+        };
         if kept + 1 + marker.0 > max_lines || bytes + add + marker.1 > max_bytes {
             break;
         }
@@ -104,6 +108,8 @@ fn strip(input: &[u8]) -> String {
             '\n' | '\t' => out.push(c),
             c if c.is_control() => {}
             '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {}
+            // What a lossy UTF-8 decoding (tart's output) put where invalid bytes were.
+            '\u{fffd}' => {}
             c => out.push(c),
         }
     }
@@ -143,6 +149,7 @@ mod tests {
         assert_eq!(clean(b"a\x1bPdcs\x1b\\b\x1b_apc\x07c", 100), "abc");
         // An unterminated sequence swallows the rest (it would have on a terminal too).
         assert_eq!(clean(b"ok\x1b[31", 100), "ok");
+        assert_eq!(clean(String::from_utf8_lossy(b"a\xffb").as_bytes(), 100), "ab");
         assert_eq!(clean(b"  trailing  \n\n", 100), "  trailing");
     }
 
