@@ -271,6 +271,28 @@ async fn a_step_whose_argv_the_os_refuses_fails_with_that_cause() {
         retiring.detail
     );
     assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+
+    // A NUL byte cannot be passed to any program either; the cause names the argument.
+    let nul = Step {
+        name: "build".into(),
+        run: vec!["echo".into(), "a\0b".into()],
+    };
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "nul", spec(vec![nul]), signal);
+    let mut journal = MemJournal::new();
+    tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    let retiring = journal.records.lock().unwrap()[3].clone();
+    assert!(
+        retiring
+            .detail
+            .ends_with("argument 1 contains a NUL byte, which no program can receive; nothing ran"),
+        "{}",
+        retiring.detail
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -370,7 +370,8 @@ impl Tart {
     }
 
     /// The error for a tart child that did not start: E2BIG says the arguments are too long
-    /// (with their size, not their text), anything else that tart could not be started.
+    /// (with their size, not their text), a NUL byte which argument holds it, anything else that
+    /// tart could not be started.
     fn spawn_error(
         &self,
         command: &'static str,
@@ -385,6 +386,14 @@ impl Tart {
                 program: self.program.clone(),
                 count: args.len(),
                 bytes: args.iter().map(|a| a.as_ref().len()).sum(),
+            };
+        }
+        if let Some(index) = args.iter().position(|a| a.as_ref().as_encoded_bytes().contains(&0)) {
+            return TartError::ArgumentHasNul {
+                command,
+                vm: vm.to_string(),
+                program: self.program.clone(),
+                index,
             };
         }
         TartError::Spawn {

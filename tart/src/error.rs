@@ -109,6 +109,18 @@ pub enum TartError {
         bytes: usize,
     },
 
+    /// An argument holds a NUL byte, which no program can be passed (C strings end at NUL).
+    #[error(
+        "could not start `{program} {command}` for {vm}: argument {index} contains a NUL byte, which no program can receive; nothing ran"
+    )]
+    ArgumentHasNul {
+        command: &'static str,
+        vm: String,
+        program: PathBuf,
+        /// 0-based, among the arguments after the tart command.
+        index: usize,
+    },
+
     /// tart exited 0 but printed something we cannot understand (e.g. not the JSON `--format json` promises).
     #[error("tart {command} {vm} printed unexpected output ({detail}); output was: {output:?}")]
     UnexpectedOutput {
