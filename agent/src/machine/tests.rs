@@ -878,6 +878,8 @@ fn replay_keeps_outcome_slot_and_deadline_when_later_records_omit_them() {
     replayed.observe(&r2);
     assert_eq!(replayed.state, S::Retired);
     assert_eq!(replayed.outcome, Some(Outcome::Interrupted));
+    // The cause is the detail of the record that fixed the outcome, not of the last one.
+    assert_eq!(replayed.cause.as_deref(), Some(r1.detail.as_str()));
     assert_eq!((replayed.slot, replayed.deadline), (Some(0), Some(ts(DEADLINE))));
     assert_eq!(replayed.last_seq, Some(2));
     let mut unknown = r1.clone();
