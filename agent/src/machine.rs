@@ -47,6 +47,10 @@ impl Default for Config {
 /// The accepted range of `maxAttempts`.
 pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<u8> = 1..=3;
 
+/// Longest record detail: room for a failing step's last lines (`tartan_api::text::TAIL_BYTES`)
+/// and what is said around them. Longer details are cut ([`tartan_api::text::clean`]).
+pub const DETAIL_MAX: usize = tartan_api::text::TAIL_BYTES + 2048;
+
 /// One attempt as the journal knows it: the fold of its records ([`Attempt::observe`]).
 ///
 /// `max_attempts` and `build_gone` are not journaled; the runtime (or recovery) sets them from
@@ -67,6 +71,9 @@ pub struct Attempt {
     pub outcome: Option<Outcome>,
     /// The reason of the last transition (tells a watchdog retirement from a normal one).
     pub reason: Option<Reason>,
+    /// Why the attempt ended: the detail of the record that fixed its outcome (e.g. the failing
+    /// step, its exit code and its last lines). Journaled with that record, so it survives restarts.
+    pub cause: Option<String>,
     /// A cancel or owner deletion was recorded; no retry may follow.
     pub withdrawn: Option<Reason>,
     /// `maxAttempts` of the MacBuild (1–3).
@@ -92,6 +99,7 @@ impl Attempt {
             deadline: None,
             outcome: None,
             reason: None,
+            cause: None,
             withdrawn: None,
             max_attempts,
             build_gone: false,
@@ -113,6 +121,9 @@ impl Attempt {
     pub fn observe(&mut self, r: &Record) {
         self.state = r.to;
         self.reason = r.reason;
+        if self.outcome.is_none() && r.outcome.is_some() {
+            self.cause = Some(r.detail.clone());
+        }
         self.outcome = self.outcome.or(r.outcome);
         self.slot = r.slot.or(self.slot);
         self.deadline = self.deadline.or(r.deadline);
@@ -226,14 +237,22 @@ pub enum Event {
     GuestReady { after: SignedDuration },
     /// Every step exited 0.
     StepsSucceeded { steps: u32 },
-    /// A step exited non-zero.
-    StepFailed { step: String, exit_code: i32 },
+    /// A step exited non-zero (`exit_code` -1: it could not be run). `output` says why: the end
+    /// of the step's output, or tart's error.
+    StepFailed {
+        step: String,
+        exit_code: i32,
+        output: String,
+    },
     /// Clone/set/run failed or the guest never answered.
     VmStartFailed { error: String },
     /// The test report has no failure and the artifact was uploaded.
     TestsPassed { passed: u32, total: u32 },
     /// The test report lists failures.
     TestsFailed { failed: u32, total: u32 },
+    /// The test report could not be read or counted (or its counts cannot be trusted): the
+    /// build fails, with `error` as its cause.
+    TestReportUnusable { error: String },
     /// The artifact could not be published after retries.
     ArtifactUploadFailed { error: String },
     /// The MacBuild asked for cancellation or is being deleted. `at_start` is the number of tart
@@ -291,6 +310,7 @@ event_kinds! {
     VmStartFailed,
     TestsPassed,
     TestsFailed,
+    TestReportUnusable,
     ArtifactUploadFailed,
     CancelRequested,
     OwnerDeleted,
@@ -327,7 +347,8 @@ pub enum Action {
     ProbeReady { vm: String },
     /// Run the spec's steps through `tart exec` → `StepsSucceeded` or `StepFailed`.
     RunSteps { vm: String },
-    /// Gather the test report → `TestsFailed` when it lists failures, else go on.
+    /// Gather the test report → `TestsFailed` when it lists failures, `TestReportUnusable` when it
+    /// cannot be counted, else go on.
     CollectResults { vm: String },
     /// Upload the artifacts (retrying) → `TestsPassed`, or `ArtifactUploadFailed`.
     UploadArtifacts { vm: String },
@@ -552,7 +573,8 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
         to,
         reason,
         outcome: None,
-        detail,
+        // Details carry tart's and the guest's words into the journal, the status and events.
+        detail: tartan_api::text::clean_str(&detail, DETAIL_MAX),
         slot: None,
         deadline: None,
         at: now,
@@ -681,14 +703,33 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             format!("VM did not start: {error}"),
             DeleteContext::Normal,
         )),
-        (S::Running, Event::StepFailed { step, exit_code }) => Ok(retire(
-            a,
-            t,
-            Reason::StepFailed,
-            Outcome::Failed,
-            format!("step {step} exited {exit_code}"),
-            DeleteContext::Normal,
-        )),
+        (
+            S::Running,
+            Event::StepFailed {
+                step,
+                exit_code,
+                output,
+            },
+        ) => {
+            let what = if exit_code < 0 {
+                format!("step {step} could not be run")
+            } else {
+                format!("step {step} exited {exit_code}")
+            };
+            let detail = match output.as_str() {
+                "" => what,
+                why if exit_code < 0 => format!("{what}: {why}"),
+                last => format!("{what}; its output ends:\n{last}"),
+            };
+            Ok(retire(
+                a,
+                t,
+                Reason::StepFailed,
+                Outcome::Failed,
+                detail,
+                DeleteContext::Normal,
+            ))
+        }
         (S::Collecting, Event::TestsPassed { passed, total }) => Ok(retire(
             a,
             t,
@@ -703,6 +744,14 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             Reason::TestsFailed,
             Outcome::Failed,
             format!("{failed}/{total} tests failed"),
+            DeleteContext::Normal,
+        )),
+        (S::Collecting, Event::TestReportUnusable { error }) => Ok(retire(
+            a,
+            t,
+            Reason::TestsFailed,
+            Outcome::Failed,
+            format!("test report unusable, so the build is not counted as passed: {error}"),
             DeleteContext::Normal,
         )),
         (S::Collecting, Event::ArtifactUploadFailed { error }) => Ok(retire(

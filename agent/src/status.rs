@@ -97,8 +97,12 @@ pub fn next_status(
     if record.to == AttemptState::Retired {
         entry.finished_at = Some(Time(now));
     }
-    if !record.detail.is_empty() {
-        entry.message = Some(record.detail.clone());
+    // Once the outcome is fixed, the attempt's message says why it ended (the deletion that
+    // follows is in the VMDeleted condition).
+    match &attempt.cause {
+        Some(cause) if attempt.outcome.is_some() => entry.message = Some(cause.clone()),
+        _ if !record.detail.is_empty() => entry.message = Some(record.detail.clone()),
+        _ => {}
     }
     // The reason recorded with the outcome (e.g. TestsPassed), not the latest one (VMDeleted).
     let outcome_reason = entry.reason;
@@ -253,6 +257,22 @@ fn message_for(attempt: &Attempt, record: &Record, who: &Reporter<'_>) -> String
             attempt.outcome.map(|o| o.as_str()).unwrap_or("without outcome"),
             attempt.number + 1
         ),
+        // The pipeline's answer to "why": the CustomRun's message is built from this one.
+        AttemptState::Retiring | AttemptState::Retired => match (attempt.outcome, &attempt.cause) {
+            (Some(outcome), Some(cause)) => {
+                let mut m = format!(
+                    "attempt {} {}: {cause}",
+                    attempt.number,
+                    outcome.as_str().to_lowercase()
+                );
+                // Why no retry follows an interrupted attempt is said by the record that retires it.
+                if record.to == AttemptState::Retired && outcome == Outcome::Interrupted && !record.detail.is_empty() {
+                    m = format!("{m}; {}", record.detail);
+                }
+                m
+            }
+            _ => record.to_string(),
+        },
         _ => record.to_string(),
     }
 }
@@ -511,5 +531,49 @@ mod tests {
         );
         assert!(snapshot_is_journaled(&records[3]));
         assert!(!snapshot_is_journaled(&records[1]));
+    }
+
+    #[test]
+    fn a_failed_build_says_why_in_its_message_and_its_attempt() {
+        let mut records = happy(Reason::StepFailed, Outcome::Failed);
+        records[5].detail = "step build exited 3; its output ends:\n…\nerror: no such module 'Foo'".into();
+        let (_, at_retiring) = run(&records[..6], &who(None, false));
+        let want = "attempt 1 failed: step build exited 3; its output ends:\n…\nerror: no such module 'Foo'";
+        assert_eq!(at_retiring.message.as_deref(), Some(want));
+        let (_, done) = run(&records, &who(None, false));
+        assert_eq!(done.message.as_deref(), Some(want));
+        assert_eq!(
+            done.attempts[0].message.as_deref(),
+            Some(&want["attempt 1 failed: ".len()..])
+        );
+        // The deletion is still told, by its condition.
+        assert_eq!(done.condition(ConditionType::VMDeleted).unwrap().message, "detail 7");
+
+        let (_, passed) = run(&happy(Reason::TestsPassed, Outcome::Succeeded), &who(None, false));
+        assert_eq!(passed.message.as_deref(), Some("attempt 1 succeeded: detail 6"));
+    }
+
+    #[test]
+    fn an_interrupted_build_without_retry_says_why_none_follows() {
+        use AttemptState::*;
+        let mut retiring = rec(5, 1, Some(Running), Retiring, Some(Reason::AgentRestarted));
+        retiring.outcome = Some(Outcome::Interrupted);
+        retiring.detail = "found Running at agent start; killed 1 tart process(es)".into();
+        let mut retired = rec(6, 1, Some(Retiring), Retired, Some(Reason::VMDeleted));
+        retired.detail = "deleted (or already absent) at agent start; no retry: attempt 2 of 2 used".into();
+        let records = vec![
+            rec(1, 1, None, Requested, None),
+            rec(2, 1, Some(Requested), Admitted, Some(Reason::SlotFree)),
+            retiring,
+            retired,
+        ];
+        let (_, s) = run(&records, &who(None, false));
+        assert_eq!(
+            s.message.as_deref(),
+            Some(
+                "attempt 1 interrupted: found Running at agent start; killed 1 tart process(es); \
+                 deleted (or already absent) at agent start; no retry: attempt 2 of 2 used"
+            )
+        );
     }
 }

@@ -7,7 +7,7 @@ use host_common::*;
 use std::time::{Duration, Instant};
 use tartan_agent::host::{AttemptExecutor, CancelHandle, DriveError, Withdrawal, cancel_pair, drive};
 use tartan_agent::machine::{Attempt, Config};
-use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
+use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason, Step};
 use tartan_tart::double::{Fault, Faults};
 use tartan_testkit::wait_for;
 
@@ -177,11 +177,122 @@ async fn a_failing_step_stops_the_build_with_its_exit_code_and_deletes_the_vm() 
     let retiring = &journal.records.lock().unwrap()[3];
     assert_eq!(
         (retiring.reason, retiring.outcome, retiring.detail.as_str()),
-        (Some(Reason::StepFailed), Some(Outcome::Failed), "step build exited 3")
+        (
+            Some(Reason::StepFailed),
+            Some(Outcome::Failed),
+            "step build exited 3; its output ends:\noops"
+        )
     );
-    assert_eq!(exec.last_step(), Some(("build", "oops\n")));
+    assert_eq!(exec.last_step(), Some(("build", "oops")));
     assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
     assert!(!rig.deadline_file(&a.vm).exists());
+}
+
+/// The status the runtime would report after each of `records` (as `Shared::journal` does).
+fn status_after(records: &[tartan_agent::record::Record]) -> tartan_api::MacBuildStatus {
+    let mut attempt = Attempt::from_record(&records[0], 2).unwrap();
+    let mut status = tartan_api::MacBuildStatus::default();
+    for r in records {
+        attempt.observe(r);
+        let who = tartan_agent::status::Reporter {
+            holder: "mac-test",
+            epoch: 1,
+            results: None,
+            retry_follows: false,
+            generation: Some(1),
+        };
+        status = tartan_agent::status::next_status(&status, &attempt, r, &who);
+    }
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_step_reports_its_name_exit_code_and_last_lines_cleaned() {
+    let rig = Rig::new();
+    // 100 lines with colour codes, a NUL and an invalid byte each, then exit 3.
+    let script = r#"i=1; while [ $i -le 100 ]; do printf '\033[1;31mline %d\033[0m\000\377 end\r\n' $i; i=$((i+1)); done; exit 3"#;
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "noisy", spec(vec![step("build", script)]), signal);
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let retiring = &records[3];
+    let last: Vec<String> = (72..=100).map(|i| format!("line {i} end")).collect();
+    let want = format!("step build exited 3; its output ends:\n…\n{}", last.join("\n"));
+    assert_eq!(
+        (retiring.reason, retiring.outcome, retiring.detail.as_str()),
+        (Some(Reason::StepFailed), Some(Outcome::Failed), want.as_str())
+    );
+    // The output part: at most 30 lines, 4 KiB, no control characters but newlines.
+    let output = &want["step build exited 3; its output ends:\n".len()..];
+    assert_eq!(output.lines().count(), 30);
+    assert!(output.len() <= 4096);
+    assert!(retiring.detail.chars().all(|c| c == '\n' || !c.is_control()));
+    // The status (journaled with the terminal records, so recovery delivers the same) says it.
+    let status = status_after(&records);
+    assert_eq!(status.message, Some(format!("attempt 1 failed: {want}")));
+    assert_eq!(status.attempts[0].message.as_deref(), Some(want.as_str()));
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_argv_the_os_refuses_fails_with_that_cause() {
+    let rig = Rig::new();
+    // Over Linux's 128 KiB per argument and macOS's 1 MiB in all.
+    let huge = Step {
+        name: "build".into(),
+        run: vec!["echo".into(), "x".repeat(4 << 20)],
+    };
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "e2big", spec(vec![huge]), signal);
+    let mut journal = MemJournal::new();
+    tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    let retiring = journal.records.lock().unwrap()[3].clone();
+    assert_eq!(retiring.reason, Some(Reason::StepFailed));
+    assert!(
+        retiring
+            .detail
+            .starts_with("step build could not be run: could not start `"),
+        "{}",
+        retiring.detail
+    );
+    assert!(
+        retiring.detail.contains(
+            "its 2 arguments, 4194308 bytes in all, are more than the operating system accepts (Argument list too long)"
+        ),
+        "{}",
+        retiring.detail
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+
+    // A NUL byte cannot be passed to any program either; the cause names the argument.
+    let nul = Step {
+        name: "build".into(),
+        run: vec!["echo".into(), "a\0b".into()],
+    };
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "nul", spec(vec![nul]), signal);
+    let mut journal = MemJournal::new();
+    tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    let retiring = journal.records.lock().unwrap()[3].clone();
+    assert!(
+        retiring
+            .detail
+            .ends_with("argument 1 contains a NUL byte, which no program can receive; nothing ran"),
+        "{}",
+        retiring.detail
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,6 +319,11 @@ async fn a_malformed_test_report_fails_the_attempt_with_the_parse_error() {
     assert!(
         why.starts_with("test report out/junit.xml is not well-formed XML: "),
         "{why}"
+    );
+    // The parse error is the journaled cause, so it reaches the status and the pipeline.
+    assert_eq!(
+        retiring.detail,
+        format!("test report unusable, so the build is not counted as passed: {why}")
     );
     assert!(rig.vms().is_empty());
 }

@@ -8,6 +8,7 @@ pub mod condition;
 pub mod crd;
 pub mod deadline;
 pub mod names;
+pub mod text;
 pub mod vocab;
 
 pub use condition::{Condition, ConditionReason, ConditionStatus, find_condition, set_condition};
@@ -17,7 +18,7 @@ pub use crd::{
 };
 pub use names::{
     AGENT_FIELD_MANAGER, AGENT_LABEL, CONTROLLER_FIELD_MANAGER, CUSTOM_RUN_LABEL, VM_NAME_MAX_LEN, attempt_id,
-    check_vm_name, parse_attempt_id, vm_name,
+    check_label_key, check_label_value, check_vm_name, parse_attempt_id, vm_name,
 };
 pub use vocab::{
     API_VERSION, AttemptState, ConditionType, FINALIZER, GROUP, KIND, Outcome, Reason, UnknownName, VERSION, VM_PREFIX,

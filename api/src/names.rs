@@ -66,6 +66,84 @@ pub fn check_vm_name(vm: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Longest label value and name part of a label key (Kubernetes: 63).
+pub const LABEL_NAME_MAX_LEN: usize = 63;
+
+/// Longest prefix of a label key (a DNS subdomain, Kubernetes: 253).
+pub const LABEL_PREFIX_MAX_LEN: usize = 253;
+
+/// Checks `key` as Kubernetes checks a label key (`IsQualifiedName`): an optional DNS-subdomain
+/// prefix and `/`, then a name of 1–63 characters from `[A-Za-z0-9-_.]` that starts and ends
+/// with a letter or digit. Returns what is wrong otherwise, as the apiserver would say it.
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split('/').collect::<Vec<_>>().as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => {
+            return Err(format!(
+                "label key {key:?} has more than one '/': a key is an optional DNS subdomain prefix and '/' \
+                 followed by a name (e.g. 'example.com/MyName')"
+            ));
+        }
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Err(format!("label key {key:?}: the prefix before '/' must be non-empty"));
+        }
+        check_dns_subdomain(prefix).map_err(|why| format!("label key {key:?}: the prefix {why}"))?;
+    }
+    if name.is_empty() {
+        return Err(format!("label key {key:?}: the name part must be non-empty"));
+    }
+    check_label_name(name).map_err(|why| format!("label key {key:?}: the name part {why}"))
+}
+
+/// Checks `value` as Kubernetes checks a label value (`IsValidLabelValue`): empty, or 1–63
+/// characters from `[A-Za-z0-9-_.]` that start and end with a letter or digit.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_label_name(value).map_err(|why| format!("label value {value:?} {why}"))
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, at most 63 characters.
+fn check_label_name(name: &str) -> Result<(), String> {
+    if name.len() > LABEL_NAME_MAX_LEN {
+        return Err(format!("must be no more than {LABEL_NAME_MAX_LEN} characters"));
+    }
+    let inner = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let ends = name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if !ends || !name.bytes().all(inner) {
+        return Err(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with \
+                    an alphanumeric character"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`, at most 253 characters.
+fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.len() > LABEL_PREFIX_MAX_LEN {
+        return Err(format!("must be no more than {LABEL_PREFIX_MAX_LEN} characters"));
+    }
+    let label_ok = |l: &str| {
+        let b = l.as_bytes();
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !b.is_empty() && alnum(&b[0]) && alnum(&b[b.len() - 1]) && b.iter().all(|c| alnum(c) || *c == b'-')
+    };
+    if !s.split('.').all(label_ok) {
+        return Err(format!(
+            "{s:?} must be a lowercase RFC 1123 subdomain: lowercase alphanumeric characters, '-' or '.', \
+             starting and ending with an alphanumeric character"
+        ));
+    }
+    Ok(())
+}
+
 /// The attempt id used outside the journal: `<macbuild>#<n>` (e.g. `build-42#2`), as in
 /// `status.claim.attempt` and the CustomRun's results.
 pub fn attempt_id(macbuild: &str, attempt: u32) -> String {
@@ -94,6 +172,47 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys_and_values_follow_the_kubernetes_rules() {
+        for ok in [
+            "xcode",
+            "a",
+            "Arch_1.x-y",
+            "tartan.dev/agent",
+            "k8s.io/a",
+            "a-b.c/N",
+            &"x".repeat(63),
+            &format!("{}/n", "a".repeat(253)),
+        ] {
+            assert_eq!(check_label_key(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "name part must be non-empty"),
+            ("/x", "prefix before '/' must be non-empty"),
+            ("a/", "name part must be non-empty"),
+            ("a/b/c", "more than one '/'"),
+            ("-a", "must start and end"),
+            ("a_", "must start and end"),
+            ("a=b", "must consist of"),
+            ("a b", "must consist of"),
+            ("Example.com/x", "lowercase RFC 1123"),
+            ("a..b/x", "lowercase RFC 1123"),
+            ("-a.b/x", "lowercase RFC 1123"),
+            ("é", "must consist of"),
+            (&"x".repeat(64), "no more than 63"),
+            (&format!("{}/n", "a".repeat(254)), "no more than 253"),
+        ] {
+            let e = check_label_key(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        for ok in ["", "16", "arm64", "a.b_c-d", &"v".repeat(63)] {
+            assert_eq!(check_label_value(ok), Ok(()), "{ok}");
+        }
+        for bad in ["b=c", "-x", "x.", " 16", "a/b", "\u{0}", &"v".repeat(64)] {
+            assert!(check_label_value(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn fnv1a_matches_the_reference_vectors() {

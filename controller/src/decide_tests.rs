@@ -404,6 +404,22 @@ fn failure_carries_the_builds_reason() {
 }
 
 #[test]
+fn a_failure_tells_the_pipeline_its_cause() {
+    let cause = "attempt 1 failed: step build exited 3; its output ends:\n…\nerror: no such module 'Foo'";
+    let b = BuildView {
+        message: Some(cause.into()),
+        ..finished(Stage::Failed, "StepFailed")
+    };
+    let p = decide(&started(), Some(&b), Some(&lease(secs(50))), &timing(), secs(60));
+    assert_eq!(state(&p), ("False".into(), "StepFailed".into()));
+    assert_eq!(
+        msg(&p),
+        format!("MacBuild {NS}/{NAME} failed: StepFailed; its VM is deleted. {cause}")
+    );
+    assert!(p.events[0].message.ends_with(cause), "{}", p.events[0].message);
+}
+
+#[test]
 fn finished_runs_are_never_reopened() {
     let done = after(
         started(),

@@ -19,7 +19,7 @@
 //! | `timeout-seconds` | string integer (host execution timeout; capped by the CustomRun timeout) | `spec.timeoutSeconds` |
 //! | `cpu` | string integer | `spec.resources.cpu` |
 //! | `memory-mib` | string integer | `spec.resources.memoryMiB` |
-//! | `host-selector` | object, or `key=value,key=value` string | `spec.hostSelector` |
+//! | `host-selector` | object, or `key=value,key=value` string; keys and values as Kubernetes labels allow them | `spec.hostSelector` |
 //!
 //! With `taskSpec` (→ `customSpec.spec`) the embedded object is the MacBuild spec itself in its
 //! camelCase form; params given as well override its fields. Unknown param names are refused
@@ -143,30 +143,45 @@ fn param_steps(p: &Param) -> Result<Value, SpecError> {
     }
 }
 
+/// Checks a host selector as the MacBuild will carry it: every key and value must be one a
+/// Kubernetes label could have (an agent's labels are matched against it; a selector no label
+/// can satisfy would leave the build waiting for ever). One check for params and customSpec.spec.
+fn check_selector(selector: &Map<String, Value>) -> Result<(), String> {
+    for (k, v) in selector {
+        let Some(v) = v.as_str() else {
+            return Err(format!("value of {k:?} must be a string, got {v}"));
+        };
+        tartan_api::check_label_key(k)?;
+        tartan_api::check_label_value(v).map_err(|e| format!("{e} (of key {k:?})"))?;
+    }
+    Ok(())
+}
+
 fn param_selector(p: &Param) -> Result<Value, SpecError> {
-    match &p.value {
-        Value::Object(m) => {
-            if let Some((k, v)) = m.iter().find(|(_, v)| !v.is_string()) {
-                return Err(SpecError::Params(format!(
-                    "param \"host-selector\" value of {k:?} must be a string, got {v}"
-                )));
-            }
-            Ok(Value::Object(m.clone()))
-        }
+    let invalid = |e: String| SpecError::Params(format!("param \"host-selector\": {e}"));
+    let m = match &p.value {
+        Value::Object(m) => m.clone(),
         Value::String(s) => {
             let mut m = Map::new();
             for pair in s.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                let (k, v) = pair.split_once('=').ok_or_else(|| {
-                    SpecError::Params(format!("param \"host-selector\" entry {pair:?} is not key=value"))
-                })?;
-                m.insert(k.trim().to_string(), Value::String(v.trim().to_string()));
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| invalid(format!("entry {pair:?} is not key=value")))?;
+                let k = k.trim().to_string();
+                if m.insert(k.clone(), Value::String(v.trim().to_string())).is_some() {
+                    return Err(invalid(format!("key {k:?} is given twice")));
+                }
             }
-            Ok(Value::Object(m))
+            m
         }
-        other => Err(SpecError::Params(format!(
-            "param \"host-selector\" must be an object or k=v,… string, got {other}"
-        ))),
-    }
+        other => {
+            return Err(SpecError::Params(format!(
+                "param \"host-selector\" must be an object or k=v,… string, got {other}"
+            )));
+        }
+    };
+    check_selector(&m).map_err(invalid)?;
+    Ok(Value::Object(m))
 }
 
 fn object_at<'a>(spec: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
@@ -203,6 +218,17 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             )));
         }
     };
+    match spec.get("hostSelector") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            check_selector(m).map_err(|e| SpecError::Spec(format!("customSpec.spec.hostSelector: {e}")))?
+        }
+        Some(other) => {
+            return Err(SpecError::Spec(format!(
+                "customSpec.spec.hostSelector must be an object of label keys and values, got {other}"
+            )));
+        }
+    }
     let mut seen = std::collections::BTreeSet::new();
     for p in &run.params {
         if !seen.insert(p.name.as_str()) {
@@ -444,6 +470,214 @@ mod tests {
                 err.to_string().contains(needle),
                 "{yaml}: {err} should mention {needle}"
             );
+        }
+    }
+
+    #[test]
+    fn host_selectors_kubernetes_labels_would_refuse_are_refused() {
+        for (value, needle) in [
+            ("'=x'", "name part must be non-empty"),
+            ("'a=b=c'", "label value \"b=c\""),
+            ("'a=1, a=2'", "given twice"),
+            ("'-x=1'", "must start and end"),
+            ("'example.com/=1'", "name part must be non-empty"),
+            ("{'a/b/c': '1'}", "more than one '/'"),
+            ("{xcode: ' 16'}", "label value"),
+        ] {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [x]}}, {{name: host-selector, value: {value}}}]"
+            ));
+            let err = macbuild_spec(&run, None).unwrap_err();
+            assert_eq!(err.reason(), "InvalidParams", "{value}: {err}");
+            assert!(
+                err.to_string().contains(needle),
+                "{value}: {err} should mention {needle}"
+            );
+        }
+        // Kubernetes allows an empty value and a prefixed key.
+        let run = spec(&format!(
+            "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [x]}}, {{name: host-selector, value: 'tartan.dev/xcode=16,beta='}}]"
+        ));
+        assert_eq!(
+            macbuild_spec(&run, None).unwrap()["hostSelector"],
+            json!({"tartan.dev/xcode": "16", "beta": ""})
+        );
+        // The same check for a selector embedded in customSpec.spec.
+        for bad in ["{'': x}", "{a: 'b=c'}", "{a: 1}", "[a]"] {
+            let run = spec(&format!(
+                "customSpec: {{apiVersion: tartan.dev/v1alpha1, kind: MacBuild, spec: {{image: i, steps: [{{name: b, run: [true]}}], \
+                 hostSelector: {bad}}}}}"
+            ));
+            let err = macbuild_spec(&run, None).unwrap_err();
+            assert_eq!(err.reason(), "InvalidMacBuildSpec", "{bad}: {err}");
+            assert!(err.to_string().contains("customSpec.spec.hostSelector"), "{bad}: {err}");
+        }
+    }
+
+    mod props {
+        use super::super::*;
+        use crate::customrun::{CustomRef, CustomRunSpec, Param};
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z0-9./:_-]{0,12}",
+                "[a-z]{1,8}=[a-z0-9]{0,4}(,[ a-z/.]{1,8}=[=a-z0-9. ]{0,4}){0,2}",
+                ".{0,12}"
+            ]
+        }
+
+        fn json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                text().prop_map(Value::from),
+            ];
+            leaf.prop_recursive(2, 8, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::btree_map("[a-z./=_-]{0,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// A plausible value for each param name (often valid), or any JSON.
+        fn value(name: String) -> BoxedStrategy<Value> {
+            let plausible: BoxedStrategy<Value> = match name.as_str() {
+                "max-attempts" | "timeout-seconds" | "cpu" | "memory-mib" => prop_oneof![
+                    (-2i64..5).prop_map(|n| n.to_string()),
+                    any::<i64>().prop_map(|n| n.to_string())
+                ]
+                .prop_map(Value::from)
+                .boxed(),
+                "steps" | "artifact-paths" => proptest::collection::vec("[a-z ./-]{0,10}", 0..4)
+                    .prop_map(|v| json!(v))
+                    .boxed(),
+                "host-selector" => proptest::collection::btree_map("[a-z]{1,3}(/[a-z]{1,3})?", "[a-z0-9]{0,3}", 0..3)
+                    .prop_map(|m| json!(m))
+                    .boxed(),
+                _ => text().prop_map(Value::from).boxed(),
+            };
+            prop_oneof![3 => plausible, 1 => json()].boxed()
+        }
+
+        fn params() -> impl Strategy<Value = Vec<Param>> {
+            let name = prop_oneof![
+                8 => proptest::sample::select(PARAM_NAMES).prop_map(String::from),
+                1 => "[a-z-]{1,12}",
+            ];
+            let param = name.prop_flat_map(|n| {
+                value(n.clone()).prop_map(move |v| Param {
+                    name: n.clone(),
+                    value: v,
+                })
+            });
+            proptest::collection::vec(param, 0..8).prop_map(|mut ps| {
+                // Most lists carry the required params, so that acceptance is common.
+                if ps.len() % 2 == 0 {
+                    ps.insert(
+                        0,
+                        Param {
+                            name: "image".into(),
+                            value: json!("img"),
+                        },
+                    );
+                    ps.insert(
+                        1,
+                        Param {
+                            name: "steps".into(),
+                            value: json!(["make"]),
+                        },
+                    );
+                }
+                ps
+            })
+        }
+
+        fn run(params: Vec<Param>) -> CustomRunSpec {
+            CustomRunSpec {
+                custom_ref: Some(CustomRef {
+                    api_version: Some("tartan.dev/v1alpha1".into()),
+                    kind: Some("MacBuild".into()),
+                    ..CustomRef::default()
+                }),
+                params,
+                ..CustomRunSpec::default()
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn param_lists_never_panic_and_accepted_specs_round_trip(
+                params in params(),
+                timeout in proptest::option::of(1u64..100_000),
+            ) {
+                let got = macbuild_spec(&run(params.clone()), timeout.map(Duration::from_secs));
+                let unknown = params.iter().find(|p| !PARAM_NAMES.contains(&p.name.as_str()));
+                let Ok(spec) = got else {
+                    return Ok(());
+                };
+                prop_assert!(unknown.is_none(), "unknown param {:?} accepted", unknown);
+                for p in &params {
+                    let text = p.value.as_str();
+                    let int = text.and_then(|t| t.trim().parse::<i64>().ok());
+                    match p.name.as_str() {
+                        "image" => prop_assert_eq!(spec["image"].as_str(), text),
+                        "git-url" => prop_assert_eq!(spec["source"]["git"].as_str(), text),
+                        "git-revision" => prop_assert_eq!(spec["source"]["revision"].as_str(), text),
+                        "test-report" => prop_assert_eq!(spec["testReport"].as_str(), text),
+                        "artifact-destination" => prop_assert_eq!(spec["artifacts"]["destination"].as_str(), text),
+                        "max-attempts" => prop_assert_eq!(spec["maxAttempts"].as_i64(), int),
+                        "cpu" => prop_assert_eq!(spec["resources"]["cpu"].as_i64(), int),
+                        "memory-mib" => prop_assert_eq!(spec["resources"]["memoryMiB"].as_i64(), int),
+                        "timeout-seconds" => {
+                            let want = int.map(|n| timeout.map_or(n, |t| n.min(t as i64)));
+                            prop_assert_eq!(spec["timeoutSeconds"].as_i64(), want);
+                        }
+                        "host-selector" => {
+                            let sel = spec["hostSelector"].as_object().expect("an object");
+                            for (k, v) in sel {
+                                prop_assert!(tartan_api::check_label_key(k).is_ok(), "key {:?}", k);
+                                prop_assert!(tartan_api::check_label_value(v.as_str().unwrap()).is_ok(), "value {:?}", v);
+                            }
+                            if let Value::Object(m) = &p.value {
+                                prop_assert_eq!(sel, m);
+                            }
+                        }
+                        "steps" => {
+                            if let Value::Array(cmds) = &p.value {
+                                let steps = spec["steps"].as_array().expect("steps");
+                                prop_assert_eq!(steps.len(), cmds.len());
+                                for (step, cmd) in steps.iter().zip(cmds) {
+                                    prop_assert_eq!(&step["run"][2], cmd);
+                                }
+                            }
+                        }
+                        "artifact-paths" => {
+                            prop_assert!(spec["artifacts"]["paths"].is_array());
+                        }
+                        other => prop_assert!(false, "unexpected param {other}"),
+                    }
+                }
+                if let Some(t) = timeout {
+                    prop_assert!(spec["timeoutSeconds"].as_u64().is_some_and(|s| s <= t));
+                }
+            }
+
+            #[test]
+            fn unknown_param_names_are_refused(name in "[a-z-]{1,12}", value in json()) {
+                prop_assume!(!PARAM_NAMES.contains(&name.as_str()));
+                let params = vec![
+                    Param { name: "image".into(), value: json!("img") },
+                    Param { name: "steps".into(), value: json!(["make"]) },
+                    Param { name: name.clone(), value },
+                ];
+                let err = macbuild_spec(&run(params), None).unwrap_err();
+                prop_assert_eq!(err.reason(), "InvalidParams");
+                prop_assert!(err.to_string().contains(&format!("unknown param {name:?}")), "{}", err);
+            }
         }
     }
 }

@@ -16,7 +16,12 @@ use kube::Resource as _;
 use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tartan_api::text::clean_str;
 use tartan_api::{CUSTOM_RUN_LABEL, ConditionType, MacBuild, MacBuildSpec, Phase};
+
+/// Longest MacBuild status message copied into a CustomRun: the agent's cause (a failing
+/// step's last lines, `tartan_api::text::TAIL_BYTES`) with room for what is said around it.
+pub const MESSAGE_MAX: usize = tartan_api::text::TAIL_BYTES * 2;
 
 /// Prefix of every agent Lease's name.
 pub const LEASE_PREFIX: &str = "tartan-agent-";
@@ -85,7 +90,8 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
         journal_seq: status.journal_seq,
         vm_deleted: status.condition(ConditionType::VMDeleted).is_some_and(|c| c.is_true()),
         reason,
-        message: status.message.clone(),
+        // Copied into the CustomRun: only clean, bounded text, whoever wrote the status.
+        message: status.message.as_deref().map(|m| clean_str(m, MESSAGE_MAX)),
         tests_passed: results.tests_passed,
         tests_total: results.tests_total,
         artifact: results.artifact_url,
@@ -181,6 +187,19 @@ mod tests {
         assert_eq!(v.artifact.as_deref(), Some("s3://a/b.ipa"));
         assert_eq!(v.journal_seq, Some(130));
         assert_eq!(v.resource_version, "9");
+    }
+
+    #[test]
+    fn the_status_message_is_cleaned_and_bounded_before_it_reaches_the_customrun() {
+        let raw = format!(
+            "attempt 1 failed: \u{1b}[31merror\u{1b}[0m\u{0}\r\n{}",
+            "x".repeat(20_000)
+        );
+        let v = build_view(&mb(json!({"phase": "Failed", "message": raw})));
+        let m = v.message.unwrap();
+        assert!(m.starts_with("attempt 1 failed: error\nxxx"), "{}", &m[..40]);
+        assert!(m.len() <= MESSAGE_MAX, "{} bytes", m.len());
+        assert!(m.chars().all(|c| c == '\n' || !c.is_control()));
     }
 
     #[test]

@@ -336,13 +336,10 @@ impl Tart {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let child = cmd.spawn().map_err(|source| TartError::Spawn {
-            command,
-            vm: vm.to_string(),
-            program: self.program.clone(),
-            source,
-        })?;
-        tracing::debug!(command, vm, ?args, "tart call");
+        let child = cmd
+            .spawn()
+            .map_err(|source| self.spawn_error(command, vm, args, source))?;
+        tracing::debug!(command, vm, args = %argv_for_log(args), "tart call");
         let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
             Err(_elapsed) => {
                 tracing::warn!(command, vm, ?timeout, "tart call timed out; killed");
@@ -370,6 +367,41 @@ impl Tart {
             output.status,
             &String::from_utf8_lossy(&output.stderr),
         ))
+    }
+
+    /// The error for a tart child that did not start: E2BIG says the arguments are too long
+    /// (with their size, not their text), a NUL byte which argument holds it, anything else that
+    /// tart could not be started.
+    fn spawn_error(
+        &self,
+        command: &'static str,
+        vm: &str,
+        args: &[impl AsRef<OsStr>],
+        source: std::io::Error,
+    ) -> TartError {
+        if source.raw_os_error() == Some(libc::E2BIG) {
+            return TartError::ArgumentsTooLong {
+                command,
+                vm: vm.to_string(),
+                program: self.program.clone(),
+                count: args.len(),
+                bytes: args.iter().map(|a| a.as_ref().len()).sum(),
+            };
+        }
+        if let Some(index) = args.iter().position(|a| a.as_ref().as_encoded_bytes().contains(&0)) {
+            return TartError::ArgumentHasNul {
+                command,
+                vm: vm.to_string(),
+                program: self.program.clone(),
+                index,
+            };
+        }
+        TartError::Spawn {
+            command,
+            vm: vm.to_string(),
+            program: self.program.clone(),
+            source,
+        }
     }
 
     /// `tart clone SRC NAME`. Never clone onto a name that may exist or run: tart overwrites silently.
@@ -469,12 +501,9 @@ impl Tart {
         let mut cmd = self.command();
         cmd.arg("exec").arg(name).args(argv);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| TartError::Spawn {
-            command: "exec",
-            vm: name.to_string(),
-            program: self.program.clone(),
-            source,
-        })?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| self.spawn_error("exec", name, argv, source))?;
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(TartError::Io {
                 action: "tart exec started without its output pipes for",
@@ -605,6 +634,41 @@ fn parse_json<T: serde::de::DeserializeOwned>(command: &'static str, vm: &str, s
         detail: format!("not the JSON tart documents: {e}"),
         output: cap_text(&String::from_utf8_lossy(stdout), 4096),
     })
+}
+
+/// Most bytes of an argv [`argv_for_log`] shows.
+pub const ARGV_LOG_MAX: usize = 1024;
+
+/// An argv for a log line: its words, quoted as by `{:?}`, cut after [`ARGV_LOG_MAX`] bytes with
+/// the count and size of the whole (a step may pass megabytes, which must not flood the log).
+pub fn argv_for_log(argv: &[impl AsRef<OsStr>]) -> String {
+    let mut out = String::from("[");
+    for (i, a) in argv.iter().enumerate() {
+        let word = format!("{:?}", a.as_ref());
+        if out.len() + word.len() + 2 > ARGV_LOG_MAX {
+            let bytes: usize = argv.iter().map(|a| a.as_ref().len()).sum();
+            let shown = cap_head(&word, ARGV_LOG_MAX.saturating_sub(out.len()).min(word.len()));
+            out.push_str(if i > 0 { ", " } else { "" });
+            out.push_str(shown);
+            out.push_str(&format!("…] ({} arguments, {bytes} bytes in all)", argv.len()));
+            return out;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&word);
+    }
+    out.push(']');
+    out
+}
+
+/// The first `max` bytes of `s` (at a character boundary).
+fn cap_head(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn cap_text(s: &str, max: usize) -> String {
@@ -901,6 +965,19 @@ mod tests {
             "Failed to connect to the VM using its control socket: x, is the Tart Guest Agent running?",
         );
         assert!(matches!(e, Some(TartError::GuestAgentUnavailable { .. })));
+    }
+
+    #[test]
+    fn argv_for_log_is_capped_with_the_size_of_the_whole() {
+        assert_eq!(argv_for_log(&["sh", "-c", "echo hi"]), r#"["sh", "-c", "echo hi"]"#);
+        let huge = vec!["sh".to_string(), "-c".to_string(), "x".repeat(3 << 20)];
+        let line = argv_for_log(&huge);
+        assert!(line.len() <= ARGV_LOG_MAX + 64, "{} bytes", line.len());
+        assert!(line.starts_with(r#"["sh", "-c", "xxx"#), "{line}");
+        assert!(
+            line.ends_with(&format!("…] (3 arguments, {} bytes in all)", 4 + (3 << 20))),
+            "{line}"
+        );
     }
 
     #[test]

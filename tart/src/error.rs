@@ -94,6 +94,33 @@ pub enum TartError {
         source: std::io::Error,
     },
 
+    /// The operating system refused to start tart with these arguments (E2BIG): together with the
+    /// environment they exceed its limit (`getconf ARG_MAX`).
+    #[error(
+        "could not start `{program} {command}` for {vm}: its {count} arguments, {bytes} bytes in all, are more than \
+         the operating system accepts (Argument list too long); nothing ran — shorten the command or pass the data \
+         through a file"
+    )]
+    ArgumentsTooLong {
+        command: &'static str,
+        vm: String,
+        program: PathBuf,
+        count: usize,
+        bytes: usize,
+    },
+
+    /// An argument holds a NUL byte, which no program can be passed (C strings end at NUL).
+    #[error(
+        "could not start `{program} {command}` for {vm}: argument {index} contains a NUL byte, which no program can receive; nothing ran"
+    )]
+    ArgumentHasNul {
+        command: &'static str,
+        vm: String,
+        program: PathBuf,
+        /// 0-based, among the arguments after the tart command.
+        index: usize,
+    },
+
     /// tart exited 0 but printed something we cannot understand (e.g. not the JSON `--format json` promises).
     #[error("tart {command} {vm} printed unexpected output ({detail}); output was: {output:?}")]
     UnexpectedOutput {

@@ -17,7 +17,9 @@ pub mod types;
 pub use discovery::{
     ClientFilter, KillReport, client_pids, kill_vm_processes, process_alive, run_pid, tart_home, vm_config_path, vm_dir,
 };
-pub use driver::{ExecOptions, ExecOutcome, RunExit, RunOptions, RunningVm, SetOptions, Tart, Timeouts};
+pub use driver::{
+    ARGV_LOG_MAX, ExecOptions, ExecOutcome, RunExit, RunOptions, RunningVm, SetOptions, Tart, Timeouts, argv_for_log,
+};
 pub use error::TartError;
 pub use lock::LockProbe;
 pub use nix::unistd::Pid;

@@ -3,6 +3,7 @@
 
 mod common;
 
+use serde_json::json;
 use std::path::Path;
 
 use common::*;
@@ -28,4 +29,70 @@ async fn deploy_crd_is_served() {
         .await
         .unwrap();
     assert!(list.items.is_empty());
+}
+
+/// `spec.steps` and `status.conditions` are `x-kubernetes-list-type: map` lists in the real CRD:
+/// the apiserver refuses two items with the same key, and so must the emulator.
+#[tokio::test]
+async fn duplicate_list_map_keys_are_refused_as_the_apiserver_does() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crd.yaml");
+    let crd = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        crd.contains("x-kubernetes-list-type: map"),
+        "deploy/crd.yaml has no list-type map any more; this test checks nothing"
+    );
+    let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file(&path))
+        .await
+        .unwrap();
+    let api = macbuilds(&emu.client(), "default");
+    let steps = json!([{"name": "build", "run": ["make"]}, {"name": "build", "run": ["make", "test"]}]);
+    let s = status_of(
+        api.create(
+            &kube::api::PostParams::default(),
+            &macbuild("dup", json!({"image": "x", "steps": steps})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "MacBuild.tartan.dev \"dup\" is invalid: spec.steps[1]: Duplicate value: map[string]interface {}{\"name\":\"build\"}"
+    );
+    let causes: Vec<(String, String, String)> = s
+        .details
+        .unwrap()
+        .causes
+        .iter()
+        .map(|c| (c.reason.clone(), c.field.clone(), c.message.clone()))
+        .collect();
+    assert_eq!(
+        causes,
+        vec![(
+            "FieldValueDuplicate".to_string(),
+            "spec.steps[1]".to_string(),
+            "Duplicate value: map[string]interface {}{\"name\":\"build\"}".to_string()
+        )]
+    );
+
+    // Distinct names pass; a status with two conditions of one type is refused on the status
+    // subresource.
+    let ok = json!({"image": "x", "steps": [{"name": "build", "run": ["make"]}, {"name": "test", "run": ["make"]}]});
+    api.create(&kube::api::PostParams::default(), &macbuild("ok", ok))
+        .await
+        .unwrap();
+    let condition = json!({"type": "Succeeded", "status": "Unknown", "reason": "Running", "message": "",
+        "lastTransitionTime": "2026-10-05T02:55:00Z"});
+    let e = status_of(
+        api.patch_status(
+            "ok",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"conditions": [condition.clone(), condition]}})),
+        )
+        .await,
+    );
+    assert_eq!(e.code, 422);
+    assert_eq!(
+        e.message,
+        "MacBuild.tartan.dev \"ok\" is invalid: status.conditions[1]: Duplicate value: map[string]interface {}{\"type\":\"Succeeded\"}"
+    );
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tartan_api::deadline::{
     DEADLINES_DIR, DeadlineFile, deadline_file_name, remove_deadline_file, write_deadline_file,
 };
+use tartan_api::text::{TAIL_BYTES, TAIL_LINES, clean_str, last_lines};
 use tartan_api::{BuildResults, MacBuildSpec};
 use tartan_tart::{ExecOptions, RunOptions, RunningVm, SetOptions, Tart, TartError};
 use tokio::sync::watch;
@@ -105,7 +106,9 @@ pub struct ExecutorConfig {
     pub stop_timeout: Duration,
     /// Size cap of each step's log file.
     pub step_log_cap: u64,
-    /// Bytes of each step's output kept for status.
+    /// Bytes of each step's raw output kept in memory; a failing step's status gets its last
+    /// lines from them, cleaned ([`tartan_api::text::last_lines`]). Larger than the status bound
+    /// because terminal escapes take room and are dropped.
     pub tail_bytes: usize,
     /// Largest test report read from the guest.
     pub report_cap: u64,
@@ -128,7 +131,7 @@ impl ExecutorConfig {
             probe_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
             step_log_cap: 64 << 20,
-            tail_bytes: 4 << 10,
+            tail_bytes: 16 << 10,
             report_cap: 32 << 20,
             artifact_cap: 16 << 30,
             checkout_dir: "src".to_string(),
@@ -205,12 +208,13 @@ impl AttemptExecutor {
         }
     }
 
-    /// Why the test report could not be counted (the attempt then failed with `TestsFailed` 0/0).
+    /// Why the test report could not be counted (the attempt then failed with `TestReportUnusable`).
     pub fn report_error(&self) -> Option<&str> {
         self.report_error.as_deref()
     }
 
-    /// The last step run and the tail of its output (or tart's error), for status messages.
+    /// The last step run and the tail of its output (for a failed step: its cleaned last lines, or
+    /// the error that kept it from running).
     pub fn last_step(&self) -> Option<(&str, &str)> {
         self.last_step.as_ref().map(|(s, t)| (s.as_str(), t.as_str()))
     }
@@ -512,13 +516,7 @@ impl AttemptExecutor {
         if let Some(source) = &self.attempt.spec.source {
             match checkout_commands(source, &self.cfg.checkout_dir) {
                 Ok(c) => commands.extend(c),
-                Err(e) => {
-                    self.last_step = Some((super::steps::CHECKOUT_STEP.to_string(), e.to_string()));
-                    return Performed::Event(Event::StepFailed {
-                        step: super::steps::CHECKOUT_STEP.to_string(),
-                        exit_code: -1,
-                    });
-                }
+                Err(e) => return self.step_failed(super::steps::CHECKOUT_STEP.to_string(), -1, e.to_string()),
             }
         }
         commands.extend(self.attempt.spec.steps.iter().map(|s| GuestCommand {
@@ -529,8 +527,7 @@ impl AttemptExecutor {
         if let Err(e) = std::fs::create_dir_all(&logs) {
             let msg = format!("creating log folder {}: {e}", logs.display());
             let step = commands.first().map(|c| c.name.clone()).unwrap_or_default();
-            self.last_step = Some((step.clone(), msg));
-            return Performed::Event(Event::StepFailed { step, exit_code: -1 });
+            return self.step_failed(step, -1, msg);
         }
         for cmd in commands {
             let options = ExecOptions {
@@ -539,30 +536,36 @@ impl AttemptExecutor {
                 tail_bytes: self.cfg.tail_bytes,
                 timeout: self.exec_timeout(),
             };
-            tracing::info!(%vm, step = %cmd.name, argv = ?cmd.argv, "step started");
+            tracing::info!(%vm, step = %cmd.name, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started");
             match self.tart.exec(&vm, &cmd.argv, &options).await {
                 Ok(out) => {
                     tracing::info!(%vm, step = %cmd.name, code = out.exit_code, took = ?out.elapsed, "step finished");
-                    self.last_step = Some((cmd.name.clone(), out.tail));
                     if out.exit_code != 0 {
-                        return Performed::Event(Event::StepFailed {
-                            step: cmd.name,
-                            exit_code: out.exit_code,
-                        });
+                        let last = last_lines(out.tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
+                        return self.step_failed(cmd.name, out.exit_code, last);
                     }
+                    self.last_step = Some((cmd.name.clone(), out.tail));
                 }
                 Err(e) => {
                     tracing::warn!(%vm, step = %cmd.name, error = %e, "tart exec of a step failed");
-                    self.last_step = Some((cmd.name.clone(), e.to_string()));
-                    return Performed::Event(Event::StepFailed {
-                        step: cmd.name,
-                        exit_code: -1,
-                    });
+                    return self.step_failed(cmd.name, -1, e.to_string());
                 }
             }
         }
         Performed::Event(Event::StepsSucceeded {
             steps: self.attempt.spec.steps.len() as u32,
+        })
+    }
+
+    /// Ends the steps with `step` failed: `why` (its last lines, or the error that kept it from
+    /// running) goes into the event, so the record, the status and the CustomRun say it.
+    fn step_failed(&mut self, step: String, exit_code: i32, why: String) -> Performed {
+        let output = clean_str(&why, TAIL_BYTES);
+        self.last_step = Some((step.clone(), output.clone()));
+        Performed::Event(Event::StepFailed {
+            step,
+            exit_code,
+            output,
         })
     }
 
@@ -626,11 +629,9 @@ impl AttemptExecutor {
                 }
             }
             Err(e) => {
-                // The machine has no event for an unreadable report; it fails the attempt as
-                // TestsFailed 0/0 and the reason is kept for the status message.
                 tracing::warn!(vm = %self.attempt.vm, error = %e, "test report unusable; the attempt fails");
-                self.report_error = Some(e);
-                Performed::Event(Event::TestsFailed { failed: 0, total: 0 })
+                self.report_error = Some(e.clone());
+                Performed::Event(Event::TestReportUnusable { error: e })
             }
         }
     }

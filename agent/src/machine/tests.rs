@@ -87,12 +87,16 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
         EventKind::StepFailed => Event::StepFailed {
             step: "build".into(),
             exit_code: 65,
+            output: "** BUILD FAILED **".into(),
         },
         EventKind::VmStartFailed => Event::VmStartFailed {
             error: "tart clone exited 2".into(),
         },
         EventKind::TestsPassed => Event::TestsPassed { passed: 2, total: 2 },
         EventKind::TestsFailed => Event::TestsFailed { failed: 1, total: 2 },
+        EventKind::TestReportUnusable => Event::TestReportUnusable {
+            error: "test report out/junit.xml is not well-formed XML".into(),
+        },
         EventKind::ArtifactUploadFailed => Event::ArtifactUploadFailed { error: "s3 503".into() },
         EventKind::CancelRequested => Event::CancelRequested { at_start: None },
         EventKind::OwnerDeleted => Event::OwnerDeleted { at_start: None },
@@ -125,7 +129,9 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
         (S::Running, E::StepFailed) => Some(S::Retiring),
-        (S::Collecting, E::TestsPassed | E::TestsFailed | E::ArtifactUploadFailed) => Some(S::Retiring),
+        (S::Collecting, E::TestsPassed | E::TestsFailed | E::TestReportUnusable | E::ArtifactUploadFailed) => {
+            Some(S::Retiring)
+        }
         (_, E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed | E::AgentRestarted | E::AgentFault) if open => {
             Some(S::Retiring)
         }
@@ -175,7 +181,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 44, "the size of the allowed set");
+    assert_eq!(allowed, 45, "the size of the allowed set");
 }
 
 #[test]
@@ -315,6 +321,12 @@ fn every_ending_maps_to_its_outcome() {
             Outcome::Failed,
         ),
         (S::Running, EventKind::StepFailed, Reason::StepFailed, Outcome::Failed),
+        (
+            S::Collecting,
+            EventKind::TestReportUnusable,
+            Reason::TestsFailed,
+            Outcome::Failed,
+        ),
         (
             S::Booting,
             EventKind::VmStartFailed,
@@ -897,6 +909,8 @@ fn replay_keeps_outcome_slot_and_deadline_when_later_records_omit_them() {
     replayed.observe(&r2);
     assert_eq!(replayed.state, S::Retired);
     assert_eq!(replayed.outcome, Some(Outcome::Interrupted));
+    // The cause is the detail of the record that fixed the outcome, not of the last one.
+    assert_eq!(replayed.cause.as_deref(), Some(r1.detail.as_str()));
     assert_eq!((replayed.slot, replayed.deadline), (Some(0), Some(ts(DEADLINE))));
     assert_eq!(replayed.last_seq, Some(2));
     let mut unknown = r1.clone();
@@ -925,4 +939,81 @@ fn free_slot_never_hands_out_a_held_slot() {
     assert_eq!(free_slot(1, &held), None);
     let idle = [mk_attempt(1, S::Requested), mk_attempt(1, S::Retired)];
     assert_eq!(free_slot(1, &attempt_holders(&idle)), Some(0));
+}
+
+#[test]
+fn a_failing_step_records_why_and_the_cause_survives_replay() {
+    let mut d = Driver::new(mk_attempt(1, S::Running), 7);
+    let before = ts(DEADLINE) - secs(600);
+    d.go(
+        Event::StepFailed {
+            step: "build".into(),
+            exit_code: 3,
+            output: "…\nerror: \u{1b}[31mno such module\u{1b}[0m\0 'Foo'".into(),
+        },
+        before,
+    );
+    let cause = "step build exited 3; its output ends:\n…\nerror: no such module 'Foo'";
+    assert_eq!(d.a.cause.as_deref(), Some(cause));
+    d.go(
+        Event::VmDeleted {
+            how: Deleted::Stopped { took: secs(2) },
+        },
+        before,
+    );
+    // The deletion's record does not replace the cause.
+    assert_eq!(d.a.cause.as_deref(), Some(cause));
+
+    // A step that could not be run says tart's error; an unusable report says the parser's.
+    let a = mk_attempt(1, S::Running);
+    let t = step(
+        &a,
+        Event::StepFailed {
+            step: "build".into(),
+            exit_code: -1,
+            output: "could not start `tart exec` for vm: Argument list too long".into(),
+        },
+        before,
+        &Config::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        t.detail,
+        "step build could not be run: could not start `tart exec` for vm: Argument list too long"
+    );
+    let t = step(
+        &mk_attempt(1, S::Collecting),
+        Event::TestReportUnusable {
+            error: "test report r.xml cannot be trusted: 5 failures + 0 errors + 0 skipped exceed its 1 tests".into(),
+        },
+        before,
+        &Config::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        (t.reason, t.outcome),
+        (Some(Reason::TestsFailed), Some(Outcome::Failed))
+    );
+    assert!(
+        t.detail
+            .starts_with("test report unusable, so the build is not counted as passed: ")
+    );
+
+    // Whatever tart printed, a detail is clean text of bounded size.
+    let t = step(
+        &mk_attempt(1, S::Booting),
+        Event::VmStartFailed {
+            error: format!("tart clone: \u{1b}]0;x\u{7}{}\u{0}\u{ff}", "y".repeat(64 << 10)),
+        },
+        before,
+        &Config::default(),
+    )
+    .unwrap();
+    assert!(t.detail.len() <= DETAIL_MAX, "{} bytes", t.detail.len());
+    assert!(
+        t.detail.starts_with("VM did not start: tart clone: yyy"),
+        "{}",
+        &t.detail[..40]
+    );
+    assert!(t.detail.chars().all(|c| !c.is_control()));
 }

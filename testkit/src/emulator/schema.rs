@@ -1,6 +1,7 @@
 //! Structural-schema handling for custom resources, in the order the apiserver applies it:
 //! pruning of unknown fields (and of `null` where not `nullable`), `default:`, then validation
-//! (types, enum, bounds, lengths, item and property counts, `required`, `pattern`, `date-time`).
+//! (types, enum, bounds, lengths, item and property counts, `required`, `pattern`, `date-time`),
+//! then the uniqueness of `x-kubernetes-list-type: map` keys and `set` items.
 
 use std::fmt;
 
@@ -43,6 +44,7 @@ pub enum ErrorKind {
     TooMany,
     TooLong,
     Forbidden,
+    Duplicate,
 }
 
 impl FieldError {
@@ -76,6 +78,7 @@ impl FieldError {
             ErrorKind::TooMany => "FieldValueTooMany",
             ErrorKind::TooLong => "FieldValueTooLong",
             ErrorKind::Forbidden => "FieldValueForbidden",
+            ErrorKind::Duplicate => "FieldValueDuplicate",
         }
     }
 
@@ -87,6 +90,7 @@ impl FieldError {
             ErrorKind::TooMany => "Too many",
             ErrorKind::TooLong => "Too long",
             ErrorKind::Forbidden => "Forbidden",
+            ErrorKind::Duplicate => "Duplicate value",
         }
     }
 
@@ -94,6 +98,12 @@ impl FieldError {
     pub fn body(&self) -> String {
         let mut s = match self.kind {
             ErrorKind::Required | ErrorKind::Forbidden | ErrorKind::TooLong => self.type_str().to_string(),
+            // The apiserver's Duplicate values are Go maps, printed with %#v.
+            ErrorKind::Duplicate => format!(
+                "{}: {}",
+                self.type_str(),
+                go_sharp_v(self.value.as_ref().unwrap_or(&Value::Null))
+            ),
             _ => format!(
                 "{}: {}",
                 self.type_str(),
@@ -122,6 +132,36 @@ fn render_value(v: &Value) -> String {
         Value::Bool(b) => b.to_string(),
         other => other.to_string(),
     }
+}
+
+/// Go's `%#v` of a decoded JSON value (`map[string]interface {}{"name":"build"}`): map keys sorted,
+/// strings quoted, numbers as Go prints int64 and float64.
+fn go_sharp_v(v: &Value) -> String {
+    fn inner(v: &Value) -> String {
+        match v {
+            Value::Null => "interface {}(nil)".into(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => format!("{s:?}"),
+            Value::Array(items) => format!(
+                "[]interface {{}}{{{}}}",
+                items.iter().map(inner).collect::<Vec<_>>().join(", ")
+            ),
+            Value::Object(m) => {
+                let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                format!(
+                    "map[string]interface {{}}{{{}}}",
+                    entries
+                        .iter()
+                        .map(|(k, v)| format!("{k:?}:{}", inner(v)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        }
+    }
+    inner(v)
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -274,7 +314,108 @@ pub fn validate(obj: &Value, schema: &Value) -> Vec<FieldError> {
             }
         }
     }
+    for (k, v) in map {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        if let Some(sub) = props.and_then(|p| p.get(k)) {
+            validate_lists(v, sub, k, &mut errs);
+        }
+    }
     errs
+}
+
+/// The apiserver's `ValidateListSetsAndMaps`: in every array marked `x-kubernetes-list-type: set`
+/// no item repeats, in every `map` no two items share their `x-kubernetes-list-map-keys` values.
+/// Each repeated value is reported once, at its second index, as `Duplicate value`.
+fn validate_lists(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
+    match v {
+        Value::Object(map) => {
+            if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for (k, sub) in map {
+                    validate_lists(sub, additional, &format!("{path}[{k}]"), errs);
+                }
+            }
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, sub) in map {
+                    if let Some(s) = props.get(k) {
+                        validate_lists(sub, s, &child(path, k), errs);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            match schema.get("x-kubernetes-list-type").and_then(Value::as_str) {
+                Some("set") => {
+                    for i in second_occurrences(items) {
+                        errs.push(FieldError::new(
+                            ErrorKind::Duplicate,
+                            format!("{path}[{i}]"),
+                            Some(items[i].clone()),
+                            "",
+                        ));
+                    }
+                }
+                Some("map") => validate_list_map(items, schema, path, errs),
+                _ => {}
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    validate_lists(item, item_schema, &format!("{path}[{i}]"), errs);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn validate_list_map(items: &[Value], schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
+    // Only objects (and null) may be items of a list-type map.
+    if let Some((i, x)) = items.iter().enumerate().find(|(_, x)| !x.is_object() && !x.is_null()) {
+        errs.push(FieldError::invalid(
+            format!("{path}[{i}]"),
+            x.clone(),
+            "must be an object for an array of list-type map",
+        ));
+        return;
+    }
+    let key_fields: Vec<&str> = schema
+        .get("x-kubernetes-list-map-keys")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    // An item's key: the key fields it has (an absent field, or a null item, has none; two
+    // items without a key are duplicates of each other).
+    let keys: Vec<Value> = items
+        .iter()
+        .map(|x| {
+            let fields = key_fields
+                .iter()
+                .filter_map(|f| x.get(*f).map(|v| (f.to_string(), v.clone())))
+                .collect();
+            Value::Object(fields)
+        })
+        .collect();
+    for i in second_occurrences(&keys) {
+        errs.push(FieldError::new(
+            ErrorKind::Duplicate,
+            format!("{path}[{i}]"),
+            Some(keys[i].clone()),
+            "",
+        ));
+    }
+}
+
+/// Indices of the second occurrence of each value that occurs more than once.
+fn second_occurrences(items: &[Value]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, x) in items.iter().enumerate() {
+        let before = items[..i].iter().filter(|y| *y == x).count();
+        if before == 1 {
+            out.push(i);
+        }
+    }
+    out
 }
 
 fn validate_value(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
@@ -532,5 +673,57 @@ mod tests {
             errs,
             vec!["spec.image: Invalid value: 5: spec.image in body must be of type string: \"integer\""]
         );
+    }
+
+    #[test]
+    fn list_type_map_keys_and_set_items_must_be_unique() {
+        let schema = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "steps": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}, "run": {"type": "array",
+                        "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
+                "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["port", "protocol"], "items": {"type": "object"}},
+                "byHost": {"type": "object", "additionalProperties": {"type": "array",
+                    "x-kubernetes-list-type": "set", "items": {"type": "integer"}}}
+            }}
+        }});
+        let errs = |obj: Value| -> Vec<String> { validate(&obj, &schema).iter().map(ToString::to_string).collect() };
+        assert!(
+            errs(json!({"spec": {"steps": [{"name": "a"}, {"name": "b"}], "ports": [{"port": 1}, {"port": 2}]}}))
+                .is_empty()
+        );
+        // A third occurrence is not reported again; items with no key repeat each other.
+        assert_eq!(
+            errs(json!({"spec": {"steps": [
+                {"name": "build", "run": ["x"]}, {"name": "build"}, {"name": "build"}, {"run": ["y", "y"]}, {}
+            ]}})),
+            vec![
+                "spec.steps[1]: Duplicate value: map[string]interface {}{\"name\":\"build\"}",
+                "spec.steps[4]: Duplicate value: map[string]interface {}{}",
+                "spec.steps[3].run[1]: Duplicate value: \"y\"",
+            ]
+        );
+        assert_eq!(
+            errs(
+                json!({"spec": {"ports": [{"port": 80, "protocol": "TCP"}, {"port": 80, "protocol": "UDP"},
+                {"protocol": "TCP", "port": 80, "x": 1}]}})
+            ),
+            vec!["spec.ports[2]: Duplicate value: map[string]interface {}{\"port\":80, \"protocol\":\"TCP\"}"]
+        );
+        assert_eq!(
+            errs(json!({"spec": {"ports": [{"port": 1}, 5]}})),
+            vec![
+                // The schema's own error, then the list's (the apiserver reports both, in this order).
+                "spec.ports[1]: Invalid value: 5: spec.ports[1] in body must be of type object: \"integer\"",
+                "spec.ports[1]: Invalid value: 5: must be an object for an array of list-type map",
+            ]
+        );
+        assert_eq!(
+            errs(json!({"spec": {"byHost": {"m1": [1, 2, 1]}}})),
+            vec!["spec.byHost[m1][2]: Duplicate value: 1"]
+        );
+        let dup = &validate(&json!({"spec": {"steps": [{"name": "a"}, {"name": "a"}]}}), &schema)[0];
+        assert_eq!(dup.reason(), "FieldValueDuplicate");
     }
 }
