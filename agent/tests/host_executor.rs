@@ -441,6 +441,47 @@ async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
     assert!(!rig.deadline_file(&exec.attempt().vm).exists());
 }
 
+/// A clone that hangs until the host deadline: no VM ever existed, so the watchdog cannot have
+/// deleted it — the attempt fails `DeadlinePassed` (not `WatchdogDeadline`), and the hung tart
+/// clone is killed, not left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_hanging_past_the_deadline_is_killed_and_recorded_as_deadline_passed() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "hung-clone", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.set_faults(&vm_fault(
+        &vm,
+        Fault {
+            clone_delay_secs: Some(600.0),
+            ..Fault::default()
+        },
+    ));
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(3), &machine(), &mut journal))
+        .await
+        .expect("the deadline ends the hung clone")
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let retiring = records
+        .iter()
+        .find(|r| r.to == S::Retiring)
+        .expect("Retiring journaled");
+    assert_eq!(
+        (retiring.from, retiring.reason, retiring.outcome),
+        (Some(S::Booting), Some(Reason::DeadlinePassed), Some(Outcome::Failed)),
+        "{:#?}",
+        journal.lines()
+    );
+    assert!(!retiring.detail.contains("watchdog"), "{retiring}");
+    wait_for("the hung tart clone to be gone", Duration::from_secs(5), || {
+        rig.tart.client_pids(&vm).unwrap().is_empty().then_some(())
+    })
+    .await;
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_during_boot_kills_tart_run_at_once() {
     let rig = Rig::new();

@@ -170,6 +170,9 @@ pub struct AttemptExecutor {
     run: Option<RunningVm>,
     boot_started: Option<Instant>,
     refused_existing: bool,
+    /// Whether this executor's clone of the VM completed: only a VM that existed can have been
+    /// deleted by the watchdog (a clone hanging until the deadline never made one).
+    vm_created: bool,
     counts: Option<TestCounts>,
     report_error: Option<String>,
     artifact_url: Option<String>,
@@ -187,6 +190,7 @@ impl AttemptExecutor {
             run: None,
             boot_started: None,
             refused_existing: false,
+            vm_created: false,
             counts: None,
             report_error: None,
             artifact_url: None,
@@ -332,7 +336,7 @@ impl AttemptExecutor {
             }
             // Only the watchdog deletes a VM of ours behind our back, and only after the
             // deadline: a VM already gone here was removed by it (the agent was paused or slow).
-            Interrupt::Deadline if self.check_gone().is_ok() => {
+            Interrupt::Deadline if self.vm_created && self.check_gone().is_ok() => {
                 tracing::warn!(%vm, deadline = %self.attempt.deadline, killed, "host execution deadline passed and the watchdog already deleted the VM");
                 Performed::Event(Event::WatchdogRemovedVm)
             }
@@ -415,6 +419,7 @@ impl AttemptExecutor {
         match self.tart.clone_vm(&image, &vm).await {
             Ok(()) => {
                 tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
+                self.vm_created = true;
                 Performed::Done
             }
             Err(e) => self.fail_start(e.to_string()),
