@@ -32,7 +32,7 @@ pub mod executor;
 pub mod junit;
 pub mod steps;
 
-pub use artifacts::{Destination, UploadPolicy};
+pub use artifacts::{Destination, DestinationPolicy, DestinationRefused, UploadPolicy};
 pub use executor::{
     AttemptExecutor, CancelHandle, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair,
 };
