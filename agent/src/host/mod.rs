@@ -30,6 +30,7 @@
 pub mod artifacts;
 pub mod executor;
 pub mod junit;
+pub mod logs;
 pub mod steps;
 
 pub use artifacts::{Destination, DestinationPolicy, DestinationRefused, UploadPolicy};
