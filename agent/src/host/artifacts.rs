@@ -159,9 +159,9 @@ pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<De
             for (key, protected) in &policy.protected {
                 // A protected folder that does not exist (yet) is compared as written.
                 let protected = resolve(protected).unwrap_or_else(|_| protected.clone());
-                let where_ = if resolved.starts_with(&protected) {
+                let where_ = if within(&resolved, &protected) {
                     "inside"
-                } else if protected.starts_with(&resolved) {
+                } else if within(&protected, &resolved) {
                     "around"
                 } else {
                     continue;
@@ -202,6 +202,18 @@ pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<De
                 })
             }
         }
+    }
+}
+
+/// Whether `path` is `dir` or inside it, component by component. On macOS the file system
+/// usually ignores case, so the comparison does too there: a path that only differs in case
+/// names the same folder.
+fn within(path: &Path, dir: &Path) -> bool {
+    if cfg!(target_os = "macos") {
+        let fold = |p: &Path| PathBuf::from(p.to_string_lossy().to_lowercase());
+        fold(path).starts_with(fold(dir))
+    } else {
+        path.starts_with(dir)
     }
 }
 
