@@ -4,10 +4,11 @@
 //! ([`Config::documented_example`] prints them all, and `agent/examples/agent.toml` is that text).
 //! Unknown keys are refused, so a misspelt key is an error naming the file and line instead of a
 //! silently ignored setting. Durations are written the humane way: `"500ms"`, `"5s"`, `"2m"`,
-//! `"1h"`, `"1m30s"`.
+//! `"1h"`, `"7d"`, `"1m30s"`.
 //!
 //! Paths must be absolute: launchd, which starts the agent, expands neither `~` nor `$HOME`.
 
+use crate::host::artifacts::{Destination, check_bucket};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,6 +49,8 @@ pub struct Config {
     pub tart_home: Option<PathBuf>,
     /// Artifact publishing defaults.
     pub artifacts: ArtifactsConfig,
+    /// How long step logs are kept.
+    pub logs: LogsConfig,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
     /// Timing constants.
@@ -75,6 +78,15 @@ pub struct ArtifactsConfig {
     /// make the file readable by its owner only.
     #[serde(default)]
     pub s3_secret_access_key: Option<String>,
+    /// Host folders a MacBuild's own `file://` destination may lie in (absolute). Empty: a
+    /// `file://` destination is accepted only if it is `destination` itself. Whatever they say,
+    /// no destination may be inside or around `state_dir` or tart's home.
+    #[serde(default)]
+    pub allowed_file_roots: Vec<PathBuf>,
+    /// S3 buckets a MacBuild's own `s3://` destination may name; empty = any bucket (the
+    /// credentials decide). The bucket of `destination` is always allowed.
+    #[serde(default)]
+    pub allowed_buckets: Vec<String>,
 }
 
 impl fmt::Debug for ArtifactsConfig {
@@ -89,8 +101,35 @@ impl fmt::Debug for ArtifactsConfig {
                 "s3_secret_access_key",
                 &self.s3_secret_access_key.as_ref().map(|_| "<redacted>"),
             )
+            .field("allowed_file_roots", &self.allowed_file_roots)
+            .field("allowed_buckets", &self.allowed_buckets)
             .finish()
     }
+}
+
+/// Retention of the step logs under `<state_dir>/logs/<vm>/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// A VM's log folder older than this is removed (7 days).
+    pub max_age: Duration,
+    /// Above this many bytes in all, the oldest VM folders are removed first (5 GiB).
+    pub max_total_bytes: u64,
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        LogsConfig {
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_total_bytes: 5 << 30,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLogs {
+    max_age: Option<HumaneDuration>,
+    max_total_mib: Option<u64>,
 }
 
 /// Timing constants; defaults are the source document's figures.
@@ -168,6 +207,8 @@ struct RawConfig {
     artifacts: ArtifactsConfig,
     metrics_address: Option<String>,
     #[serde(default)]
+    logs: RawLogs,
+    #[serde(default)]
     timing: RawTiming,
 }
 
@@ -183,7 +224,7 @@ struct RawTiming {
     status_retry_max: Option<HumaneDuration>,
 }
 
-/// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"` or a sum such as `"1m30s"`.
+/// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"` or a sum such as `"1m30s"`.
 struct HumaneDuration(Duration);
 
 impl<'de> Deserialize<'de> for HumaneDuration {
@@ -195,8 +236,8 @@ impl<'de> Deserialize<'de> for HumaneDuration {
     }
 }
 
-/// Parses `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`: numbers each followed by `ms`, `s`, `m`
-/// or `h`.
+/// Parses `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"`, `"1m30s"`: numbers each followed by `ms`, `s`,
+/// `m`, `h` or `d`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("{text:?} is not a duration; write e.g. \"500ms\", \"5s\", \"2m\" or \"1m30s\"");
     let mut rest = text.trim();
@@ -217,6 +258,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
             "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+            "d" => Duration::from_secs(n.checked_mul(24 * 3600).ok_or_else(bad)?),
             _ => return Err(bad()),
         };
         total = total.checked_add(part).ok_or_else(bad)?;
@@ -362,14 +404,67 @@ impl Config {
             ));
         }
 
-        if let Some(dest) = &raw.artifacts.destination
-            && !(dest.starts_with("s3://") && dest.len() > "s3://".len() || dest.starts_with("file:///"))
-        {
-            return Err(invalid(
-                "artifacts.destination",
-                format!("{dest:?} must be s3://bucket/prefix/ or file:///absolute/dir/"),
-            ));
+        // The agent's own folders: no artifact destination may be inside or around them. Tart's
+        // home is the configured one or tart's default under $HOME (the runtime checks the
+        // resolved folders again for each build).
+        let mut protected: Vec<(&'static str, PathBuf)> = vec![("state_dir", state_dir.clone())];
+        match (&tart_home, home) {
+            (Some(t), _) => protected.push(("tart_home", t.clone())),
+            (None, Some(h)) if h.is_absolute() => protected.push(("tart_home", h.join(".tart"))),
+            (None, _) => {}
         }
+        if let Some(dest) = &raw.artifacts.destination {
+            match Destination::parse(dest) {
+                Err(e) => {
+                    return Err(invalid(
+                        "artifacts.destination",
+                        format!("{e}; write s3://bucket/prefix/ or file:///absolute/dir/"),
+                    ));
+                }
+                Ok(Destination::File { dir }) => {
+                    if let Some(detail) = overlaps(&dir, &protected, true) {
+                        return Err(invalid("artifacts.destination", detail));
+                    }
+                }
+                Ok(Destination::S3 { .. }) => {}
+            }
+        }
+        for root in &raw.artifacts.allowed_file_roots {
+            let root = absolute("artifacts.allowed_file_roots", root.clone())?;
+            if root.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(invalid(
+                    "artifacts.allowed_file_roots",
+                    format!("{} contains '..'; write the folder plainly", root.display()),
+                ));
+            }
+            // A root around the state dir is allowed (its other folders are fine); a destination
+            // inside it that also holds the state dir is refused per build.
+            if let Some(detail) = overlaps(&root, &protected, false) {
+                return Err(invalid("artifacts.allowed_file_roots", detail));
+            }
+        }
+        for bucket in &raw.artifacts.allowed_buckets {
+            check_bucket(bucket).map_err(|why| {
+                invalid(
+                    "artifacts.allowed_buckets",
+                    format!("{bucket:?} cannot name an S3 bucket: it {why}"),
+                )
+            })?;
+        }
+
+        let d = LogsConfig::default();
+        let logs = LogsConfig {
+            max_age: raw.logs.max_age.map_or(d.max_age, |h| h.0),
+            max_total_bytes: match raw.logs.max_total_mib {
+                None => d.max_total_bytes,
+                Some(mib) => mib.checked_mul(1 << 20).ok_or_else(|| {
+                    invalid(
+                        "logs.max_total_mib",
+                        format!("{mib} MiB is more bytes than fit in 64 bits"),
+                    )
+                })?,
+            },
+        };
 
         let metrics_address = match raw.metrics_address {
             None => SocketAddr::from(([127, 0, 0, 1], 9464)),
@@ -407,6 +502,7 @@ impl Config {
             tart,
             tart_home,
             artifacts: raw.artifacts,
+            logs,
             metrics_address,
             timing,
         })
@@ -416,6 +512,28 @@ impl Config {
     pub fn serves_namespace(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
+}
+
+/// Why `dir` may not hold artifacts: it is inside one of the `protected` folders (or, with
+/// `around`, one is inside it). Compared as written, component by component.
+fn overlaps(dir: &Path, protected: &[(&'static str, PathBuf)], around: bool) -> Option<String> {
+    protected.iter().find_map(|(key, p)| {
+        if dir.starts_with(p) {
+            Some(format!(
+                "{} is inside {key} {}; a MacBuild may never write into the agent's own folders",
+                dir.display(),
+                p.display()
+            ))
+        } else if around && p.starts_with(dir) {
+            Some(format!(
+                "{} holds {key} {}; a MacBuild may never write around the agent's own folders",
+                dir.display(),
+                p.display()
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 impl Timing {
@@ -496,6 +614,9 @@ mod tests {
         assert_eq!(c.tart, Path::new("tart"));
         assert_eq!(c.tart_home, None);
         assert_eq!(c.artifacts, ArtifactsConfig::default());
+        assert!(c.artifacts.allowed_file_roots.is_empty() && c.artifacts.allowed_buckets.is_empty());
+        assert_eq!(c.logs.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(c.logs.max_total_bytes, 5 << 30);
         assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9464");
         assert_eq!(c.timing, Timing::default());
         assert_eq!(c.timing.lease_renew, Duration::from_secs(5));
@@ -513,6 +634,11 @@ mod tests {
             "lease_namespace",
             "slots",
             "vm_prefix",
+            "allowed_file_roots",
+            "allowed_buckets",
+            "[logs]",
+            "max_age",
+            "max_total_mib",
             "[timing]",
         ] {
             assert!(Config::documented_example().contains(key), "{key}");
@@ -542,6 +668,12 @@ s3_region = "eu-west-1"
 s3_endpoint = "https://minio.example:9000"
 s3_access_key_id = "AKIA"
 s3_secret_access_key = "hunter2"
+allowed_file_roots = ["/Volumes/ci/artifacts", "/srv/builds/"]
+allowed_buckets = ["ci-artifacts", "release.builds"]
+
+[logs]
+max_age = "2d"
+max_total_mib = 100
 
 [timing]
 lease_renew = "2s"
@@ -565,6 +697,13 @@ status_retry_max = "1m30s"
         assert_eq!(c.tart, Path::new("/opt/homebrew/bin/tart"));
         assert_eq!(c.artifacts.s3_region.as_deref(), Some("eu-west-1"));
         assert!(!format!("{:?}", c.artifacts).contains("hunter2"));
+        assert_eq!(
+            c.artifacts.allowed_file_roots,
+            vec![PathBuf::from("/Volumes/ci/artifacts"), PathBuf::from("/srv/builds/")]
+        );
+        assert_eq!(c.artifacts.allowed_buckets, vec!["ci-artifacts", "release.builds"]);
+        assert_eq!(c.logs.max_age, Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(c.logs.max_total_bytes, 100 << 20);
         assert_eq!(c.metrics_address.port(), 9100);
         assert_eq!(c.timing.api_timeout, Duration::from_millis(1500));
         assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
@@ -616,6 +755,90 @@ status_retry_max = "1m30s"
     }
 
     #[test]
+    fn artifact_roots_and_destinations_never_reach_the_agents_own_folders() {
+        let base = "state_dir = \"/var/tartan\"\ntart_home = \"/Users/ci/.tart\"\n[artifacts]\n";
+        let refused = |extra: &str, key: &str, why: &str| {
+            let err = parse(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(why), "{extra}: {err}");
+        };
+        // A root inside (or equal to) the state dir or tart's home, whatever the spelling.
+        refused(
+            "allowed_file_roots = [\"/var/tartan/journal\"]",
+            "artifacts.allowed_file_roots",
+            "is inside state_dir /var/tartan",
+        );
+        refused(
+            "allowed_file_roots = [\"/var/tartan/\"]",
+            "artifacts.allowed_file_roots",
+            "is inside state_dir",
+        );
+        refused(
+            "allowed_file_roots = [\"/var//tartan/./deadlines\"]",
+            "artifacts.allowed_file_roots",
+            "is inside state_dir",
+        );
+        refused(
+            "allowed_file_roots = [\"/Users/ci/.tart/vms\"]",
+            "artifacts.allowed_file_roots",
+            "is inside tart_home /Users/ci/.tart",
+        );
+        refused(
+            "allowed_file_roots = [\"/srv/a/../../var/tartan\"]",
+            "artifacts.allowed_file_roots",
+            "contains '..'",
+        );
+        refused(
+            "allowed_file_roots = [\"srv/artifacts\"]",
+            "artifacts.allowed_file_roots",
+            "not an absolute path",
+        );
+        refused(
+            "allowed_buckets = [\"Bad_Bucket\"]",
+            "artifacts.allowed_buckets",
+            "may contain only lowercase",
+        );
+        // The default destination too, and around the folders as well as inside.
+        refused(
+            "destination = \"file:///var/tartan/deadlines/\"",
+            "artifacts.destination",
+            "is inside state_dir",
+        );
+        refused(
+            "destination = \"file:///var/\"",
+            "artifacts.destination",
+            "holds state_dir",
+        );
+        refused(
+            "destination = \"file:///srv/%2e%2e/var/tartan/\"",
+            "artifacts.destination",
+            "percent-escapes",
+        );
+        // A sibling with the same prefix is another folder; a root around the state dir is fine.
+        let c = parse(&format!(
+            "{base}allowed_file_roots = [\"/var/tartan-artifacts\", \"/var\"]\ndestination = \"file:///var/tartan-out/\""
+        ))
+        .unwrap();
+        assert_eq!(c.artifacts.allowed_file_roots.len(), 2);
+        // Without tart_home, tart's default under $HOME is protected.
+        let err = parse("[artifacts]\nallowed_file_roots = [\"/Users/ci/.tart/tmp\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is inside tart_home /Users/ci/.tart"), "{err}");
+    }
+
+    #[test]
+    fn log_retention_is_checked() {
+        let err = parse("[logs]\nmax_total_mib = 18446744073709551615")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("logs.max_total_mib"), "{err}");
+        let err = parse("[logs]\nmax_age = \"forever\"").unwrap_err().to_string();
+        assert!(err.contains("not a duration") && err.contains("line 2"), "{err}");
+        let err = parse("[logs]\nkeep = 3").unwrap_err().to_string();
+        assert!(err.contains("keep"), "{err}");
+    }
+
+    #[test]
     fn state_dir_needs_home_when_not_set() {
         let err = Config::from_toml(Path::new("a.toml"), "", "h", None)
             .unwrap_err()
@@ -629,6 +852,7 @@ status_retry_max = "1m30s"
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 24 * 3600)));
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         for bad in ["", "5", "s", "5x", "-5s", "5 s", "1.5s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");

@@ -606,3 +606,79 @@ async fn a_macbuild_without_a_destination_publishes_to_the_configured_default() 
         Some(format!("file://{}", published.display()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_the_agent_config_refuses_fails_the_build_before_anything_is_cloned() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    // (destination, allowed_file_roots emptied?, what the reason must say)
+    let cases = |rig: &Rig| {
+        vec![
+            (
+                format!("file://{}/journal/", rig.state.path().display()),
+                false,
+                "inside the agent's state_dir".to_string(),
+            ),
+            (
+                format!("file://{}/vms/mb-other/", rig.home.path().display()),
+                false,
+                "inside the agent's tart_home".to_string(),
+            ),
+            (
+                format!("file://{}/", elsewhere.path().display()),
+                true,
+                "only under [artifacts] allowed_file_roots, which lists none".to_string(),
+            ),
+        ]
+    };
+    for case in 0..3 {
+        let rig = Rig::new();
+        let (destination, no_roots, why) = cases(&rig).swap_remove(case);
+        let mut spec = spec(vec![step("build", "printf built > App.ipa")]);
+        spec.artifacts = Some(Artifacts {
+            paths: vec!["App.ipa".into()],
+            destination: destination.clone(),
+        });
+        let b = host_common::build(&format!("refused-{case}"));
+        let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
+        let mut a = Attempt::new(b.clone(), 1, vm.clone(), 2);
+        let mut cfg = rig.config();
+        if no_roots {
+            cfg.artifacts.allowed_file_roots.clear();
+        }
+        let host = tartan_agent::host::HostAttempt {
+            build: b,
+            attempt: 1,
+            vm: vm.clone(),
+            spec,
+            deadline: k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600),
+            agent: "mac-test".into(),
+        };
+        let (_cancel, signal) = cancel_pair();
+        let mut exec = AttemptExecutor::new(host, rig.tart.clone(), cfg, signal);
+        let journal = MemJournal::new();
+        let mut hooks = journal.clone();
+        let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut hooks))
+            .await
+            .expect("attempt finished in time")
+            .unwrap();
+        assert_eq!(end, S::Retired);
+        assert_eq!(a.outcome, Some(Outcome::Failed));
+        assert_eq!(
+            journal.states(),
+            vec![S::Admitted, S::Retiring, S::Retired],
+            "{destination}"
+        );
+        let refused = journal.lines()[1].clone();
+        assert!(refused.contains("(VMStartFailed)"), "{refused}");
+        assert!(refused.contains(&format!("{destination:?} is refused")), "{refused}");
+        assert!(refused.contains(&why), "{refused}");
+        assert!(refused.contains("; nothing was cloned"), "{refused}");
+        assert!(rig.vms().is_empty(), "nothing was cloned");
+        assert!(!rig.deadline_file(&vm).exists());
+        assert!(
+            !rig.state.path().join("journal").exists(),
+            "nothing was written at {destination}"
+        );
+        assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
+    }
+}

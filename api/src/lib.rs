@@ -7,6 +7,7 @@
 pub mod condition;
 pub mod crd;
 pub mod deadline;
+pub mod destination;
 pub mod names;
 pub mod text;
 pub mod vocab;

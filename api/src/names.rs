@@ -293,6 +293,32 @@ mod tests {
         assert!(check_vm_name("mb-UPPER").is_err());
         assert!(check_vm_name(&format!("mb-{}", "a".repeat(61))).is_err());
         assert!(check_vm_name(&format!("mb-{}", "a".repeat(60))).is_ok());
+        for hostile in [
+            "mb-..",
+            "mb-a/../../b",
+            "/mb-a",
+            "mb-a\0b",
+            "mb-\0",
+            "mb-a\nb",
+            "..",
+            "/",
+        ] {
+            assert!(check_vm_name(hostile).is_err(), "{hostile:?}");
+        }
+        assert!(check_vm_name(&format!("mb-{}", "a".repeat(10_000))).is_err());
+    }
+
+    #[test]
+    fn hostile_macbuild_names_still_give_safe_vm_names() {
+        for (ns, name) in [
+            ("..", ".."),
+            ("/", "/etc/passwd"),
+            ("a\0b", "c\0d"),
+            ("x", &"y".repeat(10_000)),
+        ] {
+            let vm = vm_name(ns, name, "uid", 1);
+            assert_eq!(check_vm_name(&vm), Ok(()), "{ns:?}/{name:?} -> {vm}");
+        }
     }
 
     #[test]

@@ -287,6 +287,16 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             )));
         }
     }
+    // Only the shape: whether the destination is allowed is the agent's to decide (its config).
+    if let Some(dest) = spec
+        .get("artifacts")
+        .and_then(|a| a.get("destination"))
+        .and_then(Value::as_str)
+        && !dest.is_empty()
+    {
+        tartan_api::destination::Destination::parse(dest)
+            .map_err(|e| SpecError::Params(format!("param \"artifact-destination\": {e}")))?;
+    }
     if let Some(limit) = timeout {
         // Whole seconds, rounded up, at least 1.
         let cap = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
@@ -307,6 +317,41 @@ mod tests {
     }
 
     const REF: &str = "customRef: {apiVersion: tartan.dev/v1alpha1, kind: MacBuild}\n";
+
+    #[test]
+    fn malformed_artifact_destinations_are_refused_before_a_macbuild_exists() {
+        for (dest, why) in [
+            ("https://x/y", "neither s3://"),
+            ("file://relative/dir", "absolute path"),
+            ("file:///srv/../etc/", "'..'"),
+            ("file:///srv/%2e%2e/etc/", "percent-escapes"),
+            ("s3://Bad_Bucket/x", "bucket name"),
+        ] {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [make]}}, \
+                 {{name: artifact-destination, value: {dest:?}}}]"
+            ));
+            let e = macbuild_spec(&run, None).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams");
+            assert!(
+                e.to_string().contains(why) && e.to_string().contains(dest),
+                "{dest}: {e}"
+            );
+        }
+        // Through an embedded spec too, and with a NUL.
+        let run = spec(&format!(
+            "{REF}customSpec: {{spec: {{image: i, steps: [{{name: a, run: [b]}}], artifacts: {{paths: [x], \
+             destination: \"file:///srv/a\\0b/\"}}}}}}"
+        ));
+        let e = macbuild_spec(&run, None).unwrap_err();
+        assert!(e.to_string().contains("control characters"), "{e}");
+        // Well-formed ones pass; whether they are allowed is the agent's decision.
+        let run = spec(&format!(
+            "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [make]}}, \
+             {{name: artifact-destination, value: \"file:///anywhere/\"}}]"
+        ));
+        assert!(macbuild_spec(&run, None).is_ok());
+    }
 
     #[test]
     fn every_param_maps_to_its_field() {

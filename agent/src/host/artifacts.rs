@@ -20,112 +20,225 @@ use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
 use std::sync::Arc;
 use std::time::Duration;
+pub use tartan_api::destination::{
+    Destination, DestinationError, MAX_NAME_BYTES, MAX_PATH_BYTES, check_bucket, join_key,
+};
 use tokio::io::AsyncWriteExt;
 
-/// Where a build's artifacts go.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Destination {
-    /// An absolute host directory.
-    File { dir: PathBuf },
-    /// An S3 bucket and a key prefix (no leading or trailing `/`; may be empty).
-    S3 { bucket: String, prefix: String },
+/// What the operator allows as artifact destinations (the agent config's `[artifacts]`), and the
+/// folders no destination may ever reach, whatever the config says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DestinationPolicy {
+    /// The config's own `destination`: always allowed (the operator wrote it), and used when a
+    /// MacBuild names none.
+    pub default: Option<String>,
+    /// `allowed_file_roots`: a `file://` destination must resolve inside one of them. Empty: only
+    /// the default may be `file://`.
+    pub file_roots: Vec<PathBuf>,
+    /// `allowed_buckets`: empty = any bucket; otherwise only these (and the default's).
+    pub buckets: Vec<String>,
+    /// The agent's own folders, each with the config key that names it (`state_dir`,
+    /// `tart_home`): a destination may be neither inside one nor around one.
+    pub protected: Vec<(&'static str, PathBuf)>,
 }
 
-/// A destination or artifact path that cannot be used; nothing was uploaded.
+impl DestinationPolicy {
+    /// The policy of `settings`, protecting `state_dir` and (when known) tart's home.
+    pub fn new(settings: &ArtifactsConfig, state_dir: &Path, tart_home: Option<&Path>) -> DestinationPolicy {
+        let mut protected = vec![("state_dir", state_dir.to_path_buf())];
+        protected.extend(tart_home.map(|h| ("tart_home", h.to_path_buf())));
+        DestinationPolicy {
+            default: settings.destination.clone(),
+            file_roots: settings.allowed_file_roots.clone(),
+            buckets: settings.allowed_buckets.clone(),
+            protected,
+        }
+    }
+}
+
+/// Why a MacBuild's artifact destination is not used. Each message names the destination and the
+/// agent config key that decides; nothing was uploaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DestinationError {
+pub enum DestinationRefused {
+    #[error("the MacBuild names no artifact destination and the agent config has no [artifacts] destination")]
+    NoDestination,
+    #[error(transparent)]
+    Malformed(#[from] DestinationError),
     #[error(
-        "artifact destination {0:?} is neither s3://bucket/prefix/ nor file:///absolute/dir/; nothing was uploaded"
+        "artifact destination {url:?} is refused: this agent accepts a file:// destination only under \
+         [artifacts] allowed_file_roots, which lists none, or equal to its [artifacts] destination ({})",
+        .default.as_deref().unwrap_or("not set")
     )]
-    Scheme(String),
-    #[error("artifact destination {url:?}: bucket name {bucket:?} {why}; nothing was uploaded")]
-    Bucket {
+    FileNotAllowed { url: String, default: Option<String> },
+    #[error(
+        "artifact destination {url:?} is refused: it resolves to {}, which is inside none of [artifacts] \
+         allowed_file_roots ({})",
+        .resolved.display(), show_paths(.roots)
+    )]
+    OutsideRoots {
+        url: String,
+        resolved: PathBuf,
+        roots: Vec<PathBuf>,
+    },
+    #[error(
+        "artifact destination {url:?} is refused: it resolves to {}, {where_} the agent's {key} {}; a MacBuild \
+         may never write there, whatever [artifacts] allowed_file_roots says",
+        .resolved.display(), .dir.display()
+    )]
+    Protected {
+        url: String,
+        resolved: PathBuf,
+        /// "inside" or "around".
+        where_: &'static str,
+        key: &'static str,
+        dir: PathBuf,
+    },
+    #[error("artifact destination {url:?} is refused: {} cannot be resolved: {error}", .path.display())]
+    Unresolvable { url: String, path: PathBuf, error: String },
+    #[error(
+        "artifact destination {url:?} is refused: bucket {bucket:?} is not one of [artifacts] allowed_buckets ({})",
+        .allowed.join(", ")
+    )]
+    BucketNotAllowed {
         url: String,
         bucket: String,
-        why: &'static str,
+        allowed: Vec<String>,
     },
-    #[error("artifact destination {url:?}: {why}; nothing was uploaded")]
-    Path { url: String, why: &'static str },
-    #[error("artifact path {path:?} {why}; artifacts are paths relative to the build directory")]
-    ArtifactPath { path: String, why: &'static str },
 }
 
-impl Destination {
-    /// Parses `s3://bucket[/prefix][/]` or `file:///absolute/dir[/]`.
-    pub fn parse(url: &str) -> Result<Destination, DestinationError> {
-        if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            check_bucket(bucket).map_err(|why| DestinationError::Bucket {
+fn show_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The destination a MacBuild's `spec.artifacts.destination` (`named`; empty = none) may use
+/// under `policy`: the config's default when it names none, otherwise `named` if the policy
+/// allows it. A `file://` destination comes back resolved (symlinks followed), so the upload
+/// writes where the check looked, and never inside or around a protected folder.
+pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<Destination, DestinationRefused> {
+    let url = match (named, &policy.default) {
+        ("", Some(default)) => default.as_str(),
+        ("", None) => return Err(DestinationRefused::NoDestination),
+        (named, _) => named,
+    };
+    let is_default = policy.default.as_deref() == Some(url);
+    match Destination::parse(url)? {
+        Destination::S3 { bucket, prefix } => {
+            let default_bucket = match policy.default.as_deref().map(Destination::parse) {
+                Some(Ok(Destination::S3 { bucket, .. })) => Some(bucket),
+                _ => None,
+            };
+            if is_default
+                || policy.buckets.is_empty()
+                || policy.buckets.contains(&bucket)
+                || default_bucket.as_ref() == Some(&bucket)
+            {
+                Ok(Destination::S3 { bucket, prefix })
+            } else {
+                Err(DestinationRefused::BucketNotAllowed {
+                    url: url.to_string(),
+                    bucket,
+                    allowed: policy.buckets.clone(),
+                })
+            }
+        }
+        Destination::File { dir } => {
+            let unresolvable = |path: &Path, e: std::io::Error| DestinationRefused::Unresolvable {
                 url: url.to_string(),
-                bucket: bucket.to_string(),
-                why,
-            })?;
-            let prefix = prefix.trim_matches('/');
-            if prefix.split('/').any(|seg| seg == "." || seg == "..") || prefix.contains("//") {
-                return Err(DestinationError::Path {
+                path: path.to_path_buf(),
+                error: e.to_string(),
+            };
+            let resolved = resolve(&dir).map_err(|(p, e)| unresolvable(&p, e))?;
+            for (key, protected) in &policy.protected {
+                // A protected folder that does not exist (yet) is compared as written.
+                let protected = resolve(protected).unwrap_or_else(|_| protected.clone());
+                let where_ = if within(&resolved, &protected) {
+                    "inside"
+                } else if within(&protected, &resolved) {
+                    "around"
+                } else {
+                    continue;
+                };
+                return Err(DestinationRefused::Protected {
                     url: url.to_string(),
-                    why: "the key prefix has empty, '.' or '..' segments",
+                    resolved,
+                    where_,
+                    key,
+                    dir: protected,
                 });
             }
-            return Ok(Destination::S3 {
-                bucket: bucket.to_string(),
-                prefix: prefix.to_string(),
-            });
-        }
-        if let Some(path) = url.strip_prefix("file://") {
-            if !path.starts_with('/') {
-                return Err(DestinationError::Path {
+            let default_dir = match policy.default.as_deref().map(Destination::parse) {
+                Some(Ok(Destination::File { dir })) => resolve(&dir).ok(),
+                _ => None,
+            };
+            if default_dir.as_ref() == Some(&resolved) {
+                return Ok(Destination::File { dir: resolved });
+            }
+            if policy.file_roots.is_empty() {
+                return Err(DestinationRefused::FileNotAllowed {
                     url: url.to_string(),
-                    why: "a file destination needs an absolute path (file:///dir/)",
+                    default: policy.default.clone(),
                 });
             }
-            let dir = PathBuf::from(path);
-            if dir.components().any(|c| c == Component::ParentDir) {
-                return Err(DestinationError::Path {
+            // Component-wise: /allowed-root-evil is not inside /allowed-root.
+            let inside = policy
+                .file_roots
+                .iter()
+                .any(|root| resolve(root).is_ok_and(|root| resolved.starts_with(root)));
+            if inside {
+                Ok(Destination::File { dir: resolved })
+            } else {
+                Err(DestinationRefused::OutsideRoots {
                     url: url.to_string(),
-                    why: "the path contains '..'",
-                });
+                    resolved,
+                    roots: policy.file_roots.clone(),
+                })
             }
-            return Ok(Destination::File { dir });
-        }
-        Err(DestinationError::Scheme(url.to_string()))
-    }
-
-    /// The URL of `key` (a `/`-separated relative key) under this destination.
-    pub fn url_of(&self, key: &str) -> String {
-        match self {
-            Destination::File { dir } => format!("file://{}", dir.join(key).display()),
-            Destination::S3 { bucket, prefix } => format!("s3://{bucket}/{}", join_key(prefix, key)),
         }
     }
 }
 
-fn check_bucket(b: &str) -> Result<(), &'static str> {
-    if !(3..=63).contains(&b.len()) {
-        return Err("must be 3 to 63 characters long");
-    }
-    if !b
-        .bytes()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
-    {
-        return Err("may contain only lowercase letters, digits, '.' and '-'");
-    }
-    let edge_ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    if !edge_ok(b.as_bytes()[0]) || !edge_ok(b.as_bytes()[b.len() - 1]) {
-        return Err("must start and end with a letter or digit");
-    }
-    Ok(())
-}
-
-fn join_key(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_string()
+/// Whether `path` is `dir` or inside it, component by component. On macOS the file system
+/// usually ignores case, so the comparison does too there: a path that only differs in case
+/// names the same folder.
+fn within(path: &Path, dir: &Path) -> bool {
+    if cfg!(target_os = "macos") {
+        let fold = |p: &Path| PathBuf::from(p.to_string_lossy().to_lowercase());
+        fold(path).starts_with(fold(dir))
     } else {
-        format!("{prefix}/{key}")
+        path.starts_with(dir)
     }
+}
+
+/// `path` (absolute, without `..`) with its existing part resolved through every symlink and the
+/// rest appended as written. A component that exists but cannot be resolved (a symlink to
+/// nowhere, a file used as a folder, no permission) is an error naming it.
+pub fn resolve(path: &Path) -> Result<PathBuf, (PathBuf, std::io::Error)> {
+    let mut existing = path.to_path_buf();
+    let mut missing = Vec::new();
+    loop {
+        match std::fs::symlink_metadata(&existing) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match existing.file_name() {
+                Some(name) => {
+                    missing.push(name.to_os_string());
+                    existing.pop();
+                }
+                None => return Err((existing, e)),
+            },
+            Err(e) => return Err((existing, e)),
+        }
+    }
+    let mut real = std::fs::canonicalize(&existing).map_err(|e| (existing, e))?;
+    real.extend(missing.iter().rev());
+    Ok(real)
 }
 
 /// The key under the destination for guest path `path` of the attempt whose VM is `vm`:
@@ -145,6 +258,12 @@ pub fn artifact_key(vm: &str, path: &str) -> Result<String, DestinationError> {
     }
     if segments.contains(&"..") {
         return Err(bad("contains '..'"));
+    }
+    if path.chars().any(char::is_control) {
+        return Err(bad("contains control characters (NUL, newline, ...)"));
+    }
+    if segments.iter().any(|s| s.len() > MAX_NAME_BYTES) {
+        return Err(bad("has a name longer than 255 bytes"));
     }
     Ok(format!("{vm}/{}", segments.join("/")))
 }
@@ -319,80 +438,274 @@ mod tests {
     use super::*;
 
     #[test]
-    fn destinations_parse_or_say_why_not() {
-        assert_eq!(
-            Destination::parse("s3://ci-artifacts/app/").unwrap(),
-            Destination::S3 {
-                bucket: "ci-artifacts".into(),
-                prefix: "app".into()
-            }
-        );
-        assert_eq!(
-            Destination::parse("s3://ci.artifacts").unwrap(),
-            Destination::S3 {
-                bucket: "ci.artifacts".into(),
-                prefix: "".into()
-            }
-        );
-        assert_eq!(
-            Destination::parse("s3://b12/a/b/").unwrap(),
-            Destination::S3 {
-                bucket: "b12".into(),
-                prefix: "a/b".into()
-            }
-        );
-        assert_eq!(
-            Destination::parse("file:///var/artifacts/").unwrap(),
-            Destination::File {
-                dir: "/var/artifacts/".into()
-            }
-        );
-        let e = Destination::parse("s3://Bad_Bucket/x").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "artifact destination \"s3://Bad_Bucket/x\": bucket name \"Bad_Bucket\" may contain only lowercase \
-             letters, digits, '.' and '-'; nothing was uploaded"
-        );
-        assert!(matches!(
-            Destination::parse("s3://ab/x"),
-            Err(DestinationError::Bucket { .. })
-        ));
-        assert!(matches!(
-            Destination::parse("s3://-ab/x"),
-            Err(DestinationError::Bucket { .. })
-        ));
-        assert!(matches!(
-            Destination::parse("s3://abc/x/../y"),
-            Err(DestinationError::Path { .. })
-        ));
-        assert!(matches!(
-            Destination::parse("file://relative/dir"),
-            Err(DestinationError::Path { .. })
-        ));
-        assert!(matches!(
-            Destination::parse("file:///a/../b"),
-            Err(DestinationError::Path { .. })
-        ));
-        assert!(matches!(
-            Destination::parse("https://x/y"),
-            Err(DestinationError::Scheme(_))
-        ));
-        assert!(matches!(Destination::parse(""), Err(DestinationError::Scheme(_))));
-    }
-
-    #[test]
     fn artifact_keys_stay_inside_the_attempt_folder() {
         assert_eq!(artifact_key("mb-x", "out/App.ipa").unwrap(), "mb-x/out/App.ipa");
         assert_eq!(artifact_key("mb-x", "./out//App.ipa").unwrap(), "mb-x/out/App.ipa");
         assert!(artifact_key("mb-x", "/etc/passwd").is_err());
         assert!(artifact_key("mb-x", "out/../../x").is_err());
         assert!(artifact_key("mb-x", "./").is_err());
+        assert!(artifact_key("mb-x", "..").is_err());
+        assert!(artifact_key("mb-x", "out/..").is_err());
+        assert!(artifact_key("mb-x", "").is_err());
+        assert!(artifact_key("mb-x", "//etc/passwd").is_err());
+        assert!(artifact_key("mb-x", "out/a\0b").is_err());
+        assert!(artifact_key("mb-x", &format!("out/{}", "n".repeat(256))).is_err());
+        assert!(artifact_key("mb-x", &format!("out/{}", "n".repeat(255))).is_ok());
         let s3 = Destination::parse("s3://ci-artifacts/app/").unwrap();
         assert_eq!(s3.url_of("mb-x/out/App.ipa"), "s3://ci-artifacts/app/mb-x/out/App.ipa");
         let s3 = Destination::parse("s3://ci-artifacts").unwrap();
         assert_eq!(s3.url_of("mb-x/App.ipa"), "s3://ci-artifacts/mb-x/App.ipa");
         let f = Destination::parse("file:///srv/a/").unwrap();
         assert_eq!(f.url_of("mb-x/App.ipa"), "file:///srv/a/mb-x/App.ipa");
+    }
+
+    /// A host layout for the policy: `root` allowed, a sibling `root-evil`, the state dir and
+    /// tart's home, and the symlinks a hostile destination would try.
+    struct Layout {
+        _tmp: tempfile::TempDir,
+        base: PathBuf,
+        root: PathBuf,
+        state: PathBuf,
+        home: PathBuf,
+    }
+
+    impl Layout {
+        fn new() -> Layout {
+            let tmp = tempfile::tempdir().unwrap();
+            let base = std::fs::canonicalize(tmp.path()).unwrap();
+            let root = base.join("allowed-root");
+            let state = base.join("state");
+            let home = base.join("tart");
+            for d in [
+                &root,
+                &base.join("allowed-root-evil"),
+                &state.join("journal"),
+                &home.join("vms/mb-other"),
+                &base.join("elsewhere"),
+            ] {
+                std::fs::create_dir_all(d).unwrap();
+            }
+            std::fs::write(root.join("a-file"), b"x").unwrap();
+            let link = |target: &Path, name: &str| std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+            link(&state, "to-state");
+            link(&home.join("vms/mb-other"), "to-vm");
+            link(&base.join("elsewhere"), "to-elsewhere");
+            link(&base.join("nowhere"), "dangling");
+            link(&root.join("sub"), "to-sub");
+            std::fs::create_dir_all(root.join("sub")).unwrap();
+            std::os::unix::fs::symlink(&root, base.join("root-link")).unwrap();
+            Layout {
+                _tmp: tmp,
+                base,
+                root,
+                state,
+                home,
+            }
+        }
+
+        fn policy(&self, roots: &[&Path]) -> DestinationPolicy {
+            let settings = ArtifactsConfig {
+                allowed_file_roots: roots.iter().map(|r| r.to_path_buf()).collect(),
+                ..Default::default()
+            };
+            DestinationPolicy::new(&settings, &self.state, Some(&self.home))
+        }
+    }
+
+    fn file(dir: impl Into<PathBuf>) -> String {
+        format!("file://{}/", dir.into().display())
+    }
+
+    #[test]
+    fn file_destinations_must_resolve_inside_an_allowed_root() {
+        let l = Layout::new();
+        let policy = l.policy(&[&l.root]);
+        let ok = |url: String| match allowed_destination(&url, &policy) {
+            Ok(Destination::File { dir }) => dir,
+            other => panic!("{url}: {other:?}"),
+        };
+        assert_eq!(ok(file(l.root.join("builds"))), l.root.join("builds"));
+        assert_eq!(ok(file(&l.root)), l.root);
+        assert_eq!(ok(format!("file://{}", l.root.display())), l.root);
+        assert_eq!(ok(format!("file://{}//x//", l.root.display())), l.root.join("x"));
+        // Symlinks that stay inside are fine, and the upload gets the resolved folder.
+        assert_eq!(ok(file(l.root.join("to-sub/x"))), l.root.join("sub/x"));
+        // A root written through a symlink works as well as the real one.
+        let via_link = l.policy(&[&l.base.join("root-link")]);
+        assert!(allowed_destination(&file(l.root.join("x")), &via_link).is_ok());
+        assert!(allowed_destination(&file(l.base.join("root-link/x")), &policy).is_ok());
+
+        let refused = |url: String| allowed_destination(&url, &policy).unwrap_err();
+        // The sibling-prefix trick: /allowed-root-evil is not inside /allowed-root.
+        let e = refused(file(l.base.join("allowed-root-evil/x")));
+        assert!(matches!(e, DestinationRefused::OutsideRoots { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("allowed-root-evil/x") && text.contains("[artifacts] allowed_file_roots"),
+            "{text}"
+        );
+        // Symlink escapes: the resolved folder decides.
+        let e = refused(file(l.root.join("to-elsewhere/x")));
+        assert!(
+            matches!(&e, DestinationRefused::OutsideRoots { resolved, .. } if *resolved == l.base.join("elsewhere/x")),
+            "{e:?}"
+        );
+        let e = refused(file(l.root.join("to-state/journal")));
+        assert!(
+            matches!(
+                e,
+                DestinationRefused::Protected {
+                    key: "state_dir",
+                    where_: "inside",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = refused(file(l.root.join("to-vm")));
+        assert!(
+            matches!(e, DestinationRefused::Protected { key: "tart_home", .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("whatever [artifacts] allowed_file_roots says"),
+            "{e}"
+        );
+        // Something that exists but cannot be a folder, or a symlink to nowhere.
+        let e = refused(file(l.root.join("dangling/x")));
+        assert!(
+            matches!(&e, DestinationRefused::Unresolvable { path, .. } if *path == l.root.join("dangling")),
+            "{e:?}"
+        );
+        assert!(matches!(
+            refused(file(l.root.join("a-file/x"))),
+            DestinationRefused::Unresolvable { .. }
+        ));
+        // Lexical tricks never get as far as the file system.
+        for url in [
+            format!("file://{}/../state/", l.root.display()),
+            format!("file://{}/%2e%2e/state/", l.root.display()),
+            format!("file://{}/x\0/", l.root.display()),
+        ] {
+            assert!(
+                matches!(refused(url.clone()), DestinationRefused::Malformed(_)),
+                "{url}"
+            );
+        }
+        // Absolute paths elsewhere.
+        assert!(matches!(refused(file("/etc")), DestinationRefused::OutsideRoots { .. }));
+    }
+
+    #[test]
+    fn the_state_dir_and_tart_home_are_refused_whatever_the_roots_say() {
+        let l = Layout::new();
+        // Roots that a config check would have refused, handed over anyway.
+        let policy = l.policy(&[&l.base, &l.state, &l.home]);
+        for (dir, key, where_) in [
+            (l.state.clone(), "state_dir", "inside"),
+            (l.state.join("journal/1.journal"), "state_dir", "inside"),
+            (l.state.join("deadlines"), "state_dir", "inside"),
+            (l.home.join("vms/mb-other"), "tart_home", "inside"),
+            (l.home.clone(), "tart_home", "inside"),
+            // Around: the attempt folder would sit next to the agent's own.
+            (l.base.clone(), "state_dir", "around"),
+        ] {
+            let e = allowed_destination(&file(&dir), &policy).unwrap_err();
+            assert!(
+                matches!(&e, DestinationRefused::Protected { key: k, where_: w, .. } if *k == key && *w == where_),
+                "{}: {e:?}",
+                dir.display()
+            );
+            assert!(e.to_string().contains(&file(&dir)), "{e}");
+        }
+        // The default destination is no exception.
+        let settings = ArtifactsConfig {
+            destination: Some(file(l.state.join("out"))),
+            ..Default::default()
+        };
+        let policy = DestinationPolicy::new(&settings, &l.state, Some(&l.home));
+        assert!(matches!(
+            allowed_destination("", &policy),
+            Err(DestinationRefused::Protected { .. })
+        ));
+        // A protected folder that does not exist yet is compared as written.
+        let policy = DestinationPolicy::new(&Default::default(), &l.base.join("new-state"), None);
+        let policy = DestinationPolicy {
+            file_roots: vec![l.base.clone()],
+            ..policy
+        };
+        assert!(matches!(
+            allowed_destination(&file(l.base.join("new-state/logs")), &policy),
+            Err(DestinationRefused::Protected { .. })
+        ));
+    }
+
+    #[test]
+    fn without_roots_only_the_configured_destination_may_be_a_file() {
+        let l = Layout::new();
+        let default = l.root.join("default");
+        let settings = ArtifactsConfig {
+            destination: Some(file(&default)),
+            ..Default::default()
+        };
+        let policy = DestinationPolicy::new(&settings, &l.state, Some(&l.home));
+        let want = Destination::File { dir: default.clone() };
+        assert_eq!(allowed_destination("", &policy), Ok(want.clone()));
+        assert_eq!(allowed_destination(&file(&default), &policy), Ok(want.clone()));
+        assert_eq!(
+            allowed_destination(&format!("file://{}", default.display()), &policy),
+            Ok(want.clone())
+        );
+        assert_eq!(
+            allowed_destination(&file(l.base.join("root-link/default")), &policy),
+            Ok(want)
+        );
+        let e = allowed_destination(&file(l.root.join("other")), &policy).unwrap_err();
+        assert!(matches!(e, DestinationRefused::FileNotAllowed { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&file(l.root.join("other")))
+                && text.contains("[artifacts] allowed_file_roots, which lists none"),
+            "{text}"
+        );
+        // No default and no named destination.
+        let none = DestinationPolicy::new(&Default::default(), &l.state, None);
+        assert_eq!(allowed_destination("", &none), Err(DestinationRefused::NoDestination));
+        assert!(matches!(
+            allowed_destination(&file(&l.root), &none),
+            Err(DestinationRefused::FileNotAllowed { .. })
+        ));
+    }
+
+    #[test]
+    fn buckets_are_any_unless_listed() {
+        let any = DestinationPolicy::default();
+        assert!(allowed_destination("s3://anything-goes/x/", &any).is_ok());
+        let settings = ArtifactsConfig {
+            destination: Some("s3://default-bucket/ci/".into()),
+            allowed_buckets: vec!["ci-artifacts".into()],
+            ..Default::default()
+        };
+        let listed = DestinationPolicy::new(&settings, Path::new("/state"), None);
+        assert_eq!(
+            allowed_destination("s3://ci-artifacts/app/", &listed),
+            Ok(Destination::S3 {
+                bucket: "ci-artifacts".into(),
+                prefix: "app".into()
+            })
+        );
+        assert!(allowed_destination("s3://default-bucket/elsewhere/", &listed).is_ok());
+        assert!(allowed_destination("", &listed).is_ok());
+        let e = allowed_destination("s3://ci-artifacts-evil/x", &listed).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "artifact destination \"s3://ci-artifacts-evil/x\" is refused: bucket \"ci-artifacts-evil\" is not one \
+             of [artifacts] allowed_buckets (ci-artifacts)"
+        );
+        assert!(matches!(
+            allowed_destination("s3://Bad/x", &listed),
+            Err(DestinationRefused::Malformed(_))
+        ));
     }
 
     #[tokio::test]

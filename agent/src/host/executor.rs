@@ -12,7 +12,9 @@ use tartan_api::{BuildResults, MacBuildSpec};
 use tartan_tart::{ExecOptions, RunOptions, RunningVm, SetOptions, Tart, TartError};
 use tokio::sync::watch;
 
-use super::artifacts::{Destination, UploadPolicy, artifact_key, upload};
+use super::artifacts::{
+    Destination, DestinationPolicy, DestinationRefused, UploadPolicy, allowed_destination, artifact_key, upload,
+};
 use super::junit::{TestCounts, parse_report};
 use super::steps::{GuestCommand, checkout_commands, log_dir, step_log};
 use crate::config::ArtifactsConfig;
@@ -374,7 +376,19 @@ impl AttemptExecutor {
         Performed::Event(Event::VmStartFailed { error })
     }
 
+    /// Where the artifacts go, if the spec publishes any and the agent config allows it there.
+    fn artifact_destination(&self) -> Option<Result<Destination, DestinationRefused>> {
+        let named = &self.attempt.spec.artifacts.as_ref()?.destination;
+        let home = self.tart.home().ok();
+        let policy = DestinationPolicy::new(&self.cfg.artifacts, &self.cfg.state_dir, home.as_deref());
+        Some(allowed_destination(named, &policy))
+    }
+
     async fn write_deadline(&mut self, deadline: Timestamp) -> Performed {
+        // A destination the agent will refuse fails the build now, before any VM exists.
+        if let Some(Err(refused)) = self.artifact_destination() {
+            return self.fail_start(format!("{refused}; nothing was cloned"));
+        }
         let a = &self.attempt;
         let file = DeadlineFile {
             vm: a.vm.clone(),
@@ -651,19 +665,12 @@ impl AttemptExecutor {
             return Performed::Event(passed);
         };
         let failed = |error: String| Performed::Event(Event::ArtifactUploadFailed { error });
-        let destination = match (artifacts.destination.as_str(), &self.cfg.artifacts.destination) {
-            ("", Some(default)) => default.clone(),
-            ("", None) => {
-                return failed(
-                    "the MacBuild names no artifact destination and the agent config has no [artifacts] destination"
-                        .into(),
-                );
-            }
-            (named, _) => named.to_string(),
-        };
-        let dest = match Destination::parse(&destination) {
-            Ok(d) => d,
-            Err(e) => return failed(e.to_string()),
+        // Checked again: the folders may have changed since the admission, and the upload must
+        // write to the folder as resolved now.
+        let dest = match self.artifact_destination() {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return failed(e.to_string()),
+            None => return Performed::Event(passed),
         };
         let vm = self.attempt.vm.clone();
         let mut urls = Vec::new();

@@ -30,9 +30,10 @@
 pub mod artifacts;
 pub mod executor;
 pub mod junit;
+pub mod logs;
 pub mod steps;
 
-pub use artifacts::{Destination, UploadPolicy};
+pub use artifacts::{Destination, DestinationPolicy, DestinationRefused, UploadPolicy};
 pub use executor::{
     AttemptExecutor, CancelHandle, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair,
 };

@@ -59,17 +59,22 @@ pub fn checkout_commands(source: &Source, dir: &str) -> Result<Vec<GuestCommand>
     ])
 }
 
+/// Longest step name kept in a log file name.
+pub const STEP_LOG_NAME_MAX: usize = 100;
+
 /// `<state>/logs/<vm>/`.
 pub fn log_dir(state_dir: &Path, vm: &str) -> PathBuf {
     state_dir.join("logs").join(vm)
 }
 
 /// The log of step `step`: `<state>/logs/<vm>/<step>.log`. Characters other than ASCII letters,
-/// digits, `-`, `_` and `.` become `_` (spec step names are already of that kind), so a name can
-/// never leave the folder.
+/// digits, `-` and `_` become `_` (spec step names are already of that kind), so a name can never
+/// leave the folder, and it is cut to [`STEP_LOG_NAME_MAX`] characters so the file name stays
+/// within the file system's 255 bytes (spec step names have at most 63).
 pub fn step_log(state_dir: &Path, vm: &str, step: &str) -> PathBuf {
     let safe: String = step
         .chars()
+        .take(STEP_LOG_NAME_MAX)
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
                 c
@@ -121,6 +126,23 @@ mod tests {
             step_log(state, "mb-x", "../../etc/passwd"),
             PathBuf::from("/state/logs/mb-x/______etc_passwd.log")
         );
+        for hostile in ["..", "/etc/passwd", "a\0b", "a/../../b", "\u{202e}x", ""] {
+            let log = step_log(state, "mb-x", hostile);
+            assert_eq!(log.parent(), Some(Path::new("/state/logs/mb-x")), "{hostile:?}");
+            let name = log.file_name().unwrap().to_str().unwrap();
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'),
+                "{hostile:?}: {name}"
+            );
+            assert!(!name.starts_with(".."), "{hostile:?}: {name}");
+        }
+        assert_eq!(
+            step_log(state, "mb-x", "a\0b"),
+            PathBuf::from("/state/logs/mb-x/a_b.log")
+        );
+        let long = step_log(state, "mb-x", &"s".repeat(10_000));
+        assert_eq!(long.file_name().unwrap().len(), STEP_LOG_NAME_MAX + ".log".len());
         assert_eq!(
             step_log(state, "mb-x", CHECKOUT_STEP),
             PathBuf::from("/state/logs/mb-x/_checkout.log")

@@ -133,6 +133,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 if let Err(error) = shared.compact_journal().await {
                     tracing::warn!(target: "journal", %error, "compaction failed; the journal is unchanged and is compacted again later");
                 }
+                prune_logs(&shared).await;
             }
             _ = &mut terminate => break,
         }
@@ -144,6 +145,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.abort();
     lease.stop();
     Ok(())
+}
+
+/// Removes step logs past the `[logs]` limits, never those of attempts the journal still has open.
+async fn prune_logs(shared: &Shared) {
+    let core = shared.core.lock().await;
+    let open = core
+        .attempts
+        .values()
+        .filter(|a| a.state != tartan_api::AttemptState::Retired);
+    let keep: std::collections::BTreeSet<String> = open.map(|a| a.vm.clone()).collect();
+    drop(core);
+    let (state, limits) = (shared.config.state_dir.clone(), shared.config.logs.clone());
+    let now = std::time::SystemTime::now();
+    match tokio::task::spawn_blocking(move || crate::host::logs::prune(&state, &keep, now, &limits)).await {
+        Ok(p) => {
+            if !p.removed.is_empty() {
+                tracing::info!(removed = ?p.removed, freed_bytes = p.freed, "old step logs removed");
+            }
+            for error in p.errors {
+                tracing::warn!(%error, "step logs not pruned; tried again at the next compaction");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "step log pruning task failed; tried again at the next compaction"),
+    }
 }
 
 /// Releases the slot of every quarantined unknown VM an operator has removed.
