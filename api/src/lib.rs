@@ -7,6 +7,7 @@
 pub mod condition;
 pub mod crd;
 pub mod deadline;
+pub mod files;
 pub mod names;
 pub mod vocab;
 
