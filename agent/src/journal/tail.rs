@@ -4,6 +4,7 @@ use super::format::{self, Frame, HEADER_LEN, HeaderCheck};
 use super::{JOURNAL_DIR, JournalError, list_files};
 use crate::record::Record;
 use std::fs::File;
+use tartan_api::files::{ReadFileError, open_regular_file};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -68,7 +69,7 @@ impl Tail {
                 let Some((id, path)) = files.iter().find(|(id, _)| after.is_none_or(|a| *id > a)).cloned() else {
                     return Ok(out);
                 };
-                match File::open(&path) {
+                match open_regular_file(&path) {
                     Ok(file) => {
                         self.cursor = Some(Cursor {
                             id,
@@ -79,11 +80,19 @@ impl Tail {
                         })
                     }
                     // Removed by a compaction between listing and opening: list again.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    Err(ReadFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
                         self.done = Some(id);
                         continue;
                     }
-                    Err(error) => {
+                    // The journal writes only regular files: whatever else is named like one (a
+                    // FIFO would block, a link could lead anywhere) holds nothing of it.
+                    Err(ReadFileError::NotRegular(what)) => {
+                        tracing::warn!("skipping {}: it is {what}, not a journal file", path.display());
+                        self.done = Some(id);
+                        continue;
+                    }
+                    Err(ReadFileError::TooLarge { .. }) => unreachable!("open_regular_file reads nothing"),
+                    Err(ReadFileError::Io(error)) => {
                         return Err(JournalError::Io {
                             action: "opening journal file".into(),
                             path,
