@@ -2,10 +2,12 @@
 //! Values are read from the agent's state at scrape time, so there is nothing to keep in step.
 
 use super::core::Shared;
+use crate::journal::JournalHealth;
 use crate::cluster::lease::LeaseState;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -24,6 +26,8 @@ struct StateLabels {
 struct Scrape {
     shared: Arc<Shared>,
     lease: watch::Receiver<LeaseState>,
+    /// Read without the core lock, so `/healthz` answers even while a journal write hangs.
+    journal: JournalHealth,
 }
 
 /// Starts serving; the returned task ends with the agent.
@@ -35,15 +39,30 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("binding the metrics address {address} (config key metrics_address)"))?;
+    let journal = shared.core.lock().await.journal.health();
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(Arc::new(Scrape { shared, lease }));
+        .route("/healthz", get(healthz))
+        .with_state(Arc::new(Scrape { shared, lease, journal }));
     Ok(tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "metrics server stopped");
         }
     }))
+}
+
+/// 503 with the reason while the journal cannot be written (the agent claims nothing then).
+async fn healthz(State(scrape): State<Arc<Scrape>>) -> (StatusCode, String) {
+    match scrape.journal.failing() {
+        None => (StatusCode::OK, "ok".into()),
+        Some(f) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "journal cannot be written since {} ({} failed tries): {}; no new build is claimed until a write works\n",
+                f.since, f.failures, f.error
+            ),
+        ),
+    }
 }
 
 async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
@@ -54,6 +73,12 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
     let unknown_vms = Gauge::<i64>::default();
     let journal_next_seq = Gauge::<i64>::default();
     let lease_fresh = Gauge::<i64>::default();
+    let journal_failing = Gauge::<i64>::default();
+    registry.register(
+        "journal_failing",
+        "1 while journal writes fail (no new build is claimed)",
+        journal_failing.clone(),
+    );
     registry.register("attempts", "Attempts known to the journal, by state", attempts.clone());
     registry.register("slots", "Configured VM slots", slots.clone());
     registry.register(
@@ -92,6 +117,7 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
         journal_next_seq.set(i64::try_from(core.journal.next_seq()).unwrap_or(i64::MAX));
     }
     lease_fresh.set(i64::from(scrape.lease.borrow().can_claim(Instant::now())));
+    journal_failing.set(i64::from(scrape.journal.failing().is_some()));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
     out
