@@ -407,7 +407,10 @@ impl Journal {
         const NEXT: &str =
             "the transition is NOT recorded and must not be acted on; the next append tries another new file";
         let created = OpenOptions::new().read(true).write(true).create_new(true).open(&path);
-        if created.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists) {
+        if created
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists)
+        {
             // Something else took the name (not the journal: it never reuses a created id).
             self.next_file_id += 1;
         }
@@ -860,7 +863,11 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
                     } else {
                         format!(
                             " ({} between them cannot be read and may have held them; left in place)",
-                            unreadable.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                            unreadable
+                                .iter()
+                                .map(|p| p.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         )
                     };
                     return Err(inconsistent(format!(

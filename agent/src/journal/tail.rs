@@ -4,10 +4,10 @@ use super::format::{self, Frame, HEADER_LEN, HeaderCheck};
 use super::{JOURNAL_DIR, JournalError, list_files};
 use crate::record::Record;
 use std::fs::File;
-use tartan_api::files::{ReadFileError, open_regular_file};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use tartan_api::files::{ReadFileError, open_regular_file};
 
 /// At most this many bytes are read per file per [`Tail::poll`] (always more than one frame).
 const CHUNK_BYTES: usize = 4 << 20;

@@ -218,7 +218,10 @@ fn a_torn_end_of_a_file_that_is_not_the_last_counts_as_damage() {
         o.replay.warnings
     );
     assert!(
-        o.replay.warnings.iter().any(|w| w.contains("records #3 were in the damaged part")),
+        o.replay
+            .warnings
+            .iter()
+            .any(|w| w.contains("records #3 were in the damaged part")),
         "{:?}",
         o.replay.warnings
     );
@@ -521,7 +524,12 @@ fn an_unwritable_journal_fails_without_burning_file_ids_and_recovers_by_a_backed
     o.journal.probe_at = Some(Instant::now());
     assert!(o.journal.writable());
     assert!(health.failing().is_none());
-    assert_eq!(o.journal.append(&mut draft(1, AttemptState::Collecting, "kept")).unwrap(), 3);
+    assert_eq!(
+        o.journal
+            .append(&mut draft(1, AttemptState::Collecting, "kept"))
+            .unwrap(),
+        3
+    );
     drop(o);
     let o = open(state);
     assert_eq!(seqs(&o.replay.records), vec![1, 2, 3]);

@@ -2,8 +2,8 @@
 //! Values are read from the agent's state at scrape time, so there is nothing to keep in step.
 
 use super::core::Shared;
-use crate::journal::JournalHealth;
 use crate::cluster::lease::LeaseState;
+use crate::journal::JournalHealth;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
