@@ -22,16 +22,30 @@
 //! - **Damage.** A file that cannot be read whole (unreadable bytes followed by readable records,
 //!   records out of order, or a torn end in a file that is not the last) is copied into
 //!   `journal/damaged/` as it was and replaced, atomically, by a file holding every record of it
-//!   that still verifies (before *and* after the damage), with a warning. A file whose header is
-//!   unreadable holds nothing readable and is moved to `damaged/` whole. A file cut short inside
-//!   its header (its creation was interrupted) holds no record and is removed.
+//!   that still verifies (before *and* after the damage), with a warning. When the next file
+//!   proves the damage swallowed acknowledged records, the warning names them and the replacement
+//!   is a compaction of every record so far, so the known loss is not taken for a missing file
+//!   later. A file whose header is unreadable holds nothing readable and is moved to `damaged/`
+//!   whole. A file cut short inside its header (its creation was interrupted) holds no record and
+//!   is removed — only if its bytes are the start of a header: the journal deletes only what it
+//!   wrote; anything else named like its files goes to `damaged/`, and what is not a regular file
+//!   (a directory, FIFO or link) is left alone with a warning and never read.
+//! - **Complete or refused.** Each file starts where the journal was when it created it, so a
+//!   file starting past the records before it means records are missing (a file was removed), and
+//!   a file starting before the one it follows means files were reordered; the same records twice
+//!   mean a copy. Any of these stops the open with [`JournalError::Inconsistent`], naming the
+//!   records and files and how to proceed; nothing is repaired.
 //! - **Newer layouts are refused**: a file or record of a newer version stops the open with an
 //!   error rather than being guessed at.
 //! - **Rotation and compaction.** Appends go to a new file once the current one reaches
 //!   [`JournalOptions::max_file_bytes`]. [`Journal::compact`] writes the records the caller keeps
 //!   into one new file (sequence numbers unchanged; its header marks it as superseding every
 //!   older file), syncs it, renames it into place, syncs the directory and only then removes the
-//!   older files. A compaction cut short by a crash is finished on the next open.
+//!   older files it read. A compaction cut short by a crash is finished on the next open, which
+//!   moves superseded files to `damaged/` (it cannot tell its own leftovers from a restored file).
+//! - **Failing.** While appends fail, [`Journal::health`] says so (for `/healthz`) and
+//!   [`Journal::writable`] tells callers not to start new work, retrying the disk with capped
+//!   exponential backoff; a failed try uses up no file id unless it created a file.
 
 mod format;
 mod tail;
