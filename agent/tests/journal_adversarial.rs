@@ -284,6 +284,32 @@ fn reordered_or_copied_segments_stop_the_open() {
     fs::copy(&segments(state)[0], &copy).unwrap();
     let text = open(state).unwrap_err().to_string();
     assert!(text.contains("out of order"), "{text}");
+
+    // A compaction copied under a later name would supersede the files written after it.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let (mut journal, _) = open(state).unwrap();
+    journal.append(&mut record("before".into())).unwrap();
+    let compaction = journal.compact(|_| true).unwrap().file;
+    drop(journal);
+    two_more_runs(state);
+    let copy = compaction.with_file_name("00000000000000000099.journal");
+    fs::copy(&compaction, &copy).unwrap();
+    let before = snapshot(state);
+    let text = open(state).unwrap_err().to_string();
+    assert!(
+        text.contains("the compaction cannot have superseded it") && text.contains(&copy.display().to_string()),
+        "{text}"
+    );
+    assert_eq!(snapshot(state), before);
+}
+
+/// Two more agent runs of one record each after whatever is in the journal.
+fn two_more_runs(state: &Path) {
+    for run in 0..2 {
+        let (mut journal, _) = open(state).unwrap();
+        journal.append(&mut record(format!("later run {run}"))).unwrap();
+    }
 }
 
 fn mkfifo(path: &Path) {
@@ -386,6 +412,18 @@ fn foreign_files_are_handled_clearly_and_nothing_the_journal_did_not_write_is_de
     assert!(newest.file_name().unwrap().to_string_lossy().as_ref() > "00000000000000000061.journal");
     let (_, replay) = open_bounded(state);
     assert_eq!(replay.records.last().map(|r| r.seq), Some(8));
+
+    // A follower (`tartan-agent journal --follow`) skips the FIFO and the link instead of blocking.
+    let (tx, rx) = mpsc::channel();
+    let follow = state.to_path_buf();
+    std::thread::spawn(move || {
+        let mut tail = tartan_agent::journal::Tail::new(&follow);
+        let _ = tx.send(tail.poll().map(|r| r.last().map(|r| r.seq)).map_err(|e| e.to_string()));
+    });
+    let last = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the follower returns instead of blocking");
+    assert_eq!(last, Ok(Some(8)));
 }
 
 /// A valid three-segment journal, its acknowledged records, and where they live.

@@ -3,7 +3,7 @@
 
 use super::core::Shared;
 use crate::cluster::lease::LeaseState;
-use crate::journal::JournalHealth;
+use crate::journal::{Failing, JournalHealth};
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
@@ -51,9 +51,13 @@ pub async fn serve(
     }))
 }
 
-/// 503 with the reason while the journal cannot be written (the agent claims nothing then).
 async fn healthz(State(scrape): State<Arc<Scrape>>) -> (StatusCode, String) {
-    match scrape.journal.failing() {
+    health_answer(scrape.journal.failing())
+}
+
+/// 503 with the reason while the journal cannot be written (the agent claims nothing then).
+fn health_answer(journal: Option<Failing>) -> (StatusCode, String) {
+    match journal {
         None => (StatusCode::OK, "ok".into()),
         Some(f) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -121,4 +125,28 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_is_red_with_the_reason_while_the_journal_fails() {
+        assert_eq!(health_answer(None), (StatusCode::OK, "ok".to_string()));
+        let (code, body) = health_answer(Some(Failing {
+            since: "2026-10-05T02:41:40Z".parse().unwrap(),
+            error: "creating a journal file: Not a directory".into(),
+            failures: 3,
+        }));
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        for needle in [
+            "since 2026-10-05T02:41:40Z",
+            "3 failed tries",
+            "Not a directory",
+            "no new build is claimed",
+        ] {
+            assert!(body.contains(needle), "{needle:?} not in {body}");
+        }
+    }
 }
