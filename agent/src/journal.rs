@@ -593,6 +593,19 @@ pub(crate) struct Listing {
     pub files: Vec<(u64, PathBuf)>,
     /// Leftover temporary files of a compaction or repair.
     pub tmps: Vec<PathBuf>,
+    /// Named like journal files but not as the journal names them (not 20 digits, or an id it
+    /// could never reach): never read, never touched.
+    pub foreign: Vec<PathBuf>,
+}
+
+/// The id in a name the journal gives its files: exactly 20 digits (`{id:020}`), and an id far
+/// below `u64::MAX` (ids count up by one per file, so a larger one was never the journal's and
+/// would leave no id after it).
+fn parse_id(digits: &str) -> Option<u64> {
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok().filter(|id| *id < u64::MAX / 2)
 }
 
 pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
@@ -603,6 +616,7 @@ pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
     ))?;
     let mut files = Vec::new();
     let mut tmps = Vec::new();
+    let mut foreign = Vec::new();
     for entry in entries {
         let entry = entry.map_err(JournalError::io(
             "listing journal directory",
@@ -611,14 +625,21 @@ pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
         ))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.ends_with(TMP_SUFFIX) {
-            tmps.push(entry.path());
-        } else if let Some(id) = name.strip_suffix(FILE_SUFFIX).and_then(|s| s.parse::<u64>().ok()) {
-            files.push((id, entry.path()));
+        if let Some(digits) = name.strip_suffix(TMP_SUFFIX) {
+            match parse_id(digits) {
+                Some(_) => tmps.push(entry.path()),
+                None => foreign.push(entry.path()),
+            }
+        } else if let Some(digits) = name.strip_suffix(FILE_SUFFIX) {
+            match parse_id(digits) {
+                Some(id) => files.push((id, entry.path())),
+                None => foreign.push(entry.path()),
+            }
         }
     }
     files.sort();
-    Ok(Listing { files, tmps })
+    foreign.sort();
+    Ok(Listing { files, tmps, foreign })
 }
 
 /// A change the writer makes on open to leave the journal readable whole.
@@ -707,12 +728,18 @@ fn seq_range(first: u64, last: u64) -> String {
 /// Refuses ([`JournalError::Inconsistent`]) a journal whose files do not follow one another: a
 /// file missing between two others, files out of order, or the same records twice.
 fn plan(dir: &Path) -> Result<Plan, JournalError> {
-    let Listing { files, tmps } = list_files(dir)?;
+    let Listing { files, tmps, foreign } = list_files(dir)?;
     let mut plan = Plan {
         next_seq: 1,
         max_id: files.last().map_or(0, |(id, _)| *id),
         ..Plan::default()
     };
+    for path in foreign {
+        plan.warnings.push(format!(
+            "ignoring {}: named like a journal file, but not as the journal names its files; left in place (move it out of the journal directory)",
+            path.display()
+        ));
+    }
     let inconsistent = |what: String| JournalError::Inconsistent {
         dir: dir.to_path_buf(),
         what,

@@ -353,6 +353,11 @@ fn foreign_files_are_handled_clearly_and_nothing_the_journal_did_not_write_is_de
     let long_garbage = vec![0x5a; 100];
     fs::write(jdir.join("00000000000000000061.journal"), &long_garbage).unwrap();
     fs::write(jdir.join("00000000000000000062.journal.tmp"), b"not a journal file").unwrap();
+    // Names the journal never gives: not 20 digits, or an id it could never reach.
+    let odd_names = ["+5.journal", "5.journal", "18446744073709551615.journal"];
+    for name in odd_names {
+        fs::write(jdir.join(name), b"whatever").unwrap();
+    }
     // A file with the journal's magic at a lower id than the compaction: an old segment restored.
     let old = fs::read(compacted_ids.first().unwrap()).unwrap();
     fs::write(jdir.join("00000000000000000000.journal"), &old).unwrap();
@@ -377,8 +382,16 @@ fn foreign_files_are_handled_clearly_and_nothing_the_journal_did_not_write_is_de
         replay.warnings
     );
     assert!(warned("superseded by the compaction"), "{:?}", replay.warnings);
-    // Left alone: the notes, the directory, the FIFO, the link.
+    // Left alone: the notes, the odd names, the directory, the FIFO, the link.
     assert_eq!(fs::read(jdir.join("notes.txt")).unwrap(), b"an operator's notes");
+    for name in odd_names {
+        assert_eq!(fs::read(jdir.join(name)).unwrap(), b"whatever", "{name}");
+        assert!(
+            warned(&format!("{name}: named like a journal file, but not as")),
+            "{name}: {:?}",
+            replay.warnings
+        );
+    }
     assert!(jdir.join("00000000000000000050.journal").is_dir());
     for name in ["00000000000000000051.journal", "00000000000000000052.journal"] {
         assert!(jdir.join(name).symlink_metadata().is_ok(), "{name} left in place");
