@@ -868,7 +868,8 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
         // (the journal moved past them) and must be in an earlier file.
         if header.kind == FileKind::Appended && header.first_seq > plan.next_seq {
             let (first, last) = (plan.next_seq, header.first_seq - 1);
-            match last_salvage {
+            // An unreadable file in between may have held them: then it is not known to be the damage.
+            match last_salvage.filter(|_| unreadable.is_empty()) {
                 // Lost to damage already being salvaged (a copy goes to damaged/): say so, and
                 // make the salvage a compaction that records where the sequence continues.
                 Some(at) => {

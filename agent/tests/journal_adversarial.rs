@@ -239,6 +239,22 @@ fn a_deleted_middle_segment_stops_the_open_naming_the_missing_records() {
     // The read-only reader refuses it too.
     assert!(tartan_agent::journal::read_records(state).is_err());
 
+    // The middle segment's header overwritten: its records may be in it, but cannot be read.
+    let dir = tempfile::tempdir().unwrap();
+    three_runs(dir.path(), 3);
+    let middle = segments(dir.path())[1].clone();
+    let mut bytes = fs::read(&middle).unwrap();
+    bytes[..8].copy_from_slice(b"garbage!");
+    fs::write(&middle, &bytes).unwrap();
+    let before = snapshot(dir.path());
+    let text = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        text.contains("records #4..=#6 are missing")
+            && text.contains(&format!("{} between them cannot be read", middle.display())),
+        "{text}"
+    );
+    assert_eq!(snapshot(dir.path()), before);
+
     // The oldest segment gone (no compaction before it): records from #1 on are missing.
     let dir = tempfile::tempdir().unwrap();
     three_runs(dir.path(), 2);
