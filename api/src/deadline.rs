@@ -19,6 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The format version this crate writes and the only one it reads.
@@ -239,11 +240,15 @@ pub fn write_deadline_file(dir: &Path, file: &DeadlineFile) -> Result<PathBuf, D
         move |source| DeadlineFileError::Write { path, step, source }
     };
     fs::create_dir_all(dir).map_err(fail("creating the directory"))?;
+    // Whatever sits at the temp name is not followed or written through: a stale temp file is
+    // removed (a planted symlink with it), and the new one is created exclusively, which refuses
+    // a symlink or anything recreated there meanwhile.
+    let _ = fs::remove_file(&temp);
     let written = (|| {
         let mut out = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&temp)
             .map_err(fail("creating the temp file"))?;
         out.write_all(&bytes).map_err(fail("writing the temp file"))?;
@@ -484,6 +489,21 @@ mod tests {
             read_deadline_file(&dir.path().join("mb-ci-b-0000abcd.json")).unwrap(),
             file
         );
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_temp_name_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("authorized_keys");
+        fs::write(&victim, b"precious").unwrap();
+        let file = sample("mb-ci-b-0000abcd");
+        std::os::unix::fs::symlink(&victim, dir.path().join(temp_file_name(&file.vm))).unwrap();
+        let path = write_deadline_file(dir.path(), &file).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert!(!path.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(read_deadline_file(&path).unwrap(), file);
+        assert_eq!(names_in(dir.path()), vec!["mb-ci-b-0000abcd.json"]);
     }
 
     #[test]
