@@ -61,6 +61,7 @@ use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -1020,11 +1021,11 @@ fn repair(dir: &Path, action: &Action) -> Result<(), JournalError> {
             sync_dir(dir).map_err(JournalError::io("syncing journal directory", dir, NEXT))?;
         }
         Action::Truncate { path, at } => {
-            let file = OpenOptions::new().write(true).open(path).map_err(JournalError::io(
-                "opening for truncation",
-                path,
-                NEXT,
-            ))?;
+            let file = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)
+                .map_err(JournalError::io("opening for truncation", path, NEXT))?;
             file.set_len(*at)
                 .map_err(JournalError::io(format!("truncating at offset {at}"), path, NEXT))?;
             file.sync_all()
@@ -1047,10 +1048,13 @@ fn repair(dir: &Path, action: &Action) -> Result<(), JournalError> {
                 })?;
             }
             let tmp = path.with_extension("journal.tmp");
+            // Never written through whatever sits at the name (a planted link): removed, then
+            // created exclusively.
+            let _ = fs::remove_file(&tmp);
             let mut file = OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(JournalError::io("creating", &tmp, NEXT))?;
             write_and_sync(&mut file, &buf).map_err(JournalError::io("writing", &tmp, NEXT))?;
@@ -1086,7 +1090,8 @@ fn unique_in(damaged: &Path, path: &Path) -> PathBuf {
         .unwrap_or_default();
     let mut target = damaged.join(&name);
     let mut n = 1;
-    while target.exists() {
+    // symlink_metadata: a dangling link there counts as taken (a copy must not go through it).
+    while target.symlink_metadata().is_ok() {
         target = damaged.join(format!("{name}.{n}"));
         n += 1;
     }

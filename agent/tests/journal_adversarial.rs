@@ -504,3 +504,34 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn repairs_never_write_through_links_planted_at_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let outside = tempfile::tempdir().unwrap();
+    let (path, bounds) = single_file_with_offsets(state, 3);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[bounds[1] as usize + 12] ^= 0x01; // inside record #2: the file needs a salvage
+    fs::write(&path, &bytes).unwrap();
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let jdir = state.join(JOURNAL_DIR);
+    let victim = outside.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, jdir.join(format!("{name}.tmp"))).unwrap();
+    fs::create_dir(jdir.join(DAMAGED_DIR)).unwrap();
+    let created_elsewhere = outside.path().join("created");
+    std::os::unix::fs::symlink(&created_elsewhere, jdir.join(DAMAGED_DIR).join(&name)).unwrap();
+
+    let (_, replay) = open(state).unwrap();
+    assert_eq!(seqs(&replay), vec![1, 3]);
+    assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    assert!(
+        !created_elsewhere.exists(),
+        "the damaged copy went through a dangling link"
+    );
+    assert_eq!(
+        fs::read(jdir.join(DAMAGED_DIR).join(format!("{name}.1"))).unwrap(),
+        bytes
+    );
+}
