@@ -22,16 +22,30 @@
 //! - **Damage.** A file that cannot be read whole (unreadable bytes followed by readable records,
 //!   records out of order, or a torn end in a file that is not the last) is copied into
 //!   `journal/damaged/` as it was and replaced, atomically, by a file holding every record of it
-//!   that still verifies (before *and* after the damage), with a warning. A file whose header is
-//!   unreadable holds nothing readable and is moved to `damaged/` whole. A file cut short inside
-//!   its header (its creation was interrupted) holds no record and is removed.
+//!   that still verifies (before *and* after the damage), with a warning. When the next file
+//!   proves the damage swallowed acknowledged records, the warning names them and the replacement
+//!   is a compaction of every record so far, so the known loss is not taken for a missing file
+//!   later. A file whose header is unreadable holds nothing readable and is moved to `damaged/`
+//!   whole. A file cut short inside its header (its creation was interrupted) holds no record and
+//!   is removed — only if its bytes are the start of a header: the journal deletes only what it
+//!   wrote; anything else named like its files goes to `damaged/`, and what is not a regular file
+//!   (a directory, FIFO or link) is left alone with a warning and never read.
+//! - **Complete or refused.** Each file starts where the journal was when it created it, so a
+//!   file starting past the records before it means records are missing (a file was removed), and
+//!   a file starting before the one it follows means files were reordered; the same records twice
+//!   mean a copy. Any of these stops the open with [`JournalError::Inconsistent`], naming the
+//!   records and files and how to proceed; nothing is repaired.
 //! - **Newer layouts are refused**: a file or record of a newer version stops the open with an
 //!   error rather than being guessed at.
 //! - **Rotation and compaction.** Appends go to a new file once the current one reaches
 //!   [`JournalOptions::max_file_bytes`]. [`Journal::compact`] writes the records the caller keeps
 //!   into one new file (sequence numbers unchanged; its header marks it as superseding every
 //!   older file), syncs it, renames it into place, syncs the directory and only then removes the
-//!   older files. A compaction cut short by a crash is finished on the next open.
+//!   older files it read. A compaction cut short by a crash is finished on the next open, which
+//!   moves superseded files to `damaged/` (it cannot tell its own leftovers from a restored file).
+//! - **Failing.** While appends fail, [`Journal::health`] says so (for `/healthz`) and
+//!   [`Journal::writable`] tells callers not to start new work, retrying the disk with capped
+//!   exponential backoff; a failed try uses up no file id unless it created a file.
 
 mod format;
 mod tail;
@@ -42,10 +56,16 @@ pub use tail::Tail;
 use crate::lock::StateLock;
 use crate::record::{RECORD_VERSION, Record};
 use format::{FileKind, HEADER_LEN, Header, HeaderCheck};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tartan_api::files::{ReadFileError, read_regular_file};
 
 /// The journal directory inside the state directory.
 pub const JOURNAL_DIR: &str = "journal";
@@ -53,6 +73,18 @@ pub const JOURNAL_DIR: &str = "journal";
 pub const DAMAGED_DIR: &str = "damaged";
 const FILE_SUFFIX: &str = ".journal";
 const TMP_SUFFIX: &str = ".journal.tmp";
+/// The largest journal file read. Files rotate at a few MiB and a compaction holds only the
+/// records of unfinished builds; anything this large was not written by the journal.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+/// While appends fail, [`Journal::writable`] tries the disk again after this, doubling per
+/// failure up to [`PROBE_CAP`].
+const PROBE_BASE: Duration = Duration::from_secs(1);
+const PROBE_CAP: Duration = Duration::from_secs(60);
+/// What an operator can do about a journal that is missing records or out of order.
+const INCOMPLETE_HOW: &str = "the agent does not act on a journal it knows is incomplete or out of order. To proceed: \
+put the missing or misnamed file(s) back under their original names; or stop the agent, move the journal directory \
+aside and start with an empty one, knowing that every build recorded in the old journal must then be checked by hand \
+(its VM in `tart list`, its MacBuild status)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -90,6 +122,10 @@ pub enum JournalError {
     },
     #[error("journal record #{seq} cannot be encoded: {what}; nothing was written, do not act on this transition")]
     Encode { seq: u64, what: String },
+    /// Files missing, reordered or duplicated: records the journal acknowledged are not where
+    /// they must be. Never repaired automatically.
+    #[error("journal in {} is inconsistent: {what}; {INCOMPLETE_HOW}", dir.display())]
+    Inconsistent { dir: PathBuf, what: String },
 }
 
 impl JournalError {
@@ -135,6 +171,40 @@ pub struct Compaction {
     pub file: PathBuf,
 }
 
+/// Since when and why appends fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failing {
+    pub since: Timestamp,
+    /// The last failure's message.
+    pub error: String,
+    /// Failed appends and probes since the last success.
+    pub failures: u32,
+}
+
+/// A cheap, shareable view of whether the journal can be written, readable without the lock that
+/// guards the [`Journal`] (so `/healthz` answers even while a write hangs).
+#[derive(Clone, Debug, Default)]
+pub struct JournalHealth(Arc<Mutex<Option<Failing>>>);
+
+impl JournalHealth {
+    /// `Some` from a failed append until an append or probe succeeds.
+    pub fn failing(&self) -> Option<Failing> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, value: Option<Failing>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+}
+
+/// How long [`Journal::writable`] waits before trying the disk again after `failures` failures:
+/// [`PROBE_BASE`] doubled per failure, at most [`PROBE_CAP`].
+fn probe_backoff(failures: u32) -> Duration {
+    PROBE_BASE
+        .saturating_mul(1u32.checked_shl(failures.saturating_sub(1)).unwrap_or(u32::MAX))
+        .min(PROBE_CAP)
+}
+
 /// The writer. One per state directory, by way of the [`StateLock`].
 #[derive(Debug)]
 pub struct Journal {
@@ -143,7 +213,11 @@ pub struct Journal {
     /// The file appends go to; `None` after a failed write or sync, and before the first append.
     current: Option<Current>,
     next_seq: u64,
+    /// The id of the next new file; used up only once a file of that name was created.
     next_file_id: u64,
+    health: JournalHealth,
+    /// While failing: when [`Journal::writable`] may try the disk again.
+    probe_at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -176,6 +250,8 @@ impl Journal {
             current: None,
             next_seq: plan.next_seq,
             next_file_id: plan.max_id + 1,
+            health: JournalHealth::default(),
+            probe_at: None,
         };
         Ok((
             journal,
@@ -194,6 +270,72 @@ impl Journal {
     /// The journal directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A handle telling whether appends currently fail (shared, cheap to read).
+    pub fn health(&self) -> JournalHealth {
+        self.health.clone()
+    }
+
+    /// Whether new work may start: `true` unless appends are failing. While they fail, this tries
+    /// the disk again at most once per back-off period (1 s, doubling to 60 s) by starting a new,
+    /// empty file, which the next append then uses; success ends the failure. Callers that would
+    /// begin something with a journal write (a claim) ask this first, so a journal that cannot be
+    /// written is not hammered in a loop.
+    pub fn writable(&mut self) -> bool {
+        let Some(failing) = self.health.failing() else {
+            return true;
+        };
+        if self.probe_at.is_some_and(|at| Instant::now() < at) {
+            return false;
+        }
+        self.current = None;
+        match self.start_file(FileKind::Appended, &[], "a probe (no record)") {
+            Ok(current) => {
+                self.current = Some(current);
+                self.succeeded();
+                true
+            }
+            Err(error) => {
+                self.failed(&error);
+                tracing::warn!(
+                    failures = failing.failures + 1,
+                    retry_in = ?probe_backoff(failing.failures + 1),
+                    "journal still cannot be written: {error}"
+                );
+                false
+            }
+        }
+    }
+
+    fn failed(&mut self, error: &JournalError) {
+        let previous = self.health.failing();
+        let failures = previous.as_ref().map_or(0, |f| f.failures).saturating_add(1);
+        if previous.is_none() {
+            tracing::error!(
+                "the journal cannot be written: {error}; no new build is claimed until a write works again (tried again after {:?}, backing off to {:?})",
+                probe_backoff(1),
+                PROBE_CAP
+            );
+        }
+        self.health.set(Some(Failing {
+            since: previous.map_or_else(Timestamp::now, |f| f.since),
+            error: error.to_string(),
+            failures,
+        }));
+        self.probe_at = Some(Instant::now() + probe_backoff(failures));
+    }
+
+    fn succeeded(&mut self) {
+        if let Some(failing) = self.health.failing() {
+            tracing::info!(
+                failures = failing.failures,
+                since = %failing.since,
+                "the journal can be written again"
+            );
+            self.health.set(None);
+        }
+        self.probe_at = None;
     }
 
     /// Stamps `record` with the next sequence number and the current layout version, writes and
@@ -225,16 +367,28 @@ impl Journal {
             format!("records #{first}..=#{}", seqs.end - 1)
         };
 
+        let written = self.write_frames(&frames, &label);
+        match &written {
+            Ok(()) => self.succeeded(),
+            Err(error) => self.failed(error),
+        }
+        written?;
+        self.next_seq = seqs.end;
+        Ok(seqs)
+    }
+
+    /// Writes and syncs encoded frames into the current file, or a new one when rotating.
+    fn write_frames(&mut self, frames: &[u8], label: &str) -> Result<(), JournalError> {
         let rotate = self
             .current
             .as_ref()
             .is_none_or(|c| c.len >= self.options.max_file_bytes);
         if rotate {
             self.current = None;
-            self.current = Some(self.start_file(FileKind::Appended, &frames, &label)?);
+            self.current = Some(self.start_file(FileKind::Appended, frames, label)?);
         } else {
             let current = self.current.as_mut().expect("checked above");
-            if let Err(error) = write_and_sync(&mut current.file, &frames) {
+            if let Err(error) = write_and_sync(&mut current.file, frames) {
                 let path = current.path.clone();
                 // Poisoned: the handle is dropped and the file never written again.
                 self.current = None;
@@ -247,14 +401,16 @@ impl Journal {
             }
             current.len += frames.len() as u64;
         }
-        self.next_seq = seqs.end;
-        Ok(seqs)
+        Ok(())
     }
 
     /// Creates a new file holding the header and `body`, syncs it and the directory.
+    /// The id is used up only once a file of that name exists: a journal directory that refuses
+    /// new files (read-only, full) does not make every try burn a new id. Once a file was created
+    /// its id is never given out again, even if the file is removed, so a reader following the
+    /// journal never sees two different files under one name.
     fn start_file(&mut self, kind: FileKind, body: &[u8], label: &str) -> Result<Current, JournalError> {
         let id = self.next_file_id;
-        self.next_file_id += 1;
         let path = self.dir.join(file_name(id));
         let header = Header {
             kind,
@@ -266,11 +422,19 @@ impl Journal {
         const NEXT: &str =
             "the transition is NOT recorded and must not be acted on; the next append tries another new file";
         let created = OpenOptions::new().read(true).write(true).create_new(true).open(&path);
+        if created
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists)
+        {
+            // Something else took the name (not the journal: it never reuses a created id).
+            self.next_file_id += 1;
+        }
         let mut file = created.map_err(JournalError::io(
             format!("creating a journal file for {label}:"),
             &path,
             NEXT,
         ))?;
+        self.next_file_id += 1;
         let synced = write_and_sync(&mut file, &buf).and_then(|()| sync_dir(&self.dir));
         if let Err(error) = synced {
             drop(file);
@@ -369,7 +533,14 @@ impl Journal {
             }
         };
         for (old_id, path) in old_files {
-            if old_id < id {
+            // Only files this compaction read are removed; anything that appeared since is left
+            // for the next open, which keeps it in damaged/.
+            if old_id < id && !plan.seen.contains(&path) {
+                tracing::warn!(
+                    "compaction: {} appeared after the compaction read the journal; left in place, the next open keeps it in {DAMAGED_DIR}/",
+                    path.display()
+                );
+            } else if old_id < id {
                 match fs::remove_file(&path) {
                     Ok(()) => removed_files += 1,
                     Err(e) => tracing::warn!(
@@ -423,6 +594,19 @@ pub(crate) struct Listing {
     pub files: Vec<(u64, PathBuf)>,
     /// Leftover temporary files of a compaction or repair.
     pub tmps: Vec<PathBuf>,
+    /// Named like journal files but not as the journal names them (not 20 digits, or an id it
+    /// could never reach): never read, never touched.
+    pub foreign: Vec<PathBuf>,
+}
+
+/// The id in a name the journal gives its files: exactly 20 digits (`{id:020}`), and an id far
+/// below `u64::MAX` (ids count up by one per file, so a larger one was never the journal's and
+/// would leave no id after it).
+fn parse_id(digits: &str) -> Option<u64> {
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok().filter(|id| *id < u64::MAX / 2)
 }
 
 pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
@@ -433,6 +617,7 @@ pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
     ))?;
     let mut files = Vec::new();
     let mut tmps = Vec::new();
+    let mut foreign = Vec::new();
     for entry in entries {
         let entry = entry.map_err(JournalError::io(
             "listing journal directory",
@@ -441,34 +626,46 @@ pub(crate) fn list_files(dir: &Path) -> Result<Listing, JournalError> {
         ))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.ends_with(TMP_SUFFIX) {
-            tmps.push(entry.path());
-        } else if let Some(id) = name.strip_suffix(FILE_SUFFIX).and_then(|s| s.parse::<u64>().ok()) {
-            files.push((id, entry.path()));
+        if let Some(digits) = name.strip_suffix(TMP_SUFFIX) {
+            match parse_id(digits) {
+                Some(_) => tmps.push(entry.path()),
+                None => foreign.push(entry.path()),
+            }
+        } else if let Some(digits) = name.strip_suffix(FILE_SUFFIX) {
+            match parse_id(digits) {
+                Some(id) => files.push((id, entry.path())),
+                None => foreign.push(entry.path()),
+            }
         }
     }
     files.sort();
-    Ok(Listing { files, tmps })
+    foreign.sort();
+    Ok(Listing { files, tmps, foreign })
 }
 
 /// A change the writer makes on open to leave the journal readable whole.
 #[derive(Debug)]
 enum Action {
-    /// A temporary file of a compaction or repair cut short.
+    /// A temporary file of a compaction or repair cut short (it starts as a journal file does).
     RemoveTmp { path: PathBuf },
-    /// An older file a completed compaction superseded (its removal was cut short).
-    RemoveSuperseded { path: PathBuf },
     /// A file whose creation was cut short inside its header: it holds no record.
     RemoveEmpty { path: PathBuf },
-    /// A file whose header is unreadable: moved to damaged/ whole.
+    /// Moved to damaged/ whole: a file whose header is unreadable, an older file a compaction
+    /// superseded (its removal was cut short, or someone put it there), or anything named like a
+    /// journal file that the journal did not write. The journal deletes only what it wrote.
     MoveDamaged { path: PathBuf },
     /// The last file ends in a torn write: cut it off.
     Truncate { path: PathBuf, at: u64 },
     /// A file not readable whole: keep a copy in damaged/, replace it by its readable records.
+    /// When its damage swallowed records the next file proves were acknowledged, the replacement
+    /// is a compaction of every record so far (its header records where the sequence continues,
+    /// so the loss is not taken for a missing file at the next open) and `supersedes` lists the
+    /// older files it replaces, removed after it is in place.
     Salvage {
         path: PathBuf,
         header: Header,
         records: Vec<Record>,
+        supersedes: Vec<PathBuf>,
     },
 }
 
@@ -479,51 +676,166 @@ struct Plan {
     warnings: Vec<String>,
     max_id: u64,
     next_seq: u64,
+    /// The regular files named like journal files that were read.
+    seen: BTreeSet<PathBuf>,
+}
+
+/// Whether `bytes` could be the start of a file the journal writes: empty, a prefix of a header
+/// of this layout, or a whole valid header. Only such files are removed when cut short.
+fn starts_like_a_journal_file(bytes: &[u8]) -> bool {
+    if bytes.len() >= HEADER_LEN {
+        return matches!(format::check_header(bytes), HeaderCheck::Valid(_));
+    }
+    // Magic, version and kind are known in advance; first_seq and the checksum are not.
+    let n = bytes.len().min(16);
+    [FileKind::Appended, FileKind::Compacted].into_iter().any(|kind| {
+        let expected = Header { kind, first_seq: 0 }.encode();
+        bytes[..n] == expected[..n]
+    })
+}
+
+/// Reads a file named like a journal file: `None` (with a warning) if it is not a regular file,
+/// which the journal never creates, so nothing it wrote is there; it is left alone.
+fn read_journal_file(plan: &mut Plan, path: &Path) -> Result<Option<Vec<u8>>, JournalError> {
+    const NEXT: &str = "cannot replay the journal";
+    match read_regular_file(path, MAX_FILE_BYTES) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(ReadFileError::NotRegular(what)) => {
+            plan.warnings.push(format!(
+                "ignoring {}: it is {what}, not a file the journal wrote; left in place (move it out of the journal directory)",
+                path.display()
+            ));
+            Ok(None)
+        }
+        Err(ReadFileError::TooLarge { len, max }) => Err(JournalError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            what: format!("it is {len} bytes, more than the {max} bytes of any journal file"),
+            next: "refusing to start; if the file is not the agent's, move it out of the journal directory",
+        }),
+        Err(ReadFileError::Io(error)) => Err(JournalError::io("reading journal file", path, NEXT)(error)),
+    }
+}
+
+fn seq_range(first: u64, last: u64) -> String {
+    if first == last {
+        format!("#{first}")
+    } else {
+        format!("#{first}..=#{last}")
+    }
 }
 
 /// Reads every file and decides what replay returns and what the writer must repair. Reads only.
+/// Refuses ([`JournalError::Inconsistent`]) a journal whose files do not follow one another: a
+/// file missing between two others, files out of order, or the same records twice.
 fn plan(dir: &Path) -> Result<Plan, JournalError> {
-    let Listing { files, tmps } = list_files(dir)?;
+    let Listing { files, tmps, foreign } = list_files(dir)?;
     let mut plan = Plan {
         next_seq: 1,
         max_id: files.last().map_or(0, |(id, _)| *id),
         ..Plan::default()
     };
-    for path in tmps {
+    for path in foreign {
         plan.warnings.push(format!(
-            "removing {}: a compaction or repair was cut short before it took effect",
+            "ignoring {}: named like a journal file, but not as the journal names its files; left in place (move it out of the journal directory)",
             path.display()
         ));
-        plan.actions.push(Action::RemoveTmp { path });
     }
-    const NEXT: &str = "cannot replay the journal";
+    let inconsistent = |what: String| JournalError::Inconsistent {
+        dir: dir.to_path_buf(),
+        what,
+    };
+    for path in tmps {
+        let Some(bytes) = read_journal_file(&mut plan, &path)? else {
+            continue;
+        };
+        if starts_like_a_journal_file(&bytes) {
+            plan.warnings.push(format!(
+                "removing {}: a compaction or repair was cut short before it took effect",
+                path.display()
+            ));
+            plan.actions.push(Action::RemoveTmp { path });
+        } else {
+            plan.warnings.push(format!(
+                "moving {} to {DAMAGED_DIR}/: named like a journal temporary file, but the journal did not write it",
+                path.display()
+            ));
+            plan.actions.push(Action::MoveDamaged { path });
+        }
+    }
     let mut contents = Vec::with_capacity(files.len());
     for (id, path) in files {
-        let bytes = fs::read(&path).map_err(JournalError::io("reading journal file", &path, NEXT))?;
+        let Some(bytes) = read_journal_file(&mut plan, &path)? else {
+            continue;
+        };
         let check = format::check_header(&bytes);
         if let HeaderCheck::NewerFormat(found) = check {
             return Err(JournalError::NewerFormat { path, found });
         }
+        plan.seen.insert(path.clone());
         contents.push((id, path, bytes, check));
     }
-    // A compacted file supersedes every older file.
+    // A compacted file supersedes every older file. The journal removes those after the
+    // compaction is durable; any still here (cleanup cut short, or put here by someone) are kept
+    // in damaged/, never deleted. One created after the compaction cannot be superseded by it.
     if let Some(pos) = contents
         .iter()
         .rposition(|(_, _, _, c)| matches!(c, HeaderCheck::Valid(h) if h.kind == FileKind::Compacted))
     {
+        let (compacted, compacted_header) = match &contents[pos] {
+            (_, path, _, HeaderCheck::Valid(h)) => (path.clone(), *h),
+            _ => unreachable!("found above"),
+        };
+        for (_, path, _, check) in &contents[..pos] {
+            if let HeaderCheck::Valid(h) = check
+                && h.first_seq > compacted_header.first_seq
+            {
+                return Err(inconsistent(format!(
+                    "{} starts at #{}, after #{} where the compaction {} starts, yet sorts before it: the compaction cannot have superseded it (files renamed, copied or restored)",
+                    path.display(),
+                    h.first_seq,
+                    compacted_header.first_seq,
+                    compacted.display()
+                )));
+            }
+        }
         for (_, path, _, _) in contents.drain(..pos) {
             plan.warnings.push(format!(
-                "removing {}: superseded by a compaction whose cleanup was cut short",
-                path.display()
+                "moving {} to {DAMAGED_DIR}/: superseded by the compaction {} (its cleanup was cut short, or the file was put here); the journal no longer reads it",
+                path.display(),
+                compacted.display()
             ));
-            plan.actions.push(Action::RemoveSuperseded { path });
+            plan.actions.push(Action::MoveDamaged { path });
         }
     }
+    // Files start where the journal was when it created them, so their first sequence numbers
+    // never go down in id order.
+    let mut previous: Option<(&Path, u64)> = None;
+    for (_, path, _, check) in &contents {
+        let HeaderCheck::Valid(h) = check else { continue };
+        if let Some((before, first)) = previous
+            && h.first_seq < first
+        {
+            return Err(inconsistent(format!(
+                "journal files are out of order: {} starts at #{}, before #{} where {} starts, though it sorts after it (files renamed, copied or restored under other names)",
+                path.display(),
+                h.first_seq,
+                first,
+                before.display()
+            )));
+        }
+        previous = Some((path, h.first_seq));
+    }
     let last_whole = contents.iter().rposition(|(_, _, b, _)| b.len() >= HEADER_LEN);
+    // The valid files read so far, the last one's salvage (if damaged), and files between it and
+    // the next valid one whose header is unreadable.
+    let mut read: Vec<PathBuf> = Vec::new();
+    let mut last_salvage: Option<usize> = None;
+    let mut unreadable: Vec<PathBuf> = Vec::new();
     for (index, (_, path, bytes, check)) in contents.into_iter().enumerate() {
         let header = match check {
             HeaderCheck::Valid(header) => header,
-            HeaderCheck::TooShort => {
+            HeaderCheck::TooShort if starts_like_a_journal_file(&bytes) => {
                 plan.warnings.push(format!(
                     "removing {}: its creation was cut short ({} byte(s), no record)",
                     path.display(),
@@ -532,25 +844,89 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
                 plan.actions.push(Action::RemoveEmpty { path });
                 continue;
             }
+            HeaderCheck::TooShort => {
+                plan.warnings.push(format!(
+                    "moving {} to {DAMAGED_DIR}/: {} byte(s) that are not the start of a journal file; the journal did not write it",
+                    path.display(),
+                    bytes.len()
+                ));
+                plan.actions.push(Action::MoveDamaged { path: path.clone() });
+                unreadable.push(path);
+                continue;
+            }
             HeaderCheck::Invalid(what) => {
                 plan.warnings.push(format!(
                     "moving {} to {DAMAGED_DIR}/: unreadable header ({what}); it holds no readable record",
                     path.display()
                 ));
-                plan.actions.push(Action::MoveDamaged { path });
+                plan.actions.push(Action::MoveDamaged { path: path.clone() });
+                unreadable.push(path);
                 continue;
             }
             HeaderCheck::NewerFormat(_) => unreachable!("refused above"),
         };
+        // A file created later than the records so far: the records in between were acknowledged
+        // (the journal moved past them) and must be in an earlier file.
+        if header.kind == FileKind::Appended && header.first_seq > plan.next_seq {
+            let (first, last) = (plan.next_seq, header.first_seq - 1);
+            // An unreadable file in between may have held them: then it is not known to be the damage.
+            match last_salvage.filter(|_| unreadable.is_empty()) {
+                // Lost to damage already being salvaged (a copy goes to damaged/): say so, and
+                // make the salvage a compaction that records where the sequence continues.
+                Some(at) => {
+                    let Action::Salvage {
+                        path: damaged,
+                        header: salvage_header,
+                        records,
+                        supersedes,
+                    } = &mut plan.actions[at]
+                    else {
+                        unreachable!("last_salvage indexes a salvage")
+                    };
+                    plan.warnings.push(format!(
+                        "records {} were in the damaged part of {} and are lost (the file as it was is kept in {DAMAGED_DIR}/); check the builds they concerned by hand",
+                        seq_range(first, last),
+                        damaged.display()
+                    ));
+                    *salvage_header = Header {
+                        kind: FileKind::Compacted,
+                        first_seq: header.first_seq,
+                    };
+                    *records = plan.records.clone();
+                    *supersedes = read[..read.len() - 1].to_vec();
+                    plan.next_seq = header.first_seq;
+                }
+                None => {
+                    let before = match read.last() {
+                        Some(file) => format!("the file before it, {}, ends before them", file.display()),
+                        None => "no journal file before it holds them".to_string(),
+                    };
+                    let between = if unreadable.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({} between them cannot be read and may have held them; left in place)",
+                            unreadable
+                                .iter()
+                                .map(|p| p.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    };
+                    return Err(inconsistent(format!(
+                        "records {} are missing: {} starts at #{} but {before}{between}; a journal file was removed or lost",
+                        seq_range(first, last),
+                        path.display(),
+                        header.first_seq
+                    )));
+                }
+            }
+        }
         // Records at or above this file's first sequence number in older files were never
         // acknowledged: their append failed and the number was given to this file.
+        let mut dropped = Vec::new();
         while plan.records.last().is_some_and(|r| r.seq >= header.first_seq) {
-            let dropped = plan.records.pop().expect("checked");
-            plan.warnings.push(format!(
-                "ignoring record #{} written before {}: its append failed and was never acknowledged",
-                dropped.seq,
-                path.display()
-            ));
+            dropped.push(plan.records.pop().expect("checked"));
         }
         plan.next_seq = plan.next_seq.max(header.first_seq);
         let scan = format::scan(&bytes, header, plan.records.last().map(|r| r.seq));
@@ -562,9 +938,33 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
                 seq,
             });
         }
+        // A failed append's record differs from the one later written under its number (at least
+        // in its time); the very same records twice mean a file was copied.
+        let copies: Vec<u64> = dropped
+            .iter()
+            .filter(|d| scan.records.iter().any(|r| r == *d))
+            .map(|d| d.seq)
+            .collect();
+        if let (Some(low), Some(high)) = (copies.iter().min(), copies.iter().max()) {
+            return Err(inconsistent(format!(
+                "records {} appear twice, identically, in {} and in an older file: a journal file was copied or restored next to the original",
+                seq_range(*low, *high),
+                path.display()
+            )));
+        }
+        for d in dropped.iter().rev() {
+            plan.warnings.push(format!(
+                "ignoring record #{} written before {}: its append failed and was never acknowledged",
+                d.seq,
+                path.display()
+            ));
+        }
         if let Some(last) = scan.records.last() {
             plan.next_seq = plan.next_seq.max(last.seq + 1);
         }
+        read.push(path.clone());
+        unreadable.clear();
+        last_salvage = None;
         let is_last = Some(index) == last_whole;
         match (scan.damage.is_empty(), scan.torn_at) {
             (true, None) => {}
@@ -591,10 +991,12 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
                     what.join("; "),
                     scan.records.len()
                 ));
+                last_salvage = Some(plan.actions.len());
                 plan.actions.push(Action::Salvage {
                     path: path.clone(),
                     header,
                     records: scan.records.clone(),
+                    supersedes: Vec::new(),
                 });
             }
         }
@@ -607,7 +1009,7 @@ fn plan(dir: &Path) -> Result<Plan, JournalError> {
 fn repair(dir: &Path, action: &Action) -> Result<(), JournalError> {
     const NEXT: &str = "refusing to start with a journal that could not be repaired";
     match action {
-        Action::RemoveTmp { path } | Action::RemoveSuperseded { path } | Action::RemoveEmpty { path } => {
+        Action::RemoveTmp { path } | Action::RemoveEmpty { path } => {
             fs::remove_file(path).map_err(JournalError::io("removing", path, NEXT))?;
             sync_dir(dir).map_err(JournalError::io("syncing journal directory", dir, NEXT))?;
         }
@@ -619,17 +1021,22 @@ fn repair(dir: &Path, action: &Action) -> Result<(), JournalError> {
             sync_dir(dir).map_err(JournalError::io("syncing journal directory", dir, NEXT))?;
         }
         Action::Truncate { path, at } => {
-            let file = OpenOptions::new().write(true).open(path).map_err(JournalError::io(
-                "opening for truncation",
-                path,
-                NEXT,
-            ))?;
+            let file = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)
+                .map_err(JournalError::io("opening for truncation", path, NEXT))?;
             file.set_len(*at)
                 .map_err(JournalError::io(format!("truncating at offset {at}"), path, NEXT))?;
             file.sync_all()
                 .map_err(JournalError::io("syncing after truncation", path, NEXT))?;
         }
-        Action::Salvage { path, header, records } => {
+        Action::Salvage {
+            path,
+            header,
+            records,
+            supersedes,
+        } => {
             copy_to_damaged(dir, path)?;
             let mut buf = header.encode().to_vec();
             for record in records {
@@ -641,15 +1048,25 @@ fn repair(dir: &Path, action: &Action) -> Result<(), JournalError> {
                 })?;
             }
             let tmp = path.with_extension("journal.tmp");
+            // Never written through whatever sits at the name (a planted link): removed, then
+            // created exclusively.
+            let _ = fs::remove_file(&tmp);
             let mut file = OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(JournalError::io("creating", &tmp, NEXT))?;
             write_and_sync(&mut file, &buf).map_err(JournalError::io("writing", &tmp, NEXT))?;
             fs::rename(&tmp, path).map_err(JournalError::io("renaming repaired file over", path, NEXT))?;
             sync_dir(dir).map_err(JournalError::io("syncing journal directory", dir, NEXT))?;
+            // Every record of these is in the replacement, which is durable now.
+            for old in supersedes {
+                fs::remove_file(old).map_err(JournalError::io("removing superseded", old, NEXT))?;
+            }
+            if !supersedes.is_empty() {
+                sync_dir(dir).map_err(JournalError::io("syncing journal directory", dir, NEXT))?;
+            }
         }
     }
     Ok(())
@@ -673,7 +1090,8 @@ fn unique_in(damaged: &Path, path: &Path) -> PathBuf {
         .unwrap_or_default();
     let mut target = damaged.join(&name);
     let mut n = 1;
-    while target.exists() {
+    // symlink_metadata: a dangling link there counts as taken (a copy must not go through it).
+    while target.symlink_metadata().is_ok() {
         target = damaged.join(format!("{name}.{n}"));
         n += 1;
     }

@@ -13,11 +13,13 @@
 //! A reader refuses a newer version instead of guessing: the watchdog must never delete a VM on
 //! the strength of a file it does not understand.
 
+use crate::files::{ReadFileError, read_regular_file};
 use crate::names::check_vm_name;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The format version this crate writes and the only one it reads.
@@ -28,6 +30,10 @@ pub const DEADLINES_DIR: &str = "deadlines";
 
 /// Extension of a deadline file.
 const EXTENSION: &str = ".json";
+
+/// The largest deadline file read. The agent writes a few hundred bytes; anything far larger was
+/// not written by it and is refused unread.
+pub const MAX_DEADLINE_FILE_BYTES: u64 = 64 << 10;
 
 /// When one VM must be gone, and whose it is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +100,19 @@ pub enum DeadlineFileError {
     /// The file could not be read.
     #[error("reading deadline file {path}: {source}; it is skipped")]
     Read { path: PathBuf, source: io::Error },
+
+    /// Not a regular file (a FIFO, a symbolic link, a directory, a device): the agent writes only
+    /// regular files, and reading anything else could block or never end.
+    #[error(
+        "deadline file {path} is {what}, not a regular file the agent wrote; it is skipped unread and no VM is touched because of it (remove it)"
+    )]
+    NotRegular { path: PathBuf, what: &'static str },
+
+    /// Far larger than any deadline file the agent writes.
+    #[error(
+        "deadline file {path} is {len} bytes, more than the {MAX_DEADLINE_FILE_BYTES} bytes a deadline file can be; it is skipped unread and no VM is touched because of it (remove it)"
+    )]
+    TooLarge { path: PathBuf, len: u64 },
 
     /// The content is not JSON of the expected shape.
     #[error("deadline file {path} is malformed: {source}; it is skipped and its VM is not touched")]
@@ -184,11 +203,18 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<DeadlineFile, DeadlineFileErr
     Ok(file)
 }
 
-/// Reads one deadline file and checks that it is named after the VM it describes.
+/// Reads one deadline file and checks that it is named after the VM it describes. Only a regular
+/// file of at most [`MAX_DEADLINE_FILE_BYTES`] is read, never through a symbolic link and never
+/// blocking (`tartan_api::files`): whatever else sits in the folder is refused at once.
 pub fn read_deadline_file(path: &Path) -> Result<DeadlineFile, DeadlineFileError> {
-    let bytes = fs::read(path).map_err(|source| DeadlineFileError::Read {
-        path: path.to_path_buf(),
-        source,
+    let path_buf = || path.to_path_buf();
+    let bytes = read_regular_file(path, MAX_DEADLINE_FILE_BYTES).map_err(|e| match e {
+        ReadFileError::Io(source) => DeadlineFileError::Read {
+            path: path_buf(),
+            source,
+        },
+        ReadFileError::NotRegular(what) => DeadlineFileError::NotRegular { path: path_buf(), what },
+        ReadFileError::TooLarge { len, .. } => DeadlineFileError::TooLarge { path: path_buf(), len },
     })?;
     let file = decode(path, &bytes)?;
     let expected = deadline_file_name(&file.vm);
@@ -214,11 +240,15 @@ pub fn write_deadline_file(dir: &Path, file: &DeadlineFile) -> Result<PathBuf, D
         move |source| DeadlineFileError::Write { path, step, source }
     };
     fs::create_dir_all(dir).map_err(fail("creating the directory"))?;
+    // Whatever sits at the temp name is not followed or written through: a stale temp file is
+    // removed (a planted symlink with it), and the new one is created exclusively, which refuses
+    // a symlink or anything recreated there meanwhile.
+    let _ = fs::remove_file(&temp);
     let written = (|| {
         let mut out = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&temp)
             .map_err(fail("creating the temp file"))?;
         out.write_all(&bytes).map_err(fail("writing the temp file"))?;
@@ -462,6 +492,21 @@ mod tests {
     }
 
     #[test]
+    fn a_symlink_planted_at_the_temp_name_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("authorized_keys");
+        fs::write(&victim, b"precious").unwrap();
+        let file = sample("mb-ci-b-0000abcd");
+        std::os::unix::fs::symlink(&victim, dir.path().join(temp_file_name(&file.vm))).unwrap();
+        let path = write_deadline_file(dir.path(), &file).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert!(!path.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(read_deadline_file(&path).unwrap(), file);
+        assert_eq!(names_in(dir.path()), vec!["mb-ci-b-0000abcd.json"]);
+    }
+
+    #[test]
     fn remove_reports_whether_a_file_was_there() {
         let dir = tempfile::tempdir().unwrap();
         write_deadline_file(dir.path(), &sample("mb-ci-b-0000abcd")).unwrap();
@@ -502,6 +547,46 @@ mod tests {
             matches!(bad[1], (ref n, DeadlineFileError::UnsupportedVersion { .. }) if n == "mb-ci-e-0000000e.json")
         );
         assert!(matches!(bad[2], (ref n, DeadlineFileError::WrongVm { .. }) if n == "mb-ci-f-0000000f.json"));
+    }
+
+    #[test]
+    fn special_links_and_huge_files_are_refused_unread_and_do_not_hide_good_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let good = sample("mb-ci-a-0000000a");
+        write_deadline_file(dir.path(), &good).unwrap();
+        let fifo = dir.path().join("mb-ci-b-0000000b.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("mb-ci-c-0000000c.json")).unwrap();
+        // A valid file for its name, but reached through a link to outside the folder.
+        let elsewhere = write_deadline_file(outside.path(), &sample("mb-ci-d-0000000d")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("mb-ci-d-0000000d.json")).unwrap();
+        File::create(dir.path().join("mb-ci-e-0000000e.json"))
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+
+        let (files, bad) = read_deadline_dir(dir.path()).unwrap();
+        assert_eq!(files, vec![good]);
+        let kinds: Vec<String> = bad
+            .iter()
+            .map(|b| match &b.error {
+                DeadlineFileError::NotRegular { what, .. } => what.to_string(),
+                DeadlineFileError::TooLarge { len, .. } => format!("{len} bytes"),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec!["a FIFO", "a symbolic link", "a symbolic link", "1073741824 bytes"]
+        );
+        let text = bad[0].error.to_string();
+        assert!(
+            text.contains("mb-ci-b-0000000b.json") && text.contains("not a regular file"),
+            "{text}"
+        );
     }
 
     #[test]

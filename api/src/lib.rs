@@ -8,6 +8,7 @@ pub mod condition;
 pub mod crd;
 pub mod deadline;
 pub mod destination;
+pub mod files;
 pub mod names;
 pub mod text;
 pub mod vocab;

@@ -310,7 +310,9 @@ fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
     picture.listing = listing;
 }
 
+/// Called once per version of a bad file (the rescan reads a file again only when it changes).
 fn bad_file(record: &Record, vm: &str, deadline: Option<Timestamp>, detail: String) {
+    tracing::warn!(vm, "bad deadline file: {detail}");
     let line = Line::new(Timestamp::now(), vm, deadline, Action::BadDeadlineFile, detail);
     if let Err(e) = record.append(&line) {
         tracing::error!(vm, "{e}");

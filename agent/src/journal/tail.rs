@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use tartan_api::files::{ReadFileError, open_regular_file};
 
 /// At most this many bytes are read per file per [`Tail::poll`] (always more than one frame).
 const CHUNK_BYTES: usize = 4 << 20;
@@ -68,7 +69,7 @@ impl Tail {
                 let Some((id, path)) = files.iter().find(|(id, _)| after.is_none_or(|a| *id > a)).cloned() else {
                     return Ok(out);
                 };
-                match File::open(&path) {
+                match open_regular_file(&path) {
                     Ok(file) => {
                         self.cursor = Some(Cursor {
                             id,
@@ -79,11 +80,19 @@ impl Tail {
                         })
                     }
                     // Removed by a compaction between listing and opening: list again.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    Err(ReadFileError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
                         self.done = Some(id);
                         continue;
                     }
-                    Err(error) => {
+                    // The journal writes only regular files: whatever else is named like one (a
+                    // FIFO would block, a link could lead anywhere) holds nothing of it.
+                    Err(ReadFileError::NotRegular(what)) => {
+                        tracing::warn!("skipping {}: it is {what}, not a journal file", path.display());
+                        self.done = Some(id);
+                        continue;
+                    }
+                    Err(ReadFileError::TooLarge { .. }) => unreachable!("open_regular_file reads nothing"),
+                    Err(ReadFileError::Io(error)) => {
                         return Err(JournalError::Io {
                             action: "opening journal file".into(),
                             path,

@@ -218,6 +218,20 @@ fn a_torn_end_of_a_file_that_is_not_the_last_counts_as_damage() {
         "{:?}",
         o.replay.warnings
     );
+    assert!(
+        o.replay
+            .warnings
+            .iter()
+            .any(|w| w.contains("records #3 were in the damaged part")),
+        "{:?}",
+        o.replay.warnings
+    );
+    drop(o);
+    // The known loss is not mistaken for a missing file at the next open.
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 4, 5]);
+    assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
+    assert_eq!(damaged_files(state).len(), 1);
 }
 
 #[test]
@@ -359,11 +373,20 @@ fn a_compaction_cut_short_is_finished_on_open() {
     // later compaction's write.
     fs::write(&old, &old_bytes).unwrap();
     let tmp = state.join(JOURNAL_DIR).join(format!("{:020}{TMP_SUFFIX}", 99));
-    fs::write(&tmp, b"partial").unwrap();
+    let partial = Header {
+        kind: FileKind::Compacted,
+        first_seq: 5,
+    }
+    .encode();
+    fs::write(&tmp, &partial[..20]).unwrap();
     let o = open(state);
     assert_eq!(seqs(&o.replay.records), vec![3, 4]);
     assert!(!old.exists() && !tmp.exists());
     assert_eq!(o.replay.warnings.len(), 2, "{:?}", o.replay.warnings);
+    // The journal cannot tell its own leftover from a file put there: kept, never deleted.
+    let damaged = damaged_files(state);
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    assert_eq!(fs::read(&damaged[0]).unwrap(), old_bytes);
 }
 
 #[test]
@@ -431,4 +454,85 @@ fn a_batch_is_numbered_in_order_and_durable_as_a_whole() {
     let o = open(state);
     assert_eq!(seqs(&o.replay.records), (1..7).collect::<Vec<_>>());
     assert_eq!(o.replay.records[3].detail, "b2");
+}
+
+#[test]
+fn probes_back_off_exponentially_to_a_cap() {
+    let waits: Vec<u64> = [1, 2, 3, 4, 6, 7, 8, 40, u32::MAX]
+        .into_iter()
+        .map(|n| probe_backoff(n).as_secs())
+        .collect();
+    assert_eq!(waits, vec![1, 2, 4, 8, 32, 60, 60, 60, 60]);
+}
+
+#[test]
+fn only_empty_files_and_header_prefixes_look_like_the_journal_s_own() {
+    let header = Header {
+        kind: FileKind::Compacted,
+        first_seq: 77,
+    }
+    .encode();
+    for n in 0..=HEADER_LEN {
+        assert!(starts_like_a_journal_file(&header[..n]), "prefix of {n} bytes");
+    }
+    assert!(!starts_like_a_journal_file(b"TRTNJRNX"));
+    assert!(!starts_like_a_journal_file(&[7u8; 20]));
+    let mut other_kind = header;
+    other_kind[12] = 9;
+    assert!(!starts_like_a_journal_file(&other_kind[..14]));
+}
+
+#[test]
+fn an_unwritable_journal_fails_without_burning_file_ids_and_recovers_by_a_backed_off_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    // Every append rotates, so every append has to create a file.
+    let mut o = open_with(state, 1).unwrap();
+    append_n(&mut o.journal, 2, "before");
+    let health = o.journal.health();
+    assert!(health.failing().is_none() && o.journal.writable());
+    // Even root cannot create files in a directory that is a regular file now.
+    let jdir = state.join(JOURNAL_DIR);
+    let away = state.join("journal.away");
+    fs::rename(&jdir, &away).unwrap();
+    fs::write(&jdir, b"not a directory").unwrap();
+    let id_before = o.journal.next_file_id;
+    for n in 1..=5u32 {
+        let err = o
+            .journal
+            .append(&mut draft(1, AttemptState::Collecting, "lost"))
+            .unwrap_err();
+        assert!(err.to_string().contains("must not be acted on"), "{err}");
+        let failing = health.failing().expect("failing after a failed append");
+        assert_eq!(failing.failures, n);
+        assert_eq!(failing.error, err.to_string());
+    }
+    assert_eq!(o.journal.next_file_id, id_before, "no file was created, no id used up");
+    assert_eq!(o.journal.next_seq(), 3);
+    // Within the back-off the disk is not touched again.
+    assert!(!o.journal.writable());
+    assert_eq!(health.failing().unwrap().failures, 5);
+    // Its time has come but the directory is still broken: one more failure, a longer wait.
+    o.journal.probe_at = Some(Instant::now());
+    assert!(!o.journal.writable());
+    assert_eq!(health.failing().unwrap().failures, 6);
+    let wait = o.journal.probe_at.unwrap() - Instant::now();
+    assert!(wait > probe_backoff(5) && wait <= probe_backoff(6), "{wait:?}");
+
+    fs::remove_file(&jdir).unwrap();
+    fs::rename(&away, &jdir).unwrap();
+    assert!(!o.journal.writable(), "not before the back-off ends");
+    o.journal.probe_at = Some(Instant::now());
+    assert!(o.journal.writable());
+    assert!(health.failing().is_none());
+    assert_eq!(
+        o.journal
+            .append(&mut draft(1, AttemptState::Collecting, "kept"))
+            .unwrap(),
+        3
+    );
+    drop(o);
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1, 2, 3]);
+    assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
 }

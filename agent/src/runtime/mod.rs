@@ -204,7 +204,15 @@ async fn resolve_unknown_vms(shared: &Shared) {
 
 /// One look at every MacBuild: withdraw what asks for it, claim what matches.
 async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
-    resolve_unknown_vms(shared).await;
+    // Claims and unknown-VM resolutions begin with a journal write: none while the journal fails
+    // (it retries the disk with backoff here; withdrawals still go out).
+    let writable = {
+        let mut core = shared.core.lock().await;
+        tokio::task::block_in_place(|| core.journal.writable())
+    };
+    if writable {
+        resolve_unknown_vms(shared).await;
+    }
     let mut order: Vec<&Arc<MacBuild>> = builds.iter().collect();
     // Oldest first: the queue is fair.
     order.sort_by(|a, b| {
@@ -230,6 +238,7 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
             }
         }
         if !slots_left
+            || !writable
             || claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_err()
             || !lease.can_claim()
         {

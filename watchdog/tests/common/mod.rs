@@ -231,6 +231,25 @@ impl Host {
         }
     }
 
+    /// Sends SIGTERM to a process this host started and waits (failing the test after `limit`)
+    /// for it to exit; returns its exit status.
+    pub async fn terminate(&mut self, pid: u32, limit: Duration) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let child = self
+            .others
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .expect("a process started by this host");
+        wait_for(&format!("process {pid} to exit after SIGTERM"), limit, || {
+            child.try_wait().unwrap()
+        })
+        .await
+    }
+
     /// Waits (bounded) until the watchdog process has opened its record, i.e. it is running.
     pub async fn wait_watchdog_started(&self) {
         let path = self.record_path();
