@@ -441,6 +441,32 @@ async fn cancellation_during_a_slow_clone_kills_the_clone_at_once() {
     assert!(!rig.deadline_file(&exec.attempt().vm).exists());
 }
 
+/// The journal fails once the guest is running (a full disk): the attempt stops where the
+/// journal left it, but its VM is stopped and deleted anyway instead of running until the
+/// watchdog's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_fails_mid_build_still_gets_the_vm_deleted() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "full-disk", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    // Requested is the caller's; Admitted, Booting and Running are written, Collecting fails.
+    let mut journal = MemJournal {
+        fail_after: Some(3),
+        ..MemJournal::new()
+    };
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .expect("drive ends");
+    assert!(matches!(end, Err(DriveError::Journal { .. })), "{end:?}");
+    assert_eq!(journal.states().last(), Some(&S::Running), "{:#?}", journal.lines());
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+    assert!(
+        rig.tart.client_pids(&vm).unwrap().is_empty(),
+        "no tart process of {vm} is left"
+    );
+}
+
 /// A clone that hangs until the host deadline: no VM ever existed, so the watchdog cannot have
 /// deleted it — the attempt fails `DeadlinePassed` (not `WatchdogDeadline`), and the hung tart
 /// clone is killed, not left running.

@@ -91,14 +91,29 @@ pub async fn drive(
             attempt: attempt.key().to_string(),
             refusal,
         })?;
-        let record = hooks
-            .journal(attempt, &t, &exec.results())
-            .await
-            .map_err(|error| DriveError::Journal {
-                attempt: attempt.key().to_string(),
-                transition: format!("{:?} -> {}", t.from, t.to),
-                error,
-            })?;
+        let record = match hooks.journal(attempt, &t, &exec.results()).await {
+            Ok(record) => record,
+            Err(error) => {
+                if attempt.state.may_have_vm() {
+                    // Nothing more can be recorded, but a VM left running would hold the Mac until
+                    // the watchdog's deadline: stop and delete it anyway. Leaving that unrecorded
+                    // is safe — recovery finds the VM absent and retires the attempt as
+                    // interrupted, as after a crash.
+                    let done = exec
+                        .perform(&Action::StopAndDeleteVm {
+                            vm: attempt.vm.clone(),
+                            context: machine::DeleteContext::Normal,
+                        })
+                        .await;
+                    tracing::warn!(attempt = %attempt.key(), ?done, "journal failed; the VM is stopped and deleted anyway");
+                }
+                return Err(DriveError::Journal {
+                    attempt: attempt.key().to_string(),
+                    transition: format!("{:?} -> {}", t.from, t.to),
+                    error,
+                });
+            }
+        };
         attempt.observe(&record);
         let mut next = None;
         for action in &t.actions {

@@ -158,6 +158,8 @@ pub struct MemJournal {
     pub other_actions: Arc<Mutex<Vec<Action>>>,
     #[allow(clippy::type_complexity)]
     pub on_record: Arc<dyn Fn(&Record) + Send + Sync>,
+    /// Once this many records are written, every further write fails (a journal gone bad).
+    pub fail_after: Option<usize>,
 }
 
 impl MemJournal {
@@ -166,6 +168,7 @@ impl MemJournal {
             records: Default::default(),
             other_actions: Default::default(),
             on_record: Arc::new(|_| {}),
+            fail_after: None,
         }
     }
 
@@ -201,11 +204,16 @@ impl AttemptHooks for MemJournal {
         _results: &tartan_api::BuildResults,
     ) -> impl std::future::Future<Output = Result<Record, String>> + Send {
         let mut records = self.records.lock().unwrap();
+        if self.fail_after.is_some_and(|n| records.len() >= n) {
+            return futures::future::Either::Left(async {
+                Err("journal write failed: No space left on device".to_string())
+            });
+        }
         let r = attempt.record(t, records.len() as u64 + 1);
         records.push(r.clone());
         drop(records);
         (self.on_record)(&r);
-        async move { Ok(r) }
+        futures::future::Either::Right(async move { Ok(r) })
     }
 
     fn act(&mut self, _attempt: &Attempt, action: &Action) -> impl std::future::Future<Output = Option<Event>> + Send {
