@@ -1,7 +1,7 @@
 //! Tartan's end-to-end harness: it starts and owns real processes (the Kubernetes API emulator or
 //! a real cluster, `tartan-controller run`, `tartan-agent run`, `tartan-agent watchdog`, with
 //! `tart-double` as tart), injects faults (signals, deny rules, failing deletes), reads the facts
-//! (journal, watchdog record, cluster objects, VMs) and checks DESIGN.md's seven invariants at the
+//! (journal, watchdog record, cluster objects, VMs) and checks DESIGN.md's invariants (and issue 11's) at the
 //! end of every scenario.
 //!
 //! Every wait is on an observable fact with a bound, and every process started here is killed
