@@ -164,6 +164,25 @@ spec:
         }
     }
 
+    /// Replaces the parts of the emulator's faults given in `update` (`POST /emulator/faults`:
+    /// `availability` + `forMs`, `latencyMs`, `watchesStalled`, `deny`). Emulator only: a real
+    /// cluster cannot be made to fail on purpose, so this panics there.
+    pub fn emulator_faults(&self, update: &Value) {
+        match self {
+            Cluster::Emulator { url, .. } => emulator_post(url, "/emulator/faults", update),
+            Cluster::Real { .. } => panic!("API faults {update} need the emulator (unset KUBECONFIG)"),
+        }
+    }
+
+    /// Drops the emulator's watch history: a watch resumed from an older resourceVersion gets
+    /// `410 Gone` and its client relists. Emulator only.
+    pub fn compact_watch_history(&self) {
+        match self {
+            Cluster::Emulator { url, .. } => emulator_post(url, "/emulator/compact", &json!({})),
+            Cluster::Real { .. } => panic!("watch history compaction needs the emulator (unset KUBECONFIG)"),
+        }
+    }
+
     /// Creates `namespace` (a fresh one per stack).
     pub async fn create_namespace(&self, client: &kube::Client, namespace: &str) {
         let api: Api<Namespace> = Api::all(client.clone());

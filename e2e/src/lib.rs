@@ -8,6 +8,7 @@
 //! (whole process group) when its owner is dropped, also on panic.
 
 pub mod bins;
+pub mod chaos;
 pub mod cluster;
 pub mod invariants;
 pub mod process;

@@ -398,6 +398,13 @@ watchdog_grace = "{wg}"
     /// Starts (or restarts) `tartan-agent run --config` and waits until it renews its Lease.
     pub async fn start_agent(&mut self, id: &str) {
         let started = k8s_openapi::jiff::Timestamp::now();
+        self.spawn_agent(id);
+        self.wait_lease_renewed(id, started).await;
+    }
+
+    /// Starts (or restarts) `tartan-agent run --config` without waiting for anything (the API
+    /// may be down: the chaos runner restarts agents in the middle of outages).
+    pub fn spawn_agent(&mut self, id: &str) {
         // The agent compacts finished builds away as it starts: keep what the files hold now.
         self.journal(id);
         let a = self.agent_mut(id);
@@ -412,6 +419,9 @@ watchdog_grace = "{wg}"
             .env("RUST_LOG", "info");
         let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
         a.proc = Some(Proc::spawn(&format!("tartan-agent {id}"), cmd, &log));
+    }
+
+    async fn wait_lease_renewed(&self, id: &str, started: k8s_openapi::jiff::Timestamp) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         let name = format!("tartan-agent-{id}");
         let limit = Duration::from_secs(30);
@@ -466,6 +476,73 @@ watchdog_grace = "{wg}"
         let p = self.agent(id).proc.as_ref().expect("agent running");
         p.signal(Signal::SIGCONT);
         eprintln!("[e2e] SIGCONT agent {id} pid {}", p.pid());
+    }
+
+    /// The ids of the registered agents.
+    pub fn agent_ids(&self) -> Vec<String> {
+        self.agents.keys().cloned().collect()
+    }
+
+    /// Whether the agent was started and not killed by the harness (it may have exited).
+    pub fn agent_started(&self, id: &str) -> bool {
+        self.agent(id).proc.is_some()
+    }
+
+    /// Whether the controller was started and not killed by the harness.
+    pub fn controller_started(&self) -> bool {
+        self.controller.is_some()
+    }
+
+    /// Whether the controller process is running (it may have exited on its own).
+    pub fn controller_alive(&mut self) -> bool {
+        self.controller.as_mut().is_some_and(|p| p.alive())
+    }
+
+    /// Whether agent `id`'s watchdog process is running.
+    pub fn watchdog_alive(&mut self, id: &str) -> bool {
+        self.agent_mut(id).watchdog.as_mut().is_some_and(|p| p.alive())
+    }
+
+    /// The logs of every process the stack started for agent `id` (agent runs and watchdogs).
+    pub fn agent_logs(&self, id: &str) -> Vec<PathBuf> {
+        let a = self.agent(id);
+        a.proc
+            .iter()
+            .chain(a.watchdog.iter())
+            .chain(a.dead.iter())
+            .map(|p| p.log().to_path_buf())
+            .collect()
+    }
+
+    /// Moves an agent process that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_agent(&mut self, id: &str) {
+        let a = self.agent_mut(id);
+        if let Some(p) = a.proc.take() {
+            a.dead.push(p);
+        }
+    }
+
+    /// Moves a watchdog that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_watchdog(&mut self, id: &str) {
+        let a = self.agent_mut(id);
+        if let Some(p) = a.watchdog.take() {
+            a.dead.push(p);
+        }
+    }
+
+    /// Moves a controller that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_controller(&mut self) {
+        if let Some(p) = self.controller.take() {
+            self.dead.push(p);
+        }
+    }
+
+    /// Keeps the stack's directory when it is dropped (the chaos runner keeps it on failure).
+    pub fn keep_files(&mut self) -> PathBuf {
+        if let Some(t) = self.tempdir.take() {
+            let _ = t.keep();
+        }
+        self.dir.clone()
     }
 
     pub fn agent_alive(&mut self, id: &str) -> bool {
@@ -676,6 +753,19 @@ watchdog_grace = "{wg}"
 
     /// Creates a CustomRun as Tekton does; `timeout` is its `spec.timeout` (Go duration).
     pub async fn create_run(&self, name: &str, params: &[(&str, Value)], timeout: Option<&str>) {
+        self.try_create_run(name, params, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("creating CustomRun {name}: {e}"));
+        eprintln!("[e2e] created CustomRun {name}");
+    }
+
+    /// [`Stack::create_run`], returning the API's error instead of panicking.
+    pub async fn try_create_run(
+        &self,
+        name: &str,
+        params: &[(&str, Value)],
+        timeout: Option<&str>,
+    ) -> Result<(), kube::Error> {
         let params: Vec<Value> = params.iter().map(|(n, v)| json!({"name": n, "value": v})).collect();
         let mut spec = json!({
             "customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
@@ -692,15 +782,18 @@ watchdog_grace = "{wg}"
             "spec": spec,
         }))
         .unwrap();
-        self.customruns()
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap_or_else(|e| panic!("creating CustomRun {name}: {e}"));
-        eprintln!("[e2e] created CustomRun {name}");
+        self.customruns().create(&PostParams::default(), &obj).await.map(|_| ())
     }
 
     /// Tekton's cancel: `spec.status: RunCancelled`.
     pub async fn cancel_run(&self, name: &str) {
+        self.try_cancel_run(name)
+            .await
+            .unwrap_or_else(|e| panic!("cancelling {name}: {e}"));
+    }
+
+    /// [`Stack::cancel_run`], returning the API's error instead of panicking.
+    pub async fn try_cancel_run(&self, name: &str) -> Result<(), kube::Error> {
         self.customruns()
             .patch(
                 name,
@@ -708,14 +801,21 @@ watchdog_grace = "{wg}"
                 &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
             )
             .await
-            .unwrap_or_else(|e| panic!("cancelling {name}: {e}"));
+            .map(|_| ())
     }
 
     pub async fn delete_run(&self, name: &str) {
+        self.try_delete_run(name)
+            .await
+            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+    }
+
+    /// [`Stack::delete_run`], returning the API's error instead of panicking.
+    pub async fn try_delete_run(&self, name: &str) -> Result<(), kube::Error> {
         self.customruns()
             .delete(name, &DeleteParams::background())
             .await
-            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+            .map(|_| ())
     }
 
     pub async fn customrun(&self, name: &str) -> Option<Value> {
