@@ -333,7 +333,9 @@ async fn strike(
                 return skip(log, "in force");
             }
         }
-        Fault::TartSlow { host, clone, delete, .. } => {
+        Fault::TartSlow {
+            host, clone, delete, ..
+        } => {
             let faults = [("clone_delay_secs", json!(clone)), ("delete_delay_secs", json!(delete))];
             if !set_tart(stack, on, *host, &faults) {
                 return skip(log, "in force");
@@ -346,6 +348,11 @@ async fn strike(
         }
         Fault::TartRunDies { host, after, .. } => {
             if !set_tart(stack, on, *host, &[("run_dies_after_secs", json!(after))]) {
+                return skip(log, "in force");
+            }
+        }
+        Fault::TartCloneTmpRace { host, gap, .. } => {
+            if !set_tart(stack, on, *host, &[("clone_tmp_unlocked_secs", json!(gap))]) {
                 return skip(log, "in force");
             }
         }
@@ -430,6 +437,7 @@ async fn lift(stack: &mut Stack, fault: &Fault, on: &mut InForce, log: &mut Log)
         Fault::TartSlow { host, .. } => unset_tart(stack, on, *host, &["clone_delay_secs", "delete_delay_secs"]),
         Fault::TartExecHangs { host, .. } => unset_tart(stack, on, *host, &["exec_hangs"]),
         Fault::TartRunDies { host, .. } => unset_tart(stack, on, *host, &["run_dies_after_secs"]),
+        Fault::TartCloneTmpRace { host, .. } => unset_tart(stack, on, *host, &["clone_tmp_unlocked_secs"]),
         Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } => return,
     }
     log.line(format!("lift: {fault}"));
@@ -541,9 +549,7 @@ async fn wait_healed(
         }
         if last_report.elapsed() >= Duration::from_secs(15) {
             last_report = Instant::now();
-            log.line(format!(
-                "healing: waiting for runs {open:?}; attempts {unretired:?}"
-            ));
+            log.line(format!("healing: waiting for runs {open:?}; attempts {unretired:?}"));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

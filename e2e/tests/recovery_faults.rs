@@ -59,9 +59,12 @@ async fn restarted_agent_resolving_a_quarantine_keeps_the_results() {
     s.start_agent("agent-a").await;
     let resolved = s
         // The quarantine's delete is retried every 30 s (`quarantine_retry`).
-        .wait_journal("agent-a", "Quarantined -> Retired at restart", Duration::from_secs(60), |r| {
-            r.from == Some(AttemptState::Quarantined) && r.to == AttemptState::Retired
-        })
+        .wait_journal(
+            "agent-a",
+            "Quarantined -> Retired at restart",
+            Duration::from_secs(60),
+            |r| r.from == Some(AttemptState::Quarantined) && r.to == AttemptState::Retired,
+        )
         .await;
     eprintln!("[e2e] journaled: {resolved}");
     let run = s
@@ -75,7 +78,8 @@ async fn restarted_agent_resolving_a_quarantine_keeps_the_results() {
         eprintln!("[e2e] checker: {v}");
     }
     assert_eq!(
-        got, want,
+        got,
+        want,
         "the CustomRun's results are those journaled with the outcome ({at}); the resolution journaled {:?}",
         resolved.status.as_ref().map(|st| &st["results"])
     );
@@ -106,7 +110,13 @@ async fn cancelled_while_down_in_quarantine_the_vm_is_deleted_at_restart() {
         || {
             let vms = s.vms("agent-a");
             (!vms.contains(&vm)).then_some(()).ok_or_else(|| {
-                let tail: Vec<String> = s.journal("agent-a").iter().rev().take(6).map(|r| r.to_string()).collect();
+                let tail: Vec<String> = s
+                    .journal("agent-a")
+                    .iter()
+                    .rev()
+                    .take(6)
+                    .map(|r| r.to_string())
+                    .collect();
                 format!("VMs {vms:?}; journal ends (newest first):\n{}", tail.join("\n"))
             })
         },
@@ -119,20 +129,29 @@ async fn cancelled_while_down_in_quarantine_the_vm_is_deleted_at_restart() {
         .await;
     eprintln!("[e2e] journaled: {retired}");
     let run = s.wait_run_ended("build-1", Duration::from_secs(30)).await;
-    eprintln!("[e2e] build-1: {} vmRetirement={:?}", condition_text(&run), result(&run, "vmRetirement"));
-    assert_eq!(result(&run, "vmRetirement"), Some("deleted"), "{}", condition_text(&run));
-    wait_for_async(
-        "the agent's finalizer released",
-        Duration::from_secs(15),
-        || async {
-            match s.macbuild("build-1").await {
-                Some(m) if m["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER)) => {
-                    Err(format!("finalizers {}", m["metadata"]["finalizers"]))
-                }
-                _ => Ok(()),
+    eprintln!(
+        "[e2e] build-1: {} vmRetirement={:?}",
+        condition_text(&run),
+        result(&run, "vmRetirement")
+    );
+    assert_eq!(
+        result(&run, "vmRetirement"),
+        Some("deleted"),
+        "{}",
+        condition_text(&run)
+    );
+    wait_for_async("the agent's finalizer released", Duration::from_secs(15), || async {
+        match s.macbuild("build-1").await {
+            Some(m)
+                if m["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|x| x == FINALIZER)) =>
+            {
+                Err(format!("finalizers {}", m["metadata"]["finalizers"]))
             }
-        },
-    )
+            _ => Ok(()),
+        }
+    })
     .await;
     // The slot is free: the next build runs.
     s.create_run("build-2", &s.build_params(false), None).await;
@@ -184,12 +203,17 @@ async fn finished_build_is_never_claimed_again_from_a_stale_view() {
     s.deny_terminal_status().await;
     s.open_gate();
     let retired = s
-        .wait_journal("agent-a", "build-2 a1 Retired (VMDeleted)", Duration::from_secs(60), |r| {
-            r.build.as_ref().is_some_and(|b| b.name == "build-2")
-                && r.attempt == Some(1)
-                && r.to == AttemptState::Retired
-                && r.reason == Some(Reason::VMDeleted)
-        })
+        .wait_journal(
+            "agent-a",
+            "build-2 a1 Retired (VMDeleted)",
+            Duration::from_secs(60),
+            |r| {
+                r.build.as_ref().is_some_and(|b| b.name == "build-2")
+                    && r.attempt == Some(1)
+                    && r.to == AttemptState::Retired
+                    && r.reason == Some(Reason::VMDeleted)
+            },
+        )
         .await;
     eprintln!("[e2e] journaled: {retired}");
 

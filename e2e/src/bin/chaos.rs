@@ -22,7 +22,7 @@ struct Args {
     /// Minutes over which builds start and faults strike (the healing phase comes after).
     #[arg(long, default_value_t = 1.0)]
     minutes: f64,
-    /// Faults to draw (default: as many as builds).
+    /// Faults to draw (default: 1.5 per build, at least 6).
     #[arg(long)]
     faults: Option<usize>,
     /// Slots per host.
@@ -62,7 +62,7 @@ fn leak(s: String) -> &'static str {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    if args.hosts == 0 || args.builds == 0 || args.slots == 0 || !(args.minutes > 0.0) {
+    if args.hosts == 0 || args.builds == 0 || args.slots == 0 || !args.minutes.is_finite() || args.minutes <= 0.0 {
         eprintln!("chaos: --hosts, --builds, --slots and --minutes must be positive");
         std::process::exit(2);
     }
@@ -79,7 +79,7 @@ async fn main() {
             builds: args.builds,
             hosts: args.hosts,
             window: Duration::from_secs_f64(args.minutes * 60.0),
-            faults: args.faults.unwrap_or(args.builds),
+            faults: args.faults.unwrap_or((args.builds * 3 / 2).max(6)),
         },
         slots: args.slots,
         heal: Duration::from_secs(args.heal_secs),

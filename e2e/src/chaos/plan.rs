@@ -60,11 +60,19 @@ pub enum Fault {
     /// `tart delete` fails on a host for `for_`.
     TartDeleteFails { host: usize, for_: Duration },
     /// `tart clone` and `tart delete` are slow on a host for `for_`.
-    TartSlow { host: usize, clone: f64, delete: f64, for_: Duration },
+    TartSlow {
+        host: usize,
+        clone: f64,
+        delete: f64,
+        for_: Duration,
+    },
     /// `tart exec` hangs on a host for `for_`.
     TartExecHangs { host: usize, for_: Duration },
     /// VMs started on a host during `for_` die `after` seconds into `tart run`.
     TartRunDies { host: usize, after: f64, for_: Duration },
+    /// `tart clone` on a host leaves its temp dir unlocked for `gap` seconds during `for_`: any
+    /// other tart command then deletes it and the clone fails (tart's own window).
+    TartCloneTmpRace { host: usize, gap: f64, for_: Duration },
     /// Tekton cancels a build's CustomRun.
     Cancel { build: usize },
     /// The CustomRun (owner of the MacBuild) is deleted.
@@ -85,7 +93,8 @@ impl Fault {
             | Fault::TartDeleteFails { for_, .. }
             | Fault::TartSlow { for_, .. }
             | Fault::TartExecHangs { for_, .. }
-            | Fault::TartRunDies { for_, .. } => *for_,
+            | Fault::TartRunDies { for_, .. }
+            | Fault::TartCloneTmpRace { for_, .. } => *for_,
             Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } => Duration::ZERO,
         }
     }
@@ -129,9 +138,12 @@ impl fmt::Display for Fault {
                 secs(*for_)
             ),
             Fault::TartExecHangs { host, for_ } => write!(f, "tart exec hangs on {} for {}", h(host), secs(*for_)),
-            Fault::TartRunDies { host, after, for_ } => write!(
+            Fault::TartRunDies { host, after, for_ } => {
+                write!(f, "tart run dies {after:.1}s in on {} for {}", h(host), secs(*for_))
+            }
+            Fault::TartCloneTmpRace { host, gap, for_ } => write!(
                 f,
-                "tart run dies {after:.1}s in on {} for {}",
+                "tart clone leaves its temp dir unlocked {gap:.1}s on {} for {}",
                 h(host),
                 secs(*for_)
             ),
@@ -163,7 +175,7 @@ pub fn build_name(i: usize) -> String {
 }
 
 /// How many kinds [`draw_fault`] draws from.
-pub const FAULT_KINDS: usize = 16;
+pub const FAULT_KINDS: usize = 17;
 
 fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(rng.random_range(lo..=hi))
@@ -226,7 +238,12 @@ fn draw_fault(rng: &mut StdRng, kind: usize, hosts: usize, builds: usize) -> Fau
             after: rng.random_range(0.5..3.0),
             for_: ms(rng, 2000, 8000),
         },
-        14 => Fault::Cancel {
+        14 => Fault::TartCloneTmpRace {
+            host,
+            gap: rng.random_range(0.3..1.5),
+            for_: ms(rng, 3000, 12_000),
+        },
+        15 => Fault::Cancel {
             build: rng.random_range(0..builds),
         },
         _ => Fault::DeleteOwner {
@@ -235,8 +252,9 @@ fn draw_fault(rng: &mut StdRng, kind: usize, hosts: usize, builds: usize) -> Fau
     }
 }
 
-/// The plan for `sizes`: builds start over the first 70 % of the window, one in five with a
-/// short timeout; faults strike at random times in the window, drawn from every kind.
+/// The plan for `sizes`: builds start over the first 70 % of the window, each step sleeping 1-10 s
+/// (so faults find builds in flight), one in five with a short timeout; faults strike at random
+/// times in the window, drawn from every kind.
 pub fn plan(sizes: &Sizes) -> Plan {
     let mut rng = StdRng::seed_from_u64(sizes.seed);
     let window = sizes.window.as_millis().max(1000) as u64;
@@ -246,7 +264,7 @@ pub fn plan(sizes: &Sizes) -> Plan {
         .map(|i| BuildPlan {
             name: build_name(i),
             at: Duration::from_millis(rng.random_range(0..=window * 7 / 10)),
-            step_secs: rng.random_range(0.5..4.0),
+            step_secs: rng.random_range(1.0..10.0),
             timeout: rng.random_bool(0.2).then(|| format!("{}s", rng.random_range(12..30))),
         })
         .collect();
@@ -310,7 +328,12 @@ mod tests {
     fn every_fault_kind_is_drawn() {
         let mut seen = vec![];
         for seed in 0..20 {
-            for f in plan(&Sizes { faults: 40, ..sizes(seed) }).faults {
+            for f in plan(&Sizes {
+                faults: 40,
+                ..sizes(seed)
+            })
+            .faults
+            {
                 let d = discriminant(&f.fault);
                 let kill = matches!(f.fault, Fault::KillAgent { kill: Kill::Alone, .. });
                 if !seen.contains(&(d, kill)) {
@@ -318,7 +341,7 @@ mod tests {
                 }
             }
         }
-        // 15 variants, KillAgent counted once per kill mode.
+        // 16 variants, KillAgent counted once per kill mode.
         assert_eq!(seen.len(), FAULT_KINDS, "{seen:?}");
     }
 }
