@@ -230,9 +230,19 @@ pub async fn run(opts: Options) -> bool {
     failed == 0
 }
 
+/// Each host's whole journal history, one record a line, prefixed with the build's name (the
+/// record's own form names only the attempt).
 fn write_journals(stack: &Stack, hosts: &[String], dir: &std::path::Path) {
     for h in hosts {
-        let _ = std::fs::write(dir.join(format!("journal-{h}.txt")), stack.journal_text(h));
+        let text: String = stack
+            .journal(h)
+            .iter()
+            .map(|r| {
+                let build = r.build.as_ref().map(|b| b.name.as_str()).unwrap_or("-");
+                format!("{} {build} {r}\n", r.time)
+            })
+            .collect();
+        let _ = std::fs::write(dir.join(format!("journal-{h}.txt")), text);
     }
 }
 

@@ -368,10 +368,13 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             if !matches!(reason, "CustomRunTimedOut" | "CustomRunCancelled") {
                 bad("vmRetirement=unconfirmed on a run that neither timed out nor was cancelled".into());
             }
-            // With a live holder, `unconfirmed` is the truth only when the agent's confirmation
-            // could not reach the cluster (issue 6: "unconfirmed when no confirmation came, e.g.
-            // the cluster refuses the agent's status writes"); otherwise the lease must have expired.
-            if world.refused_terminal_status {
+            // With a live holder, `unconfirmed` is the truth only when no confirmation came (issue
+            // 6: "unconfirmed when no confirmation came, e.g. the cluster refuses the agent's
+            // status writes"): the cluster refused it, or the holder had not journaled the VM
+            // deleted when the run ended (a quarantined VM); otherwise the lease must have expired.
+            if world.refused_terminal_status
+                || (message.contains("lease is live") && !deletion_journaled_before_end(world, name, run))
+            {
                 continue;
             }
             if !message.contains("lease expired") {
@@ -419,6 +422,22 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             }
         }
     }
+}
+
+/// Whether some journal confirmed a VM of build `name` deleted (`Retired (VMDeleted|Resolved)`)
+/// no later than the CustomRun's end (unknown end: assumed so, the stricter reading).
+fn deletion_journaled_before_end(world: &World, name: &str, run: &Value) -> bool {
+    let ended = run["status"]["completionTime"]
+        .as_str()
+        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
+        .and_then(|s| s.parse::<Timestamp>().ok());
+    let Some(ended) = ended else { return true };
+    world.agents.iter().flat_map(|a| &a.journal).any(|r| {
+        r.build.as_ref().is_some_and(|b| b.name == name)
+            && confirms_deletion(r)
+            // API stamps have whole seconds.
+            && r.time.as_second() <= ended.as_second()
+    })
 }
 
 /// For `vmRetirement=unconfirmed`: the holder's last renewal (named in the message) was more

@@ -202,6 +202,18 @@ fn unconfirmed_with_a_live_lease_is_true_only_when_the_cluster_refused_the_confi
         "message": "MacBuild did not finish within timeout 5s + 3s grace; VM retirement unconfirmed: agent agent-a lease is live (last renewed 2027-01-15T08:00:25Z) but has not confirmed the VM deleted"});
     w.custom_runs[0]["status"]["results"][1]["value"] = json!("unconfirmed");
     assert!(invariants_broken(&w).contains(&4));
+    // The holder had not deleted the VM when the run ended (quarantined, deleted later): no
+    // confirmation came, so `unconfirmed` is the truth.
+    let mut quarantined = w.clone();
+    for r in &mut quarantined.agents[0].journal {
+        r.time = Timestamp::from_second(1_800_000_000 + 60 + r.seq as i64).unwrap();
+    }
+    quarantined.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T08:00:30Z");
+    assert!(
+        !invariants_broken(&quarantined).contains(&4),
+        "{:#?}",
+        check(&quarantined)
+    );
     w.refused_terminal_status = true;
     assert_eq!(check(&w), vec![]);
 }
