@@ -613,8 +613,7 @@ fn results(world: &World, v: &mut Vec<Violation>) {
             v.push(Violation {
                 invariant: 8,
                 message: format!(
-                    "CustomRun {name} {status}/{reason} shows testsPassed/testsTotal/artifact {got:?} for {attempt}; the journal recorded {want:?} with its outcome (#{} {r})",
-                    r.seq
+                    "CustomRun {name} {status}/{reason} shows testsPassed/testsTotal/artifact {got:?} for {attempt}; the journal recorded {want:?} with its outcome ({r})"
                 ),
             });
         }
