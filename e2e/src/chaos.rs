@@ -505,11 +505,23 @@ fn sample(stack: &mut Stack, hosts: &[String], on: &InForce, slots: u8, f: &mut 
                 vms.join(", ")
             ));
         }
-        if !on.agent_down.contains_key(&i) && stack.agent_started(h) && !stack.agent_alive(h) {
-            let logs = stack.agent_logs(h);
-            let msg = format!("agent {h} exited on its own (logs {logs:?}); restarted");
+        if !on.agent_down.contains_key(&i)
+            && stack.agent_started(h)
+            && let Some(status) = stack.agent_exit_status(h)
+        {
+            let log_file = stack.agent_logs(h).into_iter().next().unwrap_or_default();
+            // An exit with an error code is the agent's documented way out (launchd restarts
+            // it, as the runner does now); a signal or a panic (101) is a crash.
+            let crashed = status.code().is_none_or(|c| c == 101);
+            let msg = format!(
+                "agent {h} exited on its own ({status}{}; log {}); restarted as launchd would",
+                if crashed { ", a crash" } else { "" },
+                log_file.display()
+            );
             log.line(&msg);
-            f.exited.push(msg);
+            if crashed {
+                f.exited.push(msg);
+            }
             stack.forget_exited_agent(h);
             stack.spawn_agent(h);
         }

@@ -488,6 +488,11 @@ watchdog_grace = "{wg}"
         self.agent(id).proc.is_some()
     }
 
+    /// How the agent's process ended, if it has (it may exit on its own).
+    pub fn agent_exit_status(&mut self, id: &str) -> Option<std::process::ExitStatus> {
+        self.agent_mut(id).proc.as_mut().and_then(|p| p.exit_status())
+    }
+
     /// Whether the controller was started and not killed by the harness.
     pub fn controller_started(&self) -> bool {
         self.controller.is_some()
