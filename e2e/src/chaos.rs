@@ -510,9 +510,7 @@ fn sample(stack: &mut Stack, hosts: &[String], on: &InForce, slots: u8, f: &mut 
             && let Some(status) = stack.agent_exit_status(h)
         {
             let log_file = stack.agent_logs(h).into_iter().next().unwrap_or_default();
-            // An exit with an error code is the agent's documented way out (launchd restarts
-            // it, as the runner does now); a signal or a panic (101) is a crash.
-            let crashed = status.code().is_none_or(|c| c == 101);
+            let crashed = crashed(status);
             let msg = format!(
                 "agent {h} exited on its own ({status}{}; log {}); restarted as launchd would",
                 if crashed { ", a crash" } else { "" },
@@ -533,13 +531,29 @@ fn sample(stack: &mut Stack, hosts: &[String], on: &InForce, slots: u8, f: &mut 
             stack.start_watchdog(h);
         }
     }
-    if !on.controller_down && stack.controller_started() && !stack.controller_alive() {
-        let msg = "controller exited on its own; restarted".to_string();
+    if !on.controller_down
+        && stack.controller_started()
+        && let Some(status) = stack.controller_exit_status()
+    {
+        let crashed = crashed(status);
+        let msg = format!(
+            "controller exited on its own ({status}{}); restarted as its Deployment would",
+            if crashed { ", a crash" } else { "" }
+        );
         log.line(&msg);
-        f.exited.push(msg);
+        if crashed {
+            f.exited.push(msg);
+        }
         stack.forget_exited_controller();
         stack.restart_controller();
     }
+}
+
+/// An exit with an error code is the agent's and the controller's documented way out when the
+/// API is unreachable at start (launchd or the Deployment restarts them, as the runner does); a
+/// signal or a panic (101) is a crash.
+fn crashed(status: std::process::ExitStatus) -> bool {
+    status.code().is_none_or(|c| c == 101)
 }
 
 /// Waits (bounded by `opts.heal`) until every CustomRun has ended and every attempt in every

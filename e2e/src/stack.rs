@@ -498,9 +498,9 @@ watchdog_grace = "{wg}"
         self.controller.is_some()
     }
 
-    /// Whether the controller process is running (it may have exited on its own).
-    pub fn controller_alive(&mut self) -> bool {
-        self.controller.as_mut().is_some_and(|p| p.alive())
+    /// How the controller's process ended, if it has (it may exit on its own).
+    pub fn controller_exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.controller.as_mut().and_then(|p| p.exit_status())
     }
 
     /// Whether agent `id`'s watchdog process is running.
