@@ -27,7 +27,9 @@ pub fn macbuild_crd() -> PathBuf {
 pub enum Cluster {
     Emulator {
         proc: Proc,
-        url: String,
+        /// The fault-control endpoints (`/emulator/*`) on their own port, which stays up while
+        /// the API refuses connections.
+        control: String,
         kubeconfig: PathBuf,
     },
     Real {
@@ -50,29 +52,35 @@ impl Cluster {
         let kubeconfig = dir.join("kubeconfig");
         let log = dir.join("kube-emulator.log");
         let mut cmd = Command::new(bin("kube-emulator"));
-        cmd.args(["--port", "0", "--crd"])
+        cmd.args(["--port", "0", "--control-port", "0", "--crd"])
             .arg(macbuild_crd())
             .arg("--crd")
             .arg(tekton_crd())
             .arg("--kubeconfig-out")
             .arg(&kubeconfig);
         let mut proc = Proc::spawn("kube-emulator", cmd, &log);
-        let url = wait_for("kube-emulator to listen", Duration::from_secs(30), || {
+        // The API's own address is in the kubeconfig; the control port is what the harness uses.
+        let control = wait_for("kube-emulator to listen", Duration::from_secs(30), || {
             if !proc.alive() {
                 panic!("kube-emulator exited early:\n{}", proc.log_tail(20));
             }
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let url = text
-                .lines()
-                .find_map(|l| l.strip_prefix("kube-emulator listening on "))
-                .map(|u| u.trim().to_string());
-            match url {
-                Some(u) if kubeconfig.is_file() => Ok(u),
+            let line = |prefix: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(prefix))
+                    .map(|u| u.trim().to_string())
+            };
+            match (line("kube-emulator listening on "), line("kube-emulator control on ")) {
+                (Some(_), Some(c)) if kubeconfig.is_file() => Ok(c),
                 _ => Err(format!("log so far: {text:?}")),
             }
         })
         .await;
-        Cluster::Emulator { proc, url, kubeconfig }
+        Cluster::Emulator {
+            proc,
+            control,
+            kubeconfig,
+        }
     }
 
     pub fn kubeconfig(&self) -> &Path {
@@ -98,7 +106,7 @@ impl Cluster {
     /// ValidatingAdmissionPolicy `mac-ci-deny-terminal-status` did.
     pub async fn deny_terminal_status(&self, namespace: &str) {
         match self {
-            Cluster::Emulator { url, .. } => {
+            Cluster::Emulator { control, .. } => {
                 let rule = json!({
                     "policy": "mac-ci-deny-terminal-status",
                     "operations": ["UPDATE"],
@@ -108,7 +116,7 @@ impl Cluster {
                               "values": ["Succeeded", "Failed", "Cancelled"]}],
                     "reason": "Forbidden",
                 });
-                emulator_post(url, "/emulator/faults", &json!({"deny": [rule]}));
+                emulator_post(control, "/emulator/faults", &json!({"deny": [rule]}));
             }
             Cluster::Real { kubeconfig } => {
                 let policy = format!(
@@ -142,8 +150,8 @@ spec:
     /// Lifts [`Cluster::deny_terminal_status`].
     pub async fn allow_terminal_status(&self, namespace: &str) {
         match self {
-            Cluster::Emulator { url, .. } => {
-                emulator_post(url, "/emulator/faults", &json!({"deny": []}));
+            Cluster::Emulator { control, .. } => {
+                emulator_post(control, "/emulator/faults", &json!({"deny": []}));
             }
             Cluster::Real { kubeconfig } => {
                 let name = format!("mac-ci-deny-terminal-status-{namespace}");
@@ -164,15 +172,22 @@ spec:
         }
     }
 
-    /// Makes every API request fail with 503 (`down`) or serve again. Emulator only: a real
-    /// apiserver has no such switch.
-    pub async fn set_api_down(&self, down: bool) {
+    /// Replaces the parts of the emulator's faults given in `update` (`POST /emulator/faults`:
+    /// `availability` + `forMs`, `latencyMs`, `watchesStalled`, `deny`). Emulator only: a real
+    /// cluster cannot be made to fail on purpose, so this panics there.
+    pub fn emulator_faults(&self, update: &Value) {
         match self {
-            Cluster::Emulator { url, .. } => {
-                let availability = if down { "unavailable" } else { "up" };
-                emulator_post(url, "/emulator/faults", &json!({"availability": availability}));
-            }
-            Cluster::Real { .. } => panic!("an API outage is injected only into the emulator"),
+            Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/faults", update),
+            Cluster::Real { .. } => panic!("API faults {update} need the emulator (unset KUBECONFIG)"),
+        }
+    }
+
+    /// Drops the emulator's watch history: a watch resumed from an older resourceVersion gets
+    /// `410 Gone` and its client relists. Emulator only.
+    pub fn compact_watch_history(&self) {
+        match self {
+            Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/compact", &json!({})),
+            Cluster::Real { .. } => panic!("watch history compaction needs the emulator (unset KUBECONFIG)"),
         }
     }
 

@@ -1,4 +1,4 @@
-//! DESIGN.md's seven invariants, checked from what a scenario left behind: each agent's journal,
+//! DESIGN.md's seven invariants and issue 11's two, checked from what a scenario left behind: each agent's journal,
 //! its watchdog record and the VMs in its tart home, the test's planted foreign VMs, and the
 //! CustomRuns, MacBuilds and Leases of the stack's namespace. Pure: [`check`] takes a [`World`]
 //! and returns every violation it finds, each naming its invariant and the evidence.
@@ -63,7 +63,9 @@ impl fmt::Display for Violation {
     }
 }
 
-pub const TITLES: [&str; 7] = [
+/// DESIGN.md's seven invariants, then two issue 11 adds (both break the promise that a result is
+/// never lost and a finished build never runs again).
+pub const TITLES: [&str; 9] = [
     "no two admitted allocations overlap in one slot",
     "a slot is reused only after its VM's deletion is confirmed",
     "every cloned VM is deleted, or quarantined and named in status",
@@ -71,6 +73,8 @@ pub const TITLES: [&str; 7] = [
     "attempts never exceed maxAttempts; retries only after Interrupted",
     "a journaled result reaches the cluster once per attempt",
     "nothing deletes a VM it did not create",
+    "a CustomRun's results are the ones journaled at Retiring for its attempt",
+    "no attempt is admitted twice and no VM is cloned twice",
 ];
 
 /// Who occupies a slot: an attempt of a build, or an unaccounted VM.
@@ -105,6 +109,8 @@ pub fn check(world: &World) -> Vec<Violation> {
     attempts(world, &mut v);
     custom_runs(world, &mut v);
     delivery(world, &mut v);
+    results(world, &mut v);
+    admitted_once(world, &mut v);
     for p in &world.planted {
         if !p.present {
             v.push(Violation {
@@ -362,10 +368,13 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             if !matches!(reason, "CustomRunTimedOut" | "CustomRunCancelled") {
                 bad("vmRetirement=unconfirmed on a run that neither timed out nor was cancelled".into());
             }
-            // With a live holder, `unconfirmed` is the truth only when the agent's confirmation
-            // could not reach the cluster (issue 6: "unconfirmed when no confirmation came, e.g.
-            // the cluster refuses the agent's status writes"); otherwise the lease must have expired.
-            if world.refused_terminal_status {
+            // With a live holder, `unconfirmed` is the truth only when no confirmation came (issue
+            // 6: "unconfirmed when no confirmation came, e.g. the cluster refuses the agent's
+            // status writes"): the cluster refused it, or the holder had not journaled the VM
+            // deleted when the run ended (a quarantined VM); otherwise the lease must have expired.
+            if world.refused_terminal_status
+                || (message.contains("lease is live") && !deletion_journaled_before_end(world, name, run))
+            {
                 continue;
             }
             if !message.contains("lease expired") {
@@ -413,6 +422,22 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             }
         }
     }
+}
+
+/// Whether some journal confirmed a VM of build `name` deleted (`Retired (VMDeleted|Resolved)`)
+/// no later than the CustomRun's end (unknown end: assumed so, the stricter reading).
+fn deletion_journaled_before_end(world: &World, name: &str, run: &Value) -> bool {
+    let ended = run["status"]["completionTime"]
+        .as_str()
+        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
+        .and_then(|s| s.parse::<Timestamp>().ok());
+    let Some(ended) = ended else { return true };
+    world.agents.iter().flat_map(|a| &a.journal).any(|r| {
+        r.build.as_ref().is_some_and(|b| b.name == name)
+            && confirms_deletion(r)
+            // API stamps have whole seconds.
+            && r.time.as_second() <= ended.as_second()
+    })
 }
 
 /// For `vmRetirement=unconfirmed`: the holder's last renewal (named in the message) was more
@@ -533,6 +558,107 @@ fn delivery(world: &World, v: &mut Vec<Violation>) {
                 ),
             });
         }
+    }
+}
+
+/// The results an attempt's journal records give it: those of the snapshot journaled with its
+/// outcome (its first `Retiring` record, or a `Retired` one for an attempt that ended before a VM
+/// existed), as the CustomRun shows them (`""` when absent).
+pub fn journaled_results<'a>(world: &'a World, attempt: &str) -> Option<([String; 3], &'a Record)> {
+    let records = || {
+        world
+            .agents
+            .iter()
+            .flat_map(|a| &a.journal)
+            .filter(move |r| r.attempt_id().as_deref() == Some(attempt) && r.outcome.is_some())
+    };
+    let first_of = |to: AttemptState| records().filter(|r| r.to == to).min_by_key(|r| (r.time, r.seq));
+    let r = first_of(AttemptState::Retiring).or_else(|| first_of(AttemptState::Retired))?;
+    let results = r.status.as_ref().map(|s| &s["results"]).unwrap_or(&Value::Null);
+    let text = |v: &Value| match v {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => String::new(),
+    };
+    Some((
+        [
+            text(&results["testsPassed"]),
+            text(&results["testsTotal"]),
+            text(&results["artifactUrl"]),
+        ],
+        r,
+    ))
+}
+
+/// Invariant 8: a CustomRun that ended on a result (not a timeout, not an unconfirmed retirement)
+/// shows the results journaled with its attempt's outcome. Later records (a recovery that retires
+/// the VM) may not replace them with less.
+fn results(world: &World, v: &mut Vec<Violation>) {
+    for run in &world.custom_runs {
+        let name = run["metadata"]["name"].as_str().unwrap_or("?");
+        let Some((status, reason, _)) = condition(run) else {
+            continue;
+        };
+        if status == "Unknown" || reason == "CustomRunTimedOut" || result(run, "vmRetirement") == Some("unconfirmed") {
+            continue;
+        }
+        let Some(attempt) = result(run, "attempt").filter(|a| !a.is_empty()) else {
+            continue;
+        };
+        let Some((want, r)) = journaled_results(world, attempt) else {
+            continue;
+        };
+        let got = ["testsPassed", "testsTotal", "artifact"].map(|n| result(run, n).unwrap_or("").to_string());
+        if got != want {
+            v.push(Violation {
+                invariant: 8,
+                message: format!(
+                    "CustomRun {name} {status}/{reason} shows testsPassed/testsTotal/artifact {got:?} for {attempt}; the journal recorded {want:?} with its outcome ({r})"
+                ),
+            });
+        }
+    }
+}
+
+/// Invariant 9: over the whole history of every journal, each attempt is admitted once and each
+/// VM name is cloned (`Admitted -> Booting`) once. A second admission means a finished attempt
+/// was claimed and run again.
+fn admitted_once(world: &World, v: &mut Vec<Violation>) {
+    let mut admitted: BTreeMap<(String, u32), Vec<(&str, &Record)>> = BTreeMap::new();
+    let mut cloned: BTreeMap<&str, Vec<(&str, &Record)>> = BTreeMap::new();
+    for a in &world.agents {
+        for r in &a.journal {
+            if r.to == AttemptState::Admitted
+                && let (Some(b), Some(n)) = (&r.build, r.attempt)
+            {
+                admitted.entry((b.uid.clone(), n)).or_default().push((&a.id, r));
+            }
+            if r.to == AttemptState::Booting
+                && r.from != Some(AttemptState::Booting)
+                && let Some(vm) = &r.vm
+            {
+                cloned.entry(vm).or_default().push((&a.id, r));
+            }
+        }
+    }
+    let list = |rs: &[(&str, &Record)]| {
+        rs.iter()
+            .map(|(a, r)| format!("{a}: {r}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    for rs in admitted.values().filter(|rs| rs.len() > 1) {
+        let id = rs[0].1.attempt_id().unwrap_or_default();
+        v.push(Violation {
+            invariant: 9,
+            message: format!("attempt {id} admitted {} times: {}", rs.len(), list(rs)),
+        });
+    }
+    for (vm, rs) in cloned.iter().filter(|(_, rs)| rs.len() > 1) {
+        v.push(Violation {
+            invariant: 9,
+            message: format!("VM {vm} cloned {} times: {}", rs.len(), list(rs)),
+        });
     }
 }
 

@@ -119,6 +119,80 @@ pub struct Agent {
     /// Killed processes, kept so their surviving group members die with the stack.
     dead: Vec<Proc>,
     starts: u32,
+    /// Every journal record ever seen, by sequence number (see [`Stack::journal`]).
+    history: JournalHistory,
+}
+
+/// The whole history of one agent's journal. A (re)started agent compacts finished builds away,
+/// so reading the journal at the end sees too little: a thread follows it with the agent's own
+/// [`tartan_agent::journal::Tail`] (which reads a compacted-away file to its end), and every read
+/// of the files on disk is merged in too (sequence numbers are never reused, compaction keeps them).
+struct JournalHistory {
+    records: std::sync::Arc<std::sync::Mutex<BTreeMap<u64, Record>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl JournalHistory {
+    fn follow(state_dir: &Path) -> JournalHistory {
+        use std::sync::atomic::Ordering;
+        let records = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (records, stop) = (records.clone(), stop.clone());
+            let mut tail = tartan_agent::journal::Tail::new(state_dir);
+            let dir = state_dir.to_path_buf();
+            std::thread::spawn(move || {
+                let mut warned = false;
+                loop {
+                    let last_round = stop.load(Ordering::SeqCst);
+                    match tail.poll() {
+                        Ok(new) => {
+                            let mut all = records.lock().expect("history lock");
+                            for r in new {
+                                all.insert(r.seq, r);
+                            }
+                        }
+                        // Reads of the files at each start and each query still merge in.
+                        Err(e) if !warned => {
+                            warned = true;
+                            eprintln!(
+                                "[e2e] following the journal in {} failed: {e}; it is polled again",
+                                dir.display()
+                            );
+                        }
+                        Err(_) => {}
+                    }
+                    if last_round {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        JournalHistory {
+            records,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn merge(&self, records: Vec<Record>) -> Vec<Record> {
+        let mut all = self.records.lock().expect("history lock");
+        for r in records {
+            all.insert(r.seq, r);
+        }
+        all.values().cloned().collect()
+    }
+}
+
+impl Drop for JournalHistory {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 pub struct Stack {
@@ -210,11 +284,12 @@ impl Stack {
 
     /// Every API request fails (503) until [`Stack::api_up`].
     pub async fn api_down(&mut self) {
-        self.cluster.set_api_down(true).await;
+        self.cluster
+            .emulator_faults(&serde_json::json!({"availability": "unavailable"}));
     }
 
     pub async fn api_up(&mut self) {
-        self.cluster.set_api_down(false).await;
+        self.cluster.emulator_faults(&serde_json::json!({"availability": "up"}));
     }
 
     // ---- controller ----
@@ -298,6 +373,7 @@ watchdog_grace = "{wg}"
             wg = opts.watchdog_grace,
         );
         std::fs::write(&config, toml).unwrap();
+        let state_dir_for_history = state_dir.clone();
         self.agents.insert(
             id.to_string(),
             Agent {
@@ -310,6 +386,7 @@ watchdog_grace = "{wg}"
                 watchdog: None,
                 dead: vec![],
                 starts: 0,
+                history: JournalHistory::follow(&state_dir_for_history),
             },
         );
         &self.agents[id]
@@ -342,8 +419,11 @@ watchdog_grace = "{wg}"
         self.wait_lease_renewed(id, started).await;
     }
 
-    /// Starts (or restarts) `tartan-agent run --config` without waiting for anything.
+    /// Starts (or restarts) `tartan-agent run --config` without waiting for anything (the API
+    /// may be down: the chaos runner restarts agents in the middle of outages).
     pub fn spawn_agent(&mut self, id: &str) {
+        // The agent compacts finished builds away as it starts: keep what the files hold now.
+        self.journal(id);
         let a = self.agent_mut(id);
         assert!(a.proc.is_none(), "agent {id} already running");
         a.starts += 1;
@@ -414,6 +494,78 @@ watchdog_grace = "{wg}"
         let p = self.agent(id).proc.as_ref().expect("agent running");
         p.signal(Signal::SIGCONT);
         eprintln!("[e2e] SIGCONT agent {id} pid {}", p.pid());
+    }
+
+    /// The ids of the registered agents.
+    pub fn agent_ids(&self) -> Vec<String> {
+        self.agents.keys().cloned().collect()
+    }
+
+    /// Whether the agent was started and not killed by the harness (it may have exited).
+    pub fn agent_started(&self, id: &str) -> bool {
+        self.agent(id).proc.is_some()
+    }
+
+    /// How the agent's process ended, if it has (it may exit on its own).
+    pub fn agent_exit_status(&mut self, id: &str) -> Option<std::process::ExitStatus> {
+        self.agent_mut(id).proc.as_mut().and_then(|p| p.exit_status())
+    }
+
+    /// Whether the controller was started and not killed by the harness.
+    pub fn controller_started(&self) -> bool {
+        self.controller.is_some()
+    }
+
+    /// How the controller's process ended, if it has (it may exit on its own).
+    pub fn controller_exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.controller.as_mut().and_then(|p| p.exit_status())
+    }
+
+    /// Whether agent `id`'s watchdog process is running.
+    pub fn watchdog_alive(&mut self, id: &str) -> bool {
+        self.agent_mut(id).watchdog.as_mut().is_some_and(|p| p.alive())
+    }
+
+    /// The logs of every process the stack started for agent `id` (agent runs and watchdogs).
+    pub fn agent_logs(&self, id: &str) -> Vec<PathBuf> {
+        let a = self.agent(id);
+        a.proc
+            .iter()
+            .chain(a.watchdog.iter())
+            .chain(a.dead.iter())
+            .map(|p| p.log().to_path_buf())
+            .collect()
+    }
+
+    /// Moves an agent process that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_agent(&mut self, id: &str) {
+        let a = self.agent_mut(id);
+        if let Some(p) = a.proc.take() {
+            a.dead.push(p);
+        }
+    }
+
+    /// Moves a watchdog that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_watchdog(&mut self, id: &str) {
+        let a = self.agent_mut(id);
+        if let Some(p) = a.watchdog.take() {
+            a.dead.push(p);
+        }
+    }
+
+    /// Moves a controller that exited on its own among the dead, so it can be started again.
+    pub fn forget_exited_controller(&mut self) {
+        if let Some(p) = self.controller.take() {
+            self.dead.push(p);
+        }
+    }
+
+    /// Keeps the stack's directory when it is dropped (the chaos runner keeps it on failure).
+    pub fn keep_files(&mut self) -> PathBuf {
+        if let Some(t) = self.tempdir.take() {
+            let _ = t.keep();
+        }
+        self.dir.clone()
     }
 
     pub fn agent_alive(&mut self, id: &str) -> bool {
@@ -533,7 +685,15 @@ watchdog_grace = "{wg}"
 
     // ---- journal and watchdog record ----
 
+    /// Every record agent `id` ever journaled in this stack, in sequence order, including those a
+    /// restart compacted away (see [`JournalHistory`]).
     pub fn journal(&self, id: &str) -> Vec<Record> {
+        let a = self.agent(id);
+        a.history.merge(self.journal_on_disk(id))
+    }
+
+    /// The records agent `id`'s journal files hold now (after compactions).
+    pub fn journal_on_disk(&self, id: &str) -> Vec<Record> {
         match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
             Ok(replay) => replay.records,
             Err(e) if !self.agent(id).state_dir.join("journal").exists() => {
@@ -616,6 +776,19 @@ watchdog_grace = "{wg}"
 
     /// Creates a CustomRun as Tekton does; `timeout` is its `spec.timeout` (Go duration).
     pub async fn create_run(&self, name: &str, params: &[(&str, Value)], timeout: Option<&str>) {
+        self.try_create_run(name, params, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("creating CustomRun {name}: {e}"));
+        eprintln!("[e2e] created CustomRun {name}");
+    }
+
+    /// [`Stack::create_run`], returning the API's error instead of panicking.
+    pub async fn try_create_run(
+        &self,
+        name: &str,
+        params: &[(&str, Value)],
+        timeout: Option<&str>,
+    ) -> Result<(), kube::Error> {
         let params: Vec<Value> = params.iter().map(|(n, v)| json!({"name": n, "value": v})).collect();
         let mut spec = json!({
             "customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
@@ -632,15 +805,18 @@ watchdog_grace = "{wg}"
             "spec": spec,
         }))
         .unwrap();
-        self.customruns()
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap_or_else(|e| panic!("creating CustomRun {name}: {e}"));
-        eprintln!("[e2e] created CustomRun {name}");
+        self.customruns().create(&PostParams::default(), &obj).await.map(|_| ())
     }
 
     /// Tekton's cancel: `spec.status: RunCancelled`.
     pub async fn cancel_run(&self, name: &str) {
+        self.try_cancel_run(name)
+            .await
+            .unwrap_or_else(|e| panic!("cancelling {name}: {e}"));
+    }
+
+    /// [`Stack::cancel_run`], returning the API's error instead of panicking.
+    pub async fn try_cancel_run(&self, name: &str) -> Result<(), kube::Error> {
         self.customruns()
             .patch(
                 name,
@@ -648,14 +824,21 @@ watchdog_grace = "{wg}"
                 &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
             )
             .await
-            .unwrap_or_else(|e| panic!("cancelling {name}: {e}"));
+            .map(|_| ())
     }
 
     pub async fn delete_run(&self, name: &str) {
+        self.try_delete_run(name)
+            .await
+            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+    }
+
+    /// [`Stack::delete_run`], returning the API's error instead of panicking.
+    pub async fn try_delete_run(&self, name: &str) -> Result<(), kube::Error> {
         self.customruns()
             .delete(name, &DeleteParams::background())
             .await
-            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+            .map(|_| ())
     }
 
     pub async fn customrun(&self, name: &str) -> Option<Value> {
@@ -805,7 +988,7 @@ watchdog_grace = "{wg}"
         }
     }
 
-    /// Checks all seven invariants; panics listing every violation with the journals.
+    /// Checks all the invariants ([`invariants::TITLES`]); panics listing every violation with the journals.
     pub async fn check_invariants(&self) {
         let world = self.world().await;
         let violations = invariants::check(&world);
@@ -819,7 +1002,7 @@ watchdog_grace = "{wg}"
                 self.journals_text()
             );
         }
-        eprintln!("[e2e] {}: all 7 invariants hold", self.name);
+        eprintln!("[e2e] {}: all {} invariants hold", self.name, invariants::TITLES.len());
     }
 
     fn journals_text(&self) -> String {

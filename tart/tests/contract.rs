@@ -911,6 +911,48 @@ fn garbage_collection_spares_locked_temp_dirs_and_clone_skips_it() {
     assert!(!tmp.join("held").exists());
 }
 
+/// tart creates a clone's `tmp/<uuid>` before it locks it (`Clone.swift`): a command that runs in
+/// that window collects the directory, and the clone fails with nothing in `vms/`. The double
+/// keeps the window and can widen it, so the agent's handling of that failure can be tested.
+#[test]
+fn a_command_between_clone_creating_and_locking_its_temp_dir_deletes_it_and_the_clone_fails() {
+    let h = Harness::new();
+    if h.double_only("clone_tmp_unlocked_secs is a double fault") {
+        return;
+    }
+    let src = h.vm("mb-src");
+    h.clone_image(&src);
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        "mb-race".into(),
+        Fault {
+            clone_tmp_unlocked_secs: Some(3.0),
+            ..Fault::default()
+        },
+    );
+    h.set_faults(&faults);
+    let tmp = h.home.join("tmp");
+    let log = h.scratch.join("clone-race.log");
+    let mut clone = h.spawn(&["clone", &src, "mb-race"], &log);
+    wait_for("the clone's temp dir to appear", Duration::from_secs(10), || {
+        std::fs::read_dir(&tmp).unwrap().count() == 1
+    });
+    assert_eq!(h.raw(&["list", "-q"]).code, Some(0));
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "list's GC deleted the unlocked temp dir"
+    );
+    let status = clone.wait_exit(Duration::from_secs(20));
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "the clone fails: {out}");
+    assert!(out.contains("failed to lock"), "tart's FileLock message: {out}");
+    assert!(!h.vm_dir("mb-race").exists(), "nothing in vms/");
+    // Once the window passes unhindered, the same clone succeeds.
+    h.set_faults(&Faults::default());
+    h.clone_image("mb-race");
+}
+
 #[test]
 fn list_and_get_print_tarts_fields() {
     let h = Harness::new();

@@ -212,3 +212,47 @@ async fn control_port_restores_a_refusing_server() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn stalled_watches_deliver_nothing_then_end_and_resume() {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    let created = api
+        .create(&PostParams::default(), &macbuild("w", json!({"image": "x"})))
+        .await
+        .unwrap();
+    let rv = created.metadata.resource_version.clone().unwrap();
+    let mut w = api.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    reqwest_like_post(&emu, json!({"watchesStalled": true})).await;
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"k": "v"}}})),
+    )
+    .await
+    .unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(700), w.next()).await;
+    assert!(quiet.is_err(), "a stalled watch delivers nothing: {quiet:?}");
+    assert!(emu.faults().watches_stalled);
+    // Other requests are served meanwhile.
+    assert!(api.get("w").await.is_ok());
+
+    reqwest_like_post(&emu, json!({"watchesStalled": false})).await;
+    let ended = tokio::time::timeout(Duration::from_secs(5), w.next()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "the stalled watch ends once lifted: {ended:?}"
+    );
+    let mut resumed = api.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    let event = tokio::time::timeout(Duration::from_secs(5), resumed.next())
+        .await
+        .expect("an event within 5s")
+        .expect("stream open")
+        .expect("event decodes");
+    assert!(
+        matches!(&event, WatchEvent::Modified(o) if kube::ResourceExt::labels(o).get("k").is_some_and(|v| v == "v")),
+        "the held event comes on the next watch: {event:?}"
+    );
+}

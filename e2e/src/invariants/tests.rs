@@ -48,6 +48,7 @@ fn attempt(seq: u64, uid: &str, n: u32, vm: &str, outcome: Outcome, reason: Reas
         if s == Retiring {
             r.reason = Some(reason);
             r.outcome = Some(outcome);
+            r.status = Some(json!({"phase": "Retiring", "results": RESULTS.clone()}));
         }
         if s == Retired {
             r.reason = Some(Reason::VMDeleted);
@@ -57,13 +58,17 @@ fn attempt(seq: u64, uid: &str, n: u32, vm: &str, outcome: Outcome, reason: Reas
                 Outcome::Cancelled => "Cancelled",
                 Outcome::Interrupted => "Pending",
             };
-            r.status = Some(json!({"phase": phase}));
+            r.status = Some(json!({"phase": phase, "results": RESULTS.clone()}));
         }
         prev = Some(s);
         out.push(r);
     }
     out
 }
+
+/// What each attempt of these worlds collects (as journaled in status snapshots).
+static RESULTS: std::sync::LazyLock<Value> =
+    std::sync::LazyLock::new(|| json!({"testsPassed": 2, "testsTotal": 2, "artifactUrl": "file:///a/App.ipa"}));
 
 fn good() -> World {
     World {
@@ -84,7 +89,9 @@ fn good() -> World {
             "status": {
                 "completionTime": "2027-01-15T08:00:30Z",
                 "conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed", "message": ""}],
-                "results": [{"name": "attempt", "value": "b1#1"}, {"name": "vmRetirement", "value": "deleted"}],
+                "results": [{"name": "attempt", "value": "b1#1"}, {"name": "vmRetirement", "value": "deleted"},
+                    {"name": "testsPassed", "value": "2"}, {"name": "testsTotal", "value": "2"},
+                    {"name": "artifact", "value": "file:///a/App.ipa"}],
             },
         })],
         macbuilds: vec![json!({
@@ -196,6 +203,18 @@ fn unconfirmed_with_a_live_lease_is_true_only_when_the_cluster_refused_the_confi
         "message": "MacBuild did not finish within timeout 5s + 3s grace; VM retirement unconfirmed: agent agent-a lease is live (last renewed 2027-01-15T08:00:25Z) but has not confirmed the VM deleted"});
     w.custom_runs[0]["status"]["results"][1]["value"] = json!("unconfirmed");
     assert!(invariants_broken(&w).contains(&4));
+    // The holder had not deleted the VM when the run ended (quarantined, deleted later): no
+    // confirmation came, so `unconfirmed` is the truth.
+    let mut quarantined = w.clone();
+    for r in &mut quarantined.agents[0].journal {
+        r.time = Timestamp::from_second(1_800_000_000 + 60 + r.seq as i64).unwrap();
+    }
+    quarantined.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T08:00:30Z");
+    assert!(
+        !invariants_broken(&quarantined).contains(&4),
+        "{:#?}",
+        check(&quarantined)
+    );
     w.refused_terminal_status = true;
     assert_eq!(check(&w), vec![]);
 }
@@ -260,4 +279,68 @@ fn an_undelivered_result_of_a_timed_out_run_breaks_6_unless_the_cluster_refused_
     // Refused past the deadline (DESIGN.md invariant 6's exception): the timeout stands.
     w.refused_terminal_status = true;
     assert_eq!(check(&w), vec![]);
+}
+
+#[test]
+fn results_other_than_those_journaled_at_retiring_break_8() {
+    // Issue 11 defect 1: the restarted agent resolves the quarantine with empty results and the
+    // CustomRun shows them.
+    let mut w = good();
+    let retired = w.agents[0].journal.last_mut().unwrap();
+    retired.from = Some(AttemptState::Quarantined);
+    retired.reason = Some(Reason::Resolved);
+    retired.status = Some(json!({"phase": "Succeeded", "results": {}}));
+    for n in ["testsPassed", "testsTotal", "artifact"] {
+        let results = w.custom_runs[0]["status"]["results"].as_array_mut().unwrap();
+        results.iter_mut().find(|r| r["name"] == n).unwrap()["value"] = json!("");
+    }
+    assert_eq!(invariants_broken(&w), [8].into());
+    // One count off is as wrong.
+    let mut w = good();
+    w.custom_runs[0]["status"]["results"][2]["value"] = json!("1");
+    assert_eq!(invariants_broken(&w), [8].into());
+    // A timed-out run never got the result: nothing to compare.
+    w.custom_runs[0]["status"]["conditions"][0]["reason"] = json!("CustomRunTimedOut");
+    w.custom_runs[0]["status"]["conditions"][0]["status"] = json!("False");
+    w.custom_runs[0]["status"]["results"][1]["value"] = json!("none");
+    assert!(!invariants_broken(&w).contains(&8));
+}
+
+#[test]
+fn a_finished_attempt_admitted_again_breaks_9() {
+    // Issue 11 defect 3: 34 ms after `Retired`, the same attempt is claimed, admitted and cloned.
+    use AttemptState::*;
+    let mut w = good();
+    let again = [Requested, Admitted, Booting];
+    let mut prev = None;
+    for (i, s) in again.into_iter().enumerate() {
+        let mut r = rec(8 + i as u64, "u1", 1, V1, prev, s);
+        if s != Requested {
+            r.slot = Some(0);
+        }
+        prev = Some(s);
+        w.agents[0].journal.push(r);
+    }
+    let found = check(&w);
+    let nine: Vec<&Violation> = found.iter().filter(|v| v.invariant == 9).collect();
+    assert_eq!(
+        nine.len(),
+        2,
+        "the attempt admitted twice and the VM cloned twice: {found:#?}"
+    );
+    assert!(nine[0].message.contains("b1#1 admitted 2 times"), "{}", nine[0]);
+    assert!(
+        nine[1].message.contains(&format!("VM {V1} cloned 2 times")),
+        "{}",
+        nine[1]
+    );
+    // Across agents too: another host admitting the same attempt.
+    let mut w = good();
+    w.agents.push(AgentFacts {
+        id: "agent-b".into(),
+        journal: attempt(1, "u1", 1, V1, Outcome::Succeeded, Reason::TestsPassed),
+        watchdog: vec![],
+        vms_left: vec![],
+    });
+    assert!(invariants_broken(&w).contains(&9));
 }

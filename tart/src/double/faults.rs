@@ -20,6 +20,11 @@ pub struct Fault {
     /// `clone` onto the VM sleeps this long while holding the global lock and its temp dir lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_delay_secs: Option<f64>,
+    /// `clone` onto the VM sleeps this long between creating its `tmp/<uuid>` and locking it (a
+    /// window real tart has too, see the module documentation of `double`), so a concurrent
+    /// command's garbage collection removes it and the clone fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_tmp_unlocked_secs: Option<f64>,
     /// `exec` in the VM hangs (without running the command) until this fault is lifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_hangs: Option<bool>,
@@ -42,6 +47,7 @@ impl Fault {
         Fault {
             delete_fails: self.delete_fails.or(fallback.delete_fails),
             clone_delay_secs: self.clone_delay_secs.or(fallback.clone_delay_secs),
+            clone_tmp_unlocked_secs: self.clone_tmp_unlocked_secs.or(fallback.clone_tmp_unlocked_secs),
             exec_hangs: self.exec_hangs.or(fallback.exec_hangs),
             run_dies_after_secs: self.run_dies_after_secs.or(fallback.run_dies_after_secs),
             boot_delay_secs: self.boot_delay_secs.or(fallback.boot_delay_secs),

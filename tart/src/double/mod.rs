@@ -1,6 +1,16 @@
 //! `tart-double`: a stand-in for the `tart` CLI on machines without Virtualization.framework, following the
 //! contract in `TART.md` section (a): home layout, garbage collection, locks, exit codes, messages and JSON.
 //! Instead of a VM, `run` is a process holding the VM lock; `exec` runs argv on the host in the VM's folder.
+//!
+//! **The temporary-directory window (as in tart, checked against cirruslabs/tart `Commands/Clone.swift`,
+//! `VMDirectory.temporary()`, `FileLock.swift`, `Config.gc()` and `VMStorageOCI.pull`).** `clone` (and the
+//! pull inside it) creates `tmp/<uuid>` (`tmp/<md5>` for a pull) first and takes its `flock` only afterwards.
+//! Every command other than `clone`/`pull` starts by deleting each `tmp/*` entry it can `flock`, so one that
+//! runs in between deletes the fresh directory. tart then fails the clone: `FileLock` opens the vanished
+//! path (`open` gives -1) and `flock` fails, `failed to lock <tmp>: …`, or, when the deletion came after
+//! the lock, copying into the deleted directory fails. Nothing is left in `vms/`. The double keeps that
+//! order on purpose, says `failed to lock <tmp>: …` too, and can widen the window
+//! (`clone_tmp_unlocked_secs`); a caller should treat that failure as transient and clone again.
 
 pub mod faults;
 
@@ -59,6 +69,8 @@ FAULT INJECTION: $TART_HOME/double-faults.json, read on every invocation (edit i
   {\"global\": {<fault>...}, \"vms\": {\"mb-x\": {<fault>...}}}     (a VM's entry overrides global field by field)
   delete_fails: bool          delete of the VM exits 1 (`Error: ...`) and leaves it in place
   clone_delay_secs: number    clone onto the VM sleeps this long holding the global lock
+  clone_tmp_unlocked_secs: number  clone onto the VM sleeps this long between creating tmp/<uuid> and
+                              locking it (tart's window: a concurrent command's GC deletes it)
   exec_hangs: bool            exec in the VM hangs without running anything, until the fault is lifted
   run_dies_after_secs: number run of the VM SIGKILLs itself this long after taking the VM lock
   boot_delay_secs: number     overrides TART_DOUBLE_BOOT_DELAY_SECS
@@ -524,8 +536,12 @@ fn cmd_clone(home: &Path, source: &str, new_name: &str) -> Outcome {
 
     let tmp = home.join("tmp").join(uuid::Uuid::new_v4().to_string());
     fs::create_dir(&tmp).map_err(|e| io_fail("cannot create", &tmp, e))?;
-    let tmp_lock = File::open(&tmp).map_err(|e| io_fail("cannot open", &tmp, e))?;
-    tmp_lock.lock().map_err(|e| io_fail("cannot lock", &tmp, e))?;
+    // Created, not yet locked: tart's window (module documentation), widened on request.
+    if let Some(delay) = fault.clone_tmp_unlocked_secs {
+        std::thread::sleep(secs(delay));
+    }
+    let tmp_lock = File::open(&tmp).map_err(|e| io_fail("failed to lock", &tmp, e))?;
+    tmp_lock.lock().map_err(|e| io_fail("failed to lock", &tmp, e))?;
 
     let global = lock_home(home)?;
     for file in ["config.json", "nvram.bin", "state.vzvmsave"] {
@@ -628,8 +644,8 @@ fn pull_synthetic(home: &Path, source: &str) -> Result<PathBuf, Fail> {
         fs::remove_dir_all(&tmp).map_err(|e| io_fail("cannot clear", &tmp, e))?;
     }
     fs::create_dir(&tmp).map_err(|e| io_fail("cannot create", &tmp, e))?;
-    let tmp_lock = File::open(&tmp).map_err(|e| io_fail("cannot open", &tmp, e))?;
-    tmp_lock.lock().map_err(|e| io_fail("cannot lock", &tmp, e))?;
+    let tmp_lock = File::open(&tmp).map_err(|e| io_fail("failed to lock", &tmp, e))?;
+    tmp_lock.lock().map_err(|e| io_fail("failed to lock", &tmp, e))?;
     let h = fnv(source);
     let config = serde_json::json!({
         "version": 1,

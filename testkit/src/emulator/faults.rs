@@ -228,6 +228,11 @@ pub struct Faults {
     /// Added before every API request is handled.
     #[serde(default)]
     pub latency_ms: u64,
+    /// Watches deliver nothing (no events, no bookmarks) while set, as a watch on a stuck
+    /// connection does; other requests are served. When lifted, each stalled watch ends, and its
+    /// client watches again from the last version it saw (so it gets the held events then).
+    #[serde(default)]
+    pub watches_stalled: bool,
 }
 
 /// Body of `POST /emulator/faults`: any field given replaces that part of the faults.
@@ -239,4 +244,5 @@ pub struct FaultsUpdate {
     /// With `availability`: restore `up` after this long.
     pub for_ms: Option<u64>,
     pub latency_ms: Option<u64>,
+    pub watches_stalled: Option<bool>,
 }

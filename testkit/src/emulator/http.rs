@@ -686,7 +686,11 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
     let bookmark_every = inner.bookmark_interval;
     let kind = t.rt.kind.clone();
     let api_version = t.rt.api_version();
+    let inner = Arc::clone(inner);
     tokio::spawn(async move {
+        if stalled(&inner, &tx).await {
+            return;
+        }
         let bookmark = |rv: u64, end: bool| {
             let mut meta = json!({"resourceVersion": rv.to_string()});
             if end {
@@ -729,6 +733,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
                 _ = &mut deadline => return,
                 _ = tx.closed() => return,
                 r = rx.recv() => match r {
+                    Ok(_) if stalled(&inner, &tx).await => return,
                     Ok(ev) => {
                         last = last.max(ev.rv);
                         if let Some(v) = filter.translate(&ev) && tx.send(line(&shape(v))).await.is_err() {
@@ -743,6 +748,9 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = tick.tick(), if bookmarks => {
+                    if stalled(&inner, &tx).await {
+                        return;
+                    }
                     let global = current_rv.load(Ordering::SeqCst);
                     loop {
                         match rx.try_recv() {
@@ -771,6 +779,21 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(stream))
         .expect("valid response"))
+}
+
+/// While watches are stalled ([`super::faults::Faults::watches_stalled`]), waits without
+/// delivering anything until the fault is lifted or the client leaves. True if it stalled: the
+/// caller then ends the watch, so the client watches again from the last version it saw.
+async fn stalled(inner: &Inner, tx: &mpsc::Sender<Bytes>) -> bool {
+    let mut held = false;
+    while inner.state.lock().expect("state lock").faults.watches_stalled {
+        held = true;
+        tokio::select! {
+            _ = tx.closed() => return true,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    held
 }
 
 async fn control(inner: Arc<Inner>, req: Request<hyper::body::Incoming>) -> Resp {

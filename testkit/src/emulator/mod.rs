@@ -108,6 +108,9 @@ impl Inner {
         if let Some(l) = u.latency_ms {
             st.faults.latency_ms = l;
         }
+        if let Some(w) = u.watches_stalled {
+            st.faults.watches_stalled = w;
+        }
         if let Some(a) = u.availability {
             st.faults.availability = a;
             drop(st);

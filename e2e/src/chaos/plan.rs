@@ -1,0 +1,347 @@
+//! The seeded schedule of a chaos run (pure): which builds start when, and which faults strike
+//! when and for how long. The same seed and sizes give the same plan.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+use std::time::Duration;
+
+/// Sizes of a run.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    pub seed: u64,
+    pub builds: usize,
+    pub hosts: usize,
+    /// Builds start and faults strike within this window.
+    pub window: Duration,
+    /// How many faults (default: as many as builds).
+    pub faults: usize,
+}
+
+/// One build to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildPlan {
+    pub name: String,
+    pub at: Duration,
+    /// How long its step sleeps (so builds are in flight when faults strike).
+    pub step_secs: f64,
+    /// A short `spec.timeout` for some builds; `None` = the controller's default.
+    pub timeout: Option<String>,
+}
+
+/// How an agent is killed (mirrors [`crate::KillMode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kill {
+    Group,
+    Alone,
+}
+
+/// One fault. Those with a duration are lifted after it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// `kill -9` of an agent, restarted after `down`.
+    KillAgent { host: usize, kill: Kill, down: Duration },
+    /// SIGSTOP, SIGCONT after `for_`.
+    FreezeAgent { host: usize, for_: Duration },
+    /// `kill -9` of the controller, restarted after `down`.
+    KillController { down: Duration },
+    /// Every API request answers 503 for `for_`.
+    ApiUnavailable { for_: Duration },
+    /// The API closes its socket and drops every connection for `for_`.
+    ApiRefuses { for_: Duration },
+    /// Every API request is delayed by `latency` for `for_`.
+    ApiLatency { latency: Duration, for_: Duration },
+    /// Terminal `macbuilds/status` writes are refused for `for_`.
+    RefuseTerminalStatus { for_: Duration },
+    /// Watches deliver nothing for `for_` (stale caches), then resume.
+    WatchStall { for_: Duration },
+    /// The watch history is dropped and connections cut: every watch restarts with 410 Gone.
+    WatchRestart,
+    /// `tart delete` fails on a host for `for_`.
+    TartDeleteFails { host: usize, for_: Duration },
+    /// `tart clone` and `tart delete` are slow on a host for `for_`.
+    TartSlow {
+        host: usize,
+        clone: f64,
+        delete: f64,
+        for_: Duration,
+    },
+    /// `tart exec` hangs on a host for `for_`.
+    TartExecHangs { host: usize, for_: Duration },
+    /// VMs started on a host during `for_` die `after` seconds into `tart run`.
+    TartRunDies { host: usize, after: f64, for_: Duration },
+    /// `tart clone` on a host leaves its temp dir unlocked for `gap` seconds during `for_`: any
+    /// other tart command then deletes it and the clone fails (tart's own window).
+    TartCloneTmpRace { host: usize, gap: f64, for_: Duration },
+    /// Tekton cancels a build's CustomRun.
+    Cancel { build: usize },
+    /// The CustomRun (owner of the MacBuild) is deleted.
+    DeleteOwner { build: usize },
+}
+
+impl Fault {
+    /// How long the fault lasts before it is lifted (zero for one-shot faults).
+    pub fn duration(&self) -> Duration {
+        match self {
+            Fault::KillAgent { down, .. } | Fault::KillController { down } => *down,
+            Fault::FreezeAgent { for_, .. }
+            | Fault::ApiUnavailable { for_ }
+            | Fault::ApiRefuses { for_ }
+            | Fault::ApiLatency { for_, .. }
+            | Fault::RefuseTerminalStatus { for_ }
+            | Fault::WatchStall { for_ }
+            | Fault::TartDeleteFails { for_, .. }
+            | Fault::TartSlow { for_, .. }
+            | Fault::TartExecHangs { for_, .. }
+            | Fault::TartRunDies { for_, .. }
+            | Fault::TartCloneTmpRace { for_, .. } => *for_,
+            Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } => Duration::ZERO,
+        }
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = |i: &usize| host_name(*i);
+        match self {
+            Fault::KillAgent { host, kill, down } => {
+                write!(f, "kill -9 agent {} ({kill:?}), restart after {}", h(host), secs(*down))
+            }
+            Fault::FreezeAgent { host, for_ } => write!(f, "SIGSTOP agent {} for {}", h(host), secs(*for_)),
+            Fault::KillController { down } => write!(f, "kill -9 controller, restart after {}", secs(*down)),
+            Fault::ApiUnavailable { for_ } => write!(f, "API answers 503 for {}", secs(*for_)),
+            Fault::ApiRefuses { for_ } => write!(f, "API refuses connections for {}", secs(*for_)),
+            Fault::ApiLatency { latency, for_ } => {
+                write!(f, "API latency {}ms for {}", latency.as_millis(), secs(*for_))
+            }
+            Fault::RefuseTerminalStatus { for_ } => {
+                write!(f, "terminal MacBuild status writes refused for {}", secs(*for_))
+            }
+            Fault::WatchStall { for_ } => write!(f, "watches stall for {}", secs(*for_)),
+            Fault::WatchRestart => write!(f, "watch history compacted, connections cut (410 Gone)"),
+            Fault::TartDeleteFails { host, for_ } => {
+                write!(f, "tart delete fails on {} for {}", h(host), secs(*for_))
+            }
+            Fault::TartSlow {
+                host,
+                clone,
+                delete,
+                for_,
+            } => write!(
+                f,
+                "tart clone +{clone:.1}s, delete +{delete:.1}s on {} for {}",
+                h(host),
+                secs(*for_)
+            ),
+            Fault::TartExecHangs { host, for_ } => write!(f, "tart exec hangs on {} for {}", h(host), secs(*for_)),
+            Fault::TartRunDies { host, after, for_ } => {
+                write!(f, "tart run dies {after:.1}s in on {} for {}", h(host), secs(*for_))
+            }
+            Fault::TartCloneTmpRace { host, gap, for_ } => write!(
+                f,
+                "tart clone leaves its temp dir unlocked {gap:.1}s on {} for {}",
+                h(host),
+                secs(*for_)
+            ),
+            Fault::Cancel { build } => write!(f, "cancel CustomRun {}", build_name(*build)),
+            Fault::DeleteOwner { build } => write!(f, "delete CustomRun {} (the MacBuild's owner)", build_name(*build)),
+        }
+    }
+}
+
+/// A fault at a time from the start of the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    pub at: Duration,
+    pub fault: Fault,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub builds: Vec<BuildPlan>,
+    pub faults: Vec<Planned>,
+}
+
+pub fn host_name(i: usize) -> String {
+    format!("host-{}", i + 1)
+}
+
+pub fn build_name(i: usize) -> String {
+    format!("chaos-{:03}", i + 1)
+}
+
+/// How many kinds [`draw_fault`] draws from.
+pub const FAULT_KINDS: usize = 17;
+
+fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
+/// Fault kind `kind` (0..FAULT_KINDS) with its random parameters.
+fn draw_fault(rng: &mut StdRng, kind: usize, hosts: usize, builds: usize) -> Fault {
+    let host = rng.random_range(0..hosts);
+    match kind {
+        0 => Fault::KillAgent {
+            host,
+            kill: Kill::Group,
+            down: ms(rng, 500, 8000),
+        },
+        1 => Fault::KillAgent {
+            host,
+            kill: Kill::Alone,
+            down: ms(rng, 500, 8000),
+        },
+        2 => Fault::FreezeAgent {
+            host,
+            for_: ms(rng, 2000, 12_000),
+        },
+        3 => Fault::KillController {
+            down: ms(rng, 500, 6000),
+        },
+        4 => Fault::ApiUnavailable {
+            for_: ms(rng, 1000, 5000),
+        },
+        5 => Fault::ApiRefuses {
+            for_: ms(rng, 1000, 4000),
+        },
+        6 => Fault::ApiLatency {
+            latency: ms(rng, 100, 1200),
+            for_: ms(rng, 2000, 10_000),
+        },
+        7 => Fault::RefuseTerminalStatus {
+            for_: ms(rng, 2000, 15_000),
+        },
+        8 => Fault::WatchStall {
+            for_: ms(rng, 2000, 10_000),
+        },
+        9 => Fault::WatchRestart,
+        10 => Fault::TartDeleteFails {
+            host,
+            for_: ms(rng, 2000, 15_000),
+        },
+        11 => Fault::TartSlow {
+            host,
+            clone: rng.random_range(0.5..4.0),
+            delete: rng.random_range(0.5..4.0),
+            for_: ms(rng, 3000, 15_000),
+        },
+        12 => Fault::TartExecHangs {
+            host,
+            for_: ms(rng, 2000, 10_000),
+        },
+        13 => Fault::TartRunDies {
+            host,
+            after: rng.random_range(0.5..3.0),
+            for_: ms(rng, 2000, 8000),
+        },
+        14 => Fault::TartCloneTmpRace {
+            host,
+            gap: rng.random_range(0.3..1.5),
+            for_: ms(rng, 3000, 12_000),
+        },
+        15 => Fault::Cancel {
+            build: rng.random_range(0..builds),
+        },
+        _ => Fault::DeleteOwner {
+            build: rng.random_range(0..builds),
+        },
+    }
+}
+
+/// The plan for `sizes`: builds start over the first 70 % of the window, each step sleeping 1-10 s
+/// (so faults find builds in flight), one in five with a short timeout; faults strike at random
+/// times in the window, drawn from every kind.
+pub fn plan(sizes: &Sizes) -> Plan {
+    let mut rng = StdRng::seed_from_u64(sizes.seed);
+    let window = sizes.window.as_millis().max(1000) as u64;
+    let hosts = sizes.hosts.max(1);
+    let builds_n = sizes.builds.max(1);
+    let mut builds: Vec<BuildPlan> = (0..builds_n)
+        .map(|i| BuildPlan {
+            name: build_name(i),
+            at: Duration::from_millis(rng.random_range(0..=window * 7 / 10)),
+            step_secs: rng.random_range(1.0..10.0),
+            timeout: rng.random_bool(0.2).then(|| format!("{}s", rng.random_range(12..30))),
+        })
+        .collect();
+    builds.sort_by_key(|b| b.at);
+    // Names follow start order, so `chaos-001` is the first build created.
+    for (i, b) in builds.iter_mut().enumerate() {
+        b.name = build_name(i);
+    }
+    let mut faults: Vec<Planned> = (0..sizes.faults)
+        .map(|_| {
+            let kind = rng.random_range(0..FAULT_KINDS);
+            Planned {
+                at: Duration::from_millis(rng.random_range(window / 20..window)),
+                fault: draw_fault(&mut rng, kind, hosts, builds_n),
+            }
+        })
+        .collect();
+    faults.sort_by_key(|f| f.at);
+    Plan { builds, faults }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::discriminant;
+
+    fn sizes(seed: u64) -> Sizes {
+        Sizes {
+            seed,
+            builds: 8,
+            hosts: 2,
+            window: Duration::from_secs(60),
+            faults: 12,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_plan_and_another_seed_another() {
+        assert_eq!(plan(&sizes(7)), plan(&sizes(7)));
+        assert_ne!(plan(&sizes(7)), plan(&sizes(8)));
+    }
+
+    #[test]
+    fn plans_stay_in_the_window_and_name_real_hosts_and_builds() {
+        let s = sizes(3);
+        let p = plan(&s);
+        assert_eq!(p.builds.len(), 8);
+        assert_eq!(p.faults.len(), 12);
+        assert!(p.builds.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(p.faults.iter().all(|f| f.at < s.window));
+        for f in &p.faults {
+            match &f.fault {
+                Fault::Cancel { build } | Fault::DeleteOwner { build } => assert!(*build < 8),
+                Fault::KillAgent { host, .. } | Fault::FreezeAgent { host, .. } => assert!(*host < 2),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn every_fault_kind_is_drawn() {
+        let mut seen = vec![];
+        for seed in 0..20 {
+            for f in plan(&Sizes {
+                faults: 40,
+                ..sizes(seed)
+            })
+            .faults
+            {
+                let d = discriminant(&f.fault);
+                let kill = matches!(f.fault, Fault::KillAgent { kill: Kill::Alone, .. });
+                if !seen.contains(&(d, kill)) {
+                    seen.push((d, kill));
+                }
+            }
+        }
+        // 16 variants, KillAgent counted once per kill mode.
+        assert_eq!(seen.len(), FAULT_KINDS, "{seen:?}");
+    }
+}
