@@ -155,6 +155,10 @@ pub enum Performed {
     NotHost,
 }
 
+/// How often a clone that lost its temporary directory to tart's garbage collection is tried
+/// again within the attempt.
+const CLONE_TMP_RACE_RETRIES: u32 = 3;
+
 enum Interrupt {
     Withdrawn(Withdrawal, Instant),
     Deadline,
@@ -430,14 +434,29 @@ impl AttemptExecutor {
             ));
         }
         let started = Instant::now();
-        match self.tart.clone_vm(&image, &vm).await {
-            Ok(()) => {
-                tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
-                self.vm_created = true;
-                Performed::Done
+        let mut pause = Duration::from_millis(250);
+        for race in 0..=CLONE_TMP_RACE_RETRIES {
+            match self.tart.clone_vm(&image, &vm).await {
+                Ok(()) => {
+                    tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
+                    self.vm_created = true;
+                    return Performed::Done;
+                }
+                // Another tart command collected the clone's temporary directory: nothing was
+                // made (the VM folder is checked), so it is cloned again within this attempt.
+                Err(e)
+                    if e.is_clone_tmp_race()
+                        && race < CLONE_TMP_RACE_RETRIES
+                        && std::fs::symlink_metadata(&dir).is_err() =>
+                {
+                    tracing::warn!(%vm, %image, error = %e, retry_in = ?pause, "clone lost its temporary directory to tart's garbage collection; cloning again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return self.fail_start(e.to_string()),
             }
-            Err(e) => self.fail_start(e.to_string()),
         }
+        unreachable!("the last try returns")
     }
 
     async fn set_vm(&mut self) -> Performed {
