@@ -274,13 +274,17 @@ impl AttemptExecutor {
             Action::StopAndDeleteVm { context, .. } => self.stop_and_delete_vm(*context).await,
             Action::ConfirmVmGone { .. } => self.confirm_gone().await,
             Action::RetryDeleteLater { after, .. } => {
+                // From 1 s, doubling up to `after`: a transient failure (or one an agent restart
+                // finds already lifted) frees the slot soon; a lasting one is not hammered.
                 let after = Duration::try_from(*after).unwrap_or(Duration::from_secs(30));
+                let mut wait = after.min(Duration::from_secs(1));
                 loop {
-                    tokio::time::sleep(after).await;
+                    tokio::time::sleep(wait).await;
                     match self.retry_delete().await {
                         Ok(_) => return Performed::Event(Event::VmDeleted { how: Deleted::OnRetry }),
                         Err(error) => {
-                            tracing::warn!(%vm, %error, retry_in = ?after, "quarantined VM still not deleted; retrying")
+                            wait = (wait * 2).min(after);
+                            tracing::warn!(%vm, %error, retry_in = ?wait, "quarantined VM still not deleted; retrying")
                         }
                     }
                 }
