@@ -209,7 +209,11 @@ mod tests {
     fn one_namespace_gets_one_role_with_the_own_lease_only() {
         let yaml = render("mac-mini-07", &["ci".into()], None).unwrap();
         let d = docs(&yaml);
-        assert_eq!(d.len(), 5, "SA, ClusterRole, ClusterRoleBinding, Role, RoleBinding: {yaml}");
+        assert_eq!(
+            d.len(),
+            5,
+            "SA, ClusterRole, ClusterRoleBinding, Role, RoleBinding: {yaml}"
+        );
         let sa = find(&d, "ServiceAccount", "tartan-agent-mac-mini-07", Some("ci"));
         assert_eq!(sa["apiVersion"], "v1");
         let role = find(&d, "Role", "tartan-agent-mac-mini-07", Some("ci"));
@@ -245,7 +249,10 @@ mod tests {
             assert_eq!(rules.len(), 3, "MacBuild and event rules only in {ns}: {rules:?}");
             assert!(rules.iter().all(|r| r["apiGroups"][0] != "coordination.k8s.io"));
             let rb = find(&d, "RoleBinding", "tartan-agent-m1", Some(ns));
-            assert_eq!(rb["subjects"][0]["namespace"], "ci", "the ServiceAccount lives in the first namespace");
+            assert_eq!(
+                rb["subjects"][0]["namespace"], "ci",
+                "the ServiceAccount lives in the first namespace"
+            );
         }
         let role = find(&d, "Role", "tartan-agent-m1", Some("tartan-system"));
         let rules = role["rules"].as_array().unwrap();
@@ -261,7 +268,10 @@ mod tests {
         let theirs = serde_saphyr::from_multiple::<Value>(&deploy).unwrap();
         let a = find(&ours, "ClusterRole", WATCH_CLUSTER_ROLE, None);
         let b = find(&theirs, "ClusterRole", WATCH_CLUSTER_ROLE, None);
-        assert_eq!(a["rules"], b["rules"], "deploy/rbac.yaml and `tartan-agent rbac` must agree");
+        assert_eq!(
+            a["rules"], b["rules"],
+            "deploy/rbac.yaml and `tartan-agent rbac` must agree"
+        );
     }
 
     #[test]

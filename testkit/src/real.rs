@@ -24,9 +24,9 @@ pub struct RealCluster {
 impl RealCluster {
     /// The `cluster` script, if it exists.
     pub fn script() -> Option<PathBuf> {
-        let path = std::env::var_os(CLUSTER_SCRIPT_ENV).map(PathBuf::from).unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kube/cluster")
-        });
+        let path = std::env::var_os(CLUSTER_SCRIPT_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kube/cluster"));
         path.is_file().then_some(path)
     }
 
@@ -38,8 +38,7 @@ impl RealCluster {
             ));
         };
         let on_path = |prog: &str| {
-            std::env::var_os("PATH")
-                .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+            std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
         };
         let etcd = std::env::var_os("ETCD_BIN").is_some_and(|p| Path::new(&p).is_file()) || on_path("etcd");
         if !etcd {
