@@ -391,9 +391,7 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             continue;
         }
         // A timed-out run says `deleted` only when its agent confirmed the deletion in time.
-        let confirmed_in_time = retirement == Some("deleted")
-            && message.contains("confirmed its VM deleted")
-            && deletion_journaled_before_end(world, name, run);
+        let confirmed_in_time = retirement == Some("deleted") && deletion_journaled_before_end(world, name, run);
         if reason == "CustomRunTimedOut" && retirement != Some("none") && !confirmed_in_time {
             bad(format!(
                 "timed out with vmRetirement={retirement:?}, expected unconfirmed, none, or deleted as confirmed \
