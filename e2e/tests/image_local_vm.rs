@@ -58,8 +58,9 @@ async fn a_build_cannot_clone_another_builds_vm_by_naming_it_as_its_image() {
         "the agent cloned another build's VM {victim_vm} for the attacker: {cloned_from_victim:?}"
     );
     assert!(
-        !s.journal("agent-a").iter().any(|r| r.build.as_ref().is_some_and(|b| b.name == "attacker")
-            && r.to == AttemptState::Booting),
+        !s.journal("agent-a")
+            .iter()
+            .any(|r| r.build.as_ref().is_some_and(|b| b.name == "attacker") && r.to == AttemptState::Booting),
         "refused before any clone"
     );
     s.open_gate();

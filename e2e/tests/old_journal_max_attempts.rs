@@ -36,7 +36,10 @@ async fn a_journal_without_max_attempts_never_runs_more_attempts_than_the_macbui
     let state = s.agent("agent-a").state_dir.clone();
     let records = s.journal("agent-a");
     assert_eq!(
-        records.iter().find(|r| r.to == AttemptState::Requested).and_then(|r| r.max_attempts),
+        records
+            .iter()
+            .find(|r| r.to == AttemptState::Requested)
+            .and_then(|r| r.max_attempts),
         Some(1),
         "this release journals maxAttempts 1"
     );
@@ -50,15 +53,24 @@ async fn a_journal_without_max_attempts_never_runs_more_attempts_than_the_macbui
             assert_eq!(journal.append(&mut old).unwrap(), r.seq, "same sequence numbers");
         }
     }
-    assert!(read_records(&state).unwrap().records.iter().all(|r| r.max_attempts.is_none()));
+    assert!(
+        read_records(&state)
+            .unwrap()
+            .records
+            .iter()
+            .all(|r| r.max_attempts.is_none())
+    );
 
     s.api_down().await;
     s.open_gate();
     s.spawn_agent("agent-a");
     let retired = s
-        .wait_journal("agent-a", "a1 Retired while the API is down", Duration::from_secs(30), |r| {
-            r.attempt == Some(1) && r.to == AttemptState::Retired
-        })
+        .wait_journal(
+            "agent-a",
+            "a1 Retired while the API is down",
+            Duration::from_secs(30),
+            |r| r.attempt == Some(1) && r.to == AttemptState::Retired,
+        )
         .await;
     eprintln!("[e2e] journaled: {retired}");
     s.api_up().await;

@@ -1344,7 +1344,13 @@ fn a_withdrawal_after_the_watchdog_took_the_vm_still_only_confirms_it_gone() {
     j.run_to(1, S::Running);
     let now = deadline() + SignedDuration::from_millis(100_190);
     j.go(1, Event::WatchdogRemovedVm, now);
-    let withdrawal = step(&j.views[&1], Event::CancelRequested { at_start: None }, now, &Config::default()).unwrap();
+    let withdrawal = step(
+        &j.views[&1],
+        Event::CancelRequested { at_start: None },
+        now,
+        &Config::default(),
+    )
+    .unwrap();
     assert_eq!(
         withdrawal.actions,
         vec![Action::ConfirmVmGone { vm: vm_of(1) }],
