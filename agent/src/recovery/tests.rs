@@ -1330,3 +1330,43 @@ fn host_side_recovery_needs_no_cluster_and_keeps_the_journals_max_attempts() {
     requested.request(1, None, t0());
     assert!(host_side(&replay(&requested.recs, &cfg)).is_empty());
 }
+
+/// The watchdog took the VM (`Retiring (WatchdogDeadline)`), then a cancel was recorded while it
+/// was being confirmed (`Retiring -> Retiring (CancelRequested)`, which owes the confirmation),
+/// and the agent restarted. The deletion still owed is the watchdog's confirmation: recovery
+/// must never stop and delete a VM the watchdog took. `continue_retirement` keys on the last
+/// record's reason, which the withdrawal replaced, so recovery (and `after_fault`) plans a
+/// `tart stop` + `tart delete` "at agent start" instead, and the status then says the agent
+/// deleted it at its start instead of the watchdog.
+#[test]
+fn a_withdrawal_after_the_watchdog_took_the_vm_still_only_confirms_it_gone() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let now = deadline() + SignedDuration::from_millis(100_190);
+    j.go(1, Event::WatchdogRemovedVm, now);
+    let withdrawal = step(
+        &j.views[&1],
+        Event::CancelRequested { at_start: None },
+        now,
+        &Config::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        withdrawal.actions,
+        vec![Action::ConfirmVmGone { vm: vm_of(1) }],
+        "the live withdrawal owes the confirmation"
+    );
+    j.push(1, &withdrawal);
+    let mut view = mk_view(1, 6);
+    view.cancel_requested = true;
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![view]), now + secs(5));
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ConfirmVmGone {
+            attempt: key(1),
+            vm: vm_of(1)
+        }],
+        "journal:\n{}",
+        j.lines().join("\n")
+    );
+}

@@ -1,0 +1,76 @@
+//! Host-side recovery retires an attempt while the API is down (issue 10's scenario), and the
+//! outage lasts longer than `release_finalizer`'s eight tries (about 95 s). The finalizer
+//! removal is then given up ("the next agent start removes it"), while the rest of recovery that
+//! waited for the cluster (`finish_with_cluster`) skips host-side builds: nothing removes it in
+//! this agent's life, and compaction drops the build from the journal once its status is
+//! delivered, so no later start does either. The MacBuild can then never be deleted (nor its
+//! namespace). The promise: once the API answers, our finalizer comes off.
+
+use serde_json::json;
+use std::time::Duration;
+use tartan_api::{AttemptState, FINALIZER};
+use tartan_e2e::stack::condition_text;
+use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for, wait_for_async};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_owed_during_a_long_outage_is_removed_once_the_api_answers() {
+    let mut s = Stack::new("finalizer-outage").await;
+    s.add_agent("agent-a", AgentOptions::default());
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let mut params = s.build_params(true);
+    params.push(("timeout-seconds", json!("600")));
+    params.push(("max-attempts", json!("1")));
+    s.create_run("build-1", &params, None).await;
+    s.wait_builds_started(1, Duration::from_secs(60)).await;
+    s.kill_agent("agent-a", KillMode::Group);
+    s.api_down().await;
+    s.open_gate();
+    s.spawn_agent("agent-a");
+    let retired = s
+        .wait_journal(
+            "agent-a",
+            "a1 Retired while the API is down",
+            Duration::from_secs(30),
+            |r| r.attempt == Some(1) && r.to == AttemptState::Retired,
+        )
+        .await;
+    eprintln!("[e2e] journaled: {retired}");
+    let gave_up = wait_for(
+        "the agent to give up removing the finalizer",
+        Duration::from_secs(180),
+        || {
+            s.agent_log("agent-a")
+                .lines()
+                .find(|l| l.contains("finalizer still on after"))
+                .map(str::to_string)
+                .ok_or("still trying".to_string())
+        },
+    )
+    .await;
+    eprintln!("[e2e] agent: {gave_up}");
+    s.api_up().await;
+    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
+    eprintln!("[e2e] build-1: {}", condition_text(&run));
+    wait_for_async(
+        "our finalizer off the MacBuild once the API answers",
+        Duration::from_secs(60),
+        || async {
+            match s.macbuild("build-1").await {
+                Some(m)
+                    if m["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| f.iter().any(|x| x == FINALIZER)) =>
+                {
+                    Err(format!(
+                        "finalizers {} deletionTimestamp {}",
+                        m["metadata"]["finalizers"], m["metadata"]["deletionTimestamp"]
+                    ))
+                }
+                _ => Ok(()),
+            }
+        },
+    )
+    .await;
+    s.finish().await;
+}
