@@ -43,6 +43,9 @@ pub struct Config {
     pub slots: u8,
     /// Matched against each MacBuild's `spec.hostSelector`.
     pub host_labels: BTreeMap<String, String>,
+    /// Local VM names a MacBuild may name as its image (tart clones a name without `/` from the
+    /// local VMs); empty = only registry images.
+    pub local_images: Vec<String>,
     /// The tart program.
     pub tart: PathBuf,
     /// `TART_HOME` for tart; `None` = tart's default.
@@ -200,6 +203,8 @@ struct RawConfig {
     slots: Option<i64>,
     #[serde(default)]
     host_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    local_images: Vec<String>,
     tart: Option<PathBuf>,
     tart_home: Option<PathBuf>,
     vm_prefix: Option<String>,
@@ -499,6 +504,7 @@ impl Config {
             lease_namespace,
             slots,
             host_labels: raw.host_labels,
+            local_images: raw.local_images,
             tart,
             tart_home,
             artifacts: raw.artifacts,

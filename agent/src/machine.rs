@@ -74,10 +74,16 @@ pub struct Attempt {
     /// Why the attempt ended: the detail of the record that fixed its outcome (e.g. the failing
     /// step, its exit code and its last lines). Journaled with that record, so it survives restarts.
     pub cause: Option<String>,
+    /// The reason recorded with the outcome (e.g. `WatchdogDeadline`), kept when a later record
+    /// (a withdrawal) changes `reason`.
+    pub outcome_reason: Option<Reason>,
     /// A cancel or owner deletion was recorded; no retry may follow.
     pub withdrawn: Option<Reason>,
     /// `maxAttempts` of the MacBuild (1–3).
     pub max_attempts: u8,
+    /// `max_attempts` came from the journal (journals written before it was recorded leave it
+    /// to the cluster's view).
+    pub max_attempts_journaled: bool,
     /// The MacBuild no longer exists: nothing is delivered to it and no finalizer is removed.
     pub build_gone: bool,
     /// Sequence number of the last journaled record of this attempt.
@@ -100,8 +106,10 @@ impl Attempt {
             outcome: None,
             reason: None,
             cause: None,
+            outcome_reason: None,
             withdrawn: None,
             max_attempts,
+            max_attempts_journaled: false,
             build_gone: false,
             last_seq: None,
             last_time: None,
@@ -123,6 +131,7 @@ impl Attempt {
         self.reason = r.reason;
         if self.outcome.is_none() && r.outcome.is_some() {
             self.cause = Some(r.detail.clone());
+            self.outcome_reason = r.reason;
         }
         self.outcome = self.outcome.or(r.outcome);
         self.slot = r.slot.or(self.slot);
@@ -132,6 +141,7 @@ impl Attempt {
         }
         if let Some(max) = r.max_attempts {
             self.max_attempts = max;
+            self.max_attempts_journaled = true;
         }
         self.last_seq = Some(r.seq);
         self.last_time = Some(r.time);
@@ -912,7 +922,7 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
 /// every record in those states carries the action that leads on to `Retired`.
 pub fn continue_retirement(a: &Attempt, cfg: &Config, at_start: Option<u32>) -> Action {
     let vm = a.vm.clone();
-    match (a.state, a.reason) {
+    match (a.state, a.outcome_reason) {
         // The watchdog took the VM: only confirm it is gone, never touch it.
         (AttemptState::Retiring, Some(Reason::WatchdogDeadline)) => Action::ConfirmVmGone { vm },
         (AttemptState::Retiring, _) => Action::StopAndDeleteVm {

@@ -405,7 +405,8 @@ impl fmt::Display for RecoveryAction {
 pub fn host_side(rp: &Replay) -> BTreeSet<String> {
     rp.latest_by_build()
         .into_iter()
-        .filter(|(_, a)| a.state.may_have_vm())
+        // Without a journaled maxAttempts the retry decision waits for the cluster too.
+        .filter(|(_, a)| a.state.may_have_vm() && a.max_attempts_journaled)
         .map(|(uid, _)| uid.to_string())
         .collect()
 }

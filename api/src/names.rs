@@ -98,6 +98,43 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     check_label_name(name).map_err(|why| format!("label key {key:?}: the name part {why}"))
 }
 
+/// Longest `spec.image` accepted.
+pub const IMAGE_MAX_LEN: usize = 512;
+
+/// Checks that `image` is what a MacBuild may clone from: a registry image
+/// (`host/repository[:tag|@digest]`, which tart pulls), or one of the operator's `local` VM names.
+/// To tart a name without `/` is a local VM, so a MacBuild naming one could clone another build's
+/// VM (its disk and secrets) or anything else on the Mac; an agent's own `mb-` VMs are never an
+/// image, and nothing that tart could read as an option (`-…`) reaches its argv.
+pub fn check_image(image: &str, local: &[String]) -> Result<(), String> {
+    if image.starts_with(VM_PREFIX) {
+        return Err(format!(
+            "{image:?} names one of the agents' own VMs ({VM_PREFIX}…), never an image"
+        ));
+    }
+    if local.iter().any(|l| l == image) {
+        return Ok(());
+    }
+    if image.is_empty() || image.len() > IMAGE_MAX_LEN {
+        return Err(format!(
+            "an image name has 1 to {IMAGE_MAX_LEN} bytes, not {}",
+            image.len()
+        ));
+    }
+    if image.starts_with('-') || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{image:?} is not an image reference (a leading '-', a space or a control character)"
+        ));
+    }
+    if !image.contains('/') || image.split('/').any(|part| part.is_empty() || part == "..") {
+        return Err(format!(
+            "{image:?} is not a registry image (host/repository[:tag]); local VM names are refused unless the \
+             agent's config lists them in local_images"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks `value` as Kubernetes checks a label value (`IsValidLabelValue`): empty, or 1–63
 /// characters from `[A-Za-z0-9-_.]` that start and end with a letter or digit.
 pub fn check_label_value(value: &str) -> Result<(), String> {
@@ -329,5 +366,39 @@ mod tests {
         for bad in ["build-42", "#1", "b#0", "b#-1", "b#+1", "b#01", "b#", "b#x"] {
             assert_eq!(parse_attempt_id(bad), None, "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn only_registry_images_or_the_operators_local_ones_are_clonable() {
+        let local = vec!["sequoia-base".to_string(), "mb-x".to_string()];
+        for ok in [
+            "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
+            "registry.local:5000/ci/xcode@sha256:abc",
+            "sequoia-base",
+        ] {
+            assert_eq!(check_image(ok, &local), Ok(()), "{ok}");
+        }
+        for bad in [
+            "mb-ci-victim-a44c2fbd", // another build's VM
+            "mb-x",                  // ours, even if an operator listed it
+            "sequoia-base-2",        // a local VM the operator did not list
+            "",
+            "--insecure",
+            "-x/y",
+            "ghcr.io/a b",
+            "ghcr.io/a\nb",
+            "ghcr.io//x",
+            "ghcr.io/../../x",
+            "/abs/path",
+            "host/",
+        ] {
+            assert!(check_image(bad, &local).is_err(), "{bad:?} accepted");
+        }
+        assert!(check_image(&format!("ghcr.io/{}", "a".repeat(IMAGE_MAX_LEN)), &local).is_err());
     }
 }

@@ -122,6 +122,8 @@ pub struct ExecutorConfig {
     pub upload: UploadPolicy,
     /// The default destination (for a MacBuild that names none) and the S3 settings.
     pub artifacts: ArtifactsConfig,
+    /// Local VM names a MacBuild may clone (the agent config's `local_images`).
+    pub local_images: Vec<String>,
 }
 
 impl ExecutorConfig {
@@ -139,6 +141,7 @@ impl ExecutorConfig {
             checkout_dir: "src".to_string(),
             upload: UploadPolicy::default(),
             artifacts: ArtifactsConfig::default(),
+            local_images: Vec::new(),
         }
     }
 }
@@ -393,7 +396,10 @@ impl AttemptExecutor {
     }
 
     async fn write_deadline(&mut self, deadline: Timestamp) -> Performed {
-        // A destination the agent will refuse fails the build now, before any VM exists.
+        // An image or destination the agent will refuse fails the build now, before any VM exists.
+        if let Err(refused) = tartan_api::names::check_image(&self.attempt.spec.image, &self.cfg.local_images) {
+            return self.fail_start(format!("image refused: {refused}; nothing was cloned"));
+        }
         if let Some(Err(refused)) = self.artifact_destination() {
             return self.fail_start(format!("{refused}; nothing was cloned"));
         }

@@ -23,8 +23,11 @@ use tartan_api::{AttemptState, BuildResults, MacBuild, MacBuildSpec, vm_name};
 pub enum Rest {
     /// The attempt is retired; `next` is owed when the machine asked for another attempt.
     Retired { next: Option<NextAttempt> },
-    /// A transition could not be journaled or was refused; the attempt stays as the journal says
-    /// and the next agent start recovers it.
+    /// A transition could not be journaled: once the journal can be written again the attempt
+    /// is taken over as after a fault (its VM was stopped and deleted meanwhile).
+    JournalFailed(String),
+    /// A transition was refused; the attempt stays as the journal says and the next agent start
+    /// recovers it.
     Stuck(String),
 }
 
@@ -50,6 +53,7 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
     };
     let cfg = ExecutorConfig {
         artifacts: shared.config.artifacts.clone(),
+        local_images: shared.config.local_images.clone(),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
@@ -80,6 +84,10 @@ pub async fn run_attempt(
     match crate::host::drive(exec, attempt, first, &shared.machine, &mut hooks).await {
         Ok(AttemptState::Retired) => Rest::Retired { next: hooks.next },
         Ok(state) => Rest::Stuck(format!("{} rests in {state} with nothing to do", attempt.key())),
+        Err(error @ crate::host::DriveError::Journal { .. }) => {
+            tracing::error!(attempt = %attempt.key(), %error, "attempt stopped until the journal can be written again");
+            Rest::JournalFailed(error.to_string())
+        }
         Err(error) => {
             tracing::error!(attempt = %attempt.key(), %error, "attempt stopped; it stays as journaled");
             Rest::Stuck(error.to_string())
@@ -128,19 +136,34 @@ impl AttemptHooks for Hooks<'_> {
     }
 }
 
-/// Removes our finalizer, retrying with backoff for a bounded time (the MacBuild stays until
-/// then, which is the safe side: nothing is lost, deletion only waits).
+/// How long the finalizer's removal is retried: it outlasts an API outage the agent rode out
+/// (the MacBuild only waits meanwhile, which is the safe side).
+const FINALIZER_RETRY_FOR: Duration = Duration::from_secs(3600);
+
+/// Removes our finalizer, retrying with capped backoff for up to [`FINALIZER_RETRY_FOR`]. A
+/// build whose finalizer could not be removed stays in the journal (compaction keeps it), so the
+/// next agent start removes it.
 pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
+    let started = std::time::Instant::now();
     let mut wait = Duration::from_millis(500);
-    for _ in 0..8 {
+    loop {
         match claim::release(&shared.client, shared.config.timing.api_timeout, build).await {
-            Ok(()) => return,
-            Err(error) => tracing::warn!(%build, %error, retry_in = ?wait, "finalizer not removed yet"),
+            Ok(()) => {
+                shared.core.lock().await.finalizer_owed.remove(&build.uid);
+                return;
+            }
+            Err(error) if started.elapsed() < FINALIZER_RETRY_FOR => {
+                tracing::warn!(%build, %error, retry_in = ?wait, "finalizer not removed yet")
+            }
+            Err(error) => {
+                tracing::error!(%build, %error, "finalizer still on after {FINALIZER_RETRY_FOR:?}; the next agent start removes it");
+                shared.core.lock().await.finalizer_owed.insert(build.uid.clone());
+                return;
+            }
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(30));
     }
-    tracing::error!(%build, "finalizer still on after 8 tries; the next agent start removes it");
 }
 
 /// Reads the MacBuild named by `build`, if it still exists with the same uid.
@@ -187,7 +210,7 @@ pub async fn claim_and_run(
         Ok(record) => attempt.observe(&record),
         Err(error) => {
             shared.core.lock().await.reserved.remove(&build.uid);
-            return Rest::Stuck(error);
+            return Rest::JournalFailed(error);
         }
     }
     admit(shared, mb, &mut attempt, slot, cancel).await
@@ -288,8 +311,17 @@ pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Opti
 
 /// Runs owed next attempts until none follows, then forgets the build's task.
 pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest, cancel: CancelSignal) {
-    while let Rest::Retired { next: Some(next) } = &rest {
-        let next = next.clone();
+    loop {
+        let next = match &rest {
+            Rest::Retired { next: Some(next) } => next.clone(),
+            Rest::JournalFailed(why) => {
+                let why = format!("journal write failed: {why}");
+                wait_until_journal_writable(&shared).await;
+                rest = after_fault(&shared, &build, &why, &cancel).await;
+                continue;
+            }
+            Rest::Retired { next: None } | Rest::Stuck(_) => break,
+        };
         let latest = match read_build(&shared, &build).await {
             Ok(Some(mb)) => mb,
             Ok(None) => {
@@ -354,7 +386,7 @@ async fn request_and_end(
     let t = machine::request(&attempt, Some(next), Timestamp::now());
     match shared.journal(&attempt, &t, None, mb.metadata.generation).await {
         Ok(record) => attempt.observe(&record),
-        Err(error) => return Rest::Stuck(error),
+        Err(error) => return Rest::JournalFailed(error),
     }
     let mut exec = executor_for(shared, &attempt, mb.spec.clone(), cancel);
     run_attempt(shared, &mut exec, &mut attempt, ending, mb.metadata.generation).await
@@ -394,7 +426,12 @@ where
         };
         if let Err(message) = supervise(first, take_over).await {
             tracing::error!(%build, %message, "the build's task failed {MAX_TASK_FAULTS} times; the next agent start recovers it from the journal");
-            shared.core.lock().await.active.remove(&build.uid);
+            let mut core = shared.core.lock().await;
+            core.active.remove(&build.uid);
+            // A reservation must not outlive the task that would have used it.
+            core.reserved.remove(&build.uid);
+            drop(core);
+            shared.slot_freed.notify_waiters();
         }
     });
 }
@@ -440,7 +477,14 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
             .cloned()
     };
     let Some(a) = open else {
-        return Rest::Retired { next: None };
+        // The last attempt is retired: the retry it owed (if any) still follows, decided from
+        // the journal as when it was retired.
+        let next = {
+            let core = shared.core.lock().await;
+            core.latest_attempt(&build.uid)
+                .and_then(|a| machine::decide_retry(a, a.last_time?, &shared.machine).ok())
+        };
+        return Rest::Retired { next };
     };
     let start = match a.state {
         AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {
@@ -451,9 +495,15 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
         AttemptState::Retiring | AttemptState::Quarantined => {
             Start::Perform(machine::continue_retirement(&a, &shared.machine, None))
         }
-        // Nothing was cloned yet; the claim is resumed at the next agent start.
+        // Nothing was cloned yet: the claim is resumed (the same attempt, claimed again — a claim
+        // this agent already holds is accepted as its own) once a slot is free.
         AttemptState::Requested | AttemptState::Retired => {
-            return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
+            let Some(mb) = read_build(shared, build).await.ok().flatten() else {
+                shared.core.lock().await.reserved.remove(&build.uid);
+                shared.slot_freed.notify_waiters();
+                return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
+            };
+            return resume_admission(shared, &mb, a, cancel).await;
         }
     };
     let mb = read_build(shared, build).await.ok().flatten();
@@ -466,6 +516,43 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
         cancel,
     )
     .await
+}
+
+/// Waits (checking at most once a second; the journal backs off its own probes) until the
+/// journal can be written again.
+async fn wait_until_journal_writable(shared: &Shared) {
+    loop {
+        if tokio::task::block_in_place(|| {
+            let mut core = shared.core.blocking_lock();
+            core.journal.writable()
+        }) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Claims a `Requested` attempt again (a claim this agent already holds is accepted as its own)
+/// and runs it once a slot is free; past its window it ends `DeadlinePassed`.
+pub async fn resume_admission(shared: &Shared, mb: &MacBuild, mut a: Attempt, cancel: &CancelSignal) -> Rest {
+    let until = a
+        .deadline
+        .unwrap_or_else(|| Timestamp::now() + SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds)));
+    match wait_for_slot(shared, &a.build.uid, until).await {
+        Some(slot) => admit(shared, mb, &mut a, slot, cancel).await,
+        None => {
+            let start = Start::Event(Event::DeadlinePassed { at_start: None });
+            drive(
+                shared,
+                &Some(mb.clone()),
+                &a.key(),
+                start,
+                mb.metadata.generation,
+                cancel,
+            )
+            .await
+        }
+    }
 }
 
 /// The journal's view of attempt `key`, if it has one.

@@ -39,6 +39,9 @@ pub struct Core {
     /// Builds finished here whose records compaction dropped (by uid): the journal no longer
     /// names them, and they must still never be claimed again.
     pub compacted: BTreeSet<String>,
+    /// Finished builds whose finalizer could not be removed (by uid): compaction keeps their
+    /// records, so that the next agent start removes it.
+    pub finalizer_owed: BTreeSet<String>,
 }
 
 impl Core {
@@ -216,8 +219,10 @@ impl Shared {
         let done: BTreeSet<String> = last
             .iter()
             .filter(|(uid, (latest, seq))| {
-                let settled =
-                    !core.active.contains_key(*uid) && !core.reserved.contains_key(*uid) && !core.has_open_attempt(uid);
+                let settled = !core.active.contains_key(*uid)
+                    && !core.reserved.contains_key(*uid)
+                    && !core.has_open_attempt(uid)
+                    && !core.finalizer_owed.contains(*uid);
                 let nothing_owed = latest.build_gone
                     || latest.reason == Some(Reason::ClaimLost)
                     || self.delivery.delivered(&latest.build).is_some_and(|d| d >= *seq)

@@ -87,6 +87,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             active: BTreeMap::new(),
             delivered_before: BTreeMap::new(),
             compacted: Default::default(),
+            finalizer_owed: Default::default(),
         }),
         client: client.clone(),
         tart,

@@ -5,7 +5,7 @@
 use super::build::{self, Rest, Start, drive, known_attempt};
 use super::core::Shared;
 use crate::host::CancelSignal;
-use crate::machine::{Action, Event};
+use crate::machine::Action;
 use crate::record::{BuildRef, Record};
 use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, ObservedVm, RecoveryAction};
 use k8s_openapi::jiff::Timestamp;
@@ -312,19 +312,10 @@ async fn run_actions(
                     tracing::warn!(attempt = %attempt, "MacBuild gone before its admission");
                     continue;
                 };
-                let Some(mut a) = known_attempt(shared, &attempt).await else {
+                let Some(a) = known_attempt(shared, &attempt).await else {
                     continue;
                 };
-                let until = a.deadline.unwrap_or_else(|| {
-                    Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds))
-                });
-                match build::wait_for_slot(shared, &attempt.build.uid, until).await {
-                    Some(slot) => build::admit(shared, mb, &mut a, slot, cancel).await,
-                    None => {
-                        let start = Start::Event(Event::DeadlinePassed { at_start: None });
-                        drive(shared, &Some(mb.clone()), &attempt, start, generation, cancel).await
-                    }
-                }
+                build::resume_admission(shared, mb, a, cancel).await
             }
             RecoveryAction::RedeliverStatus { attempt, seq } => {
                 match records.iter().find(|r| r.seq == seq).and_then(Record::saved_status) {
@@ -340,7 +331,7 @@ async fn run_actions(
             }
             RecoveryAction::QuarantineUnknownVm { .. } | RecoveryAction::ResolveUnknownVm { .. } => continue,
         };
-        if let Rest::Stuck(_) = rest {
+        if matches!(rest, Rest::Stuck(_) | Rest::JournalFailed(_)) {
             return rest;
         }
     }
