@@ -67,12 +67,16 @@ async fn a_journal_without_max_attempts_never_runs_more_attempts_than_the_macbui
     // Without a journaled maxAttempts the attempt is not retired from the journal alone: the
     // retry decision (and so the retirement) waits for the cluster's view.
     let log_says = || s.agent_log("agent-a").contains("recovering the host side now");
-    wait_for("the agent to go on without the cluster", Duration::from_secs(30), || {
-        log_says().then_some(()).ok_or("not yet".to_string())
-    })
+    wait_for(
+        "the agent to go on without the cluster",
+        Duration::from_secs(30),
+        || log_says().then_some(()).ok_or("not yet".to_string()),
+    )
     .await;
     assert!(
-        !s.journal("agent-a").iter().any(|r| r.attempt == Some(1) && r.to == AttemptState::Retiring),
+        !s.journal("agent-a")
+            .iter()
+            .any(|r| r.attempt == Some(1) && r.to == AttemptState::Retiring),
         "an attempt without a journaled maxAttempts is left to the cluster's view"
     );
     s.api_up().await;
