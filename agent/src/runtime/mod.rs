@@ -101,15 +101,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
-    let api: Api<MacBuild> = Api::all(client);
-    let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    // One watch per configured namespace: the agent's Role (deploy/rbac.yaml) is namespaced, so a
+    // cluster-wide list is forbidden; all namespaces only when none are configured.
+    let apis: Vec<Api<MacBuild>> = if shared.config.namespaces.is_empty() {
+        vec![Api::all(client)]
+    } else {
+        shared
+            .config
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
     let changed = Arc::new(Notify::new());
-    let watch_task = {
+    let mut readers = Vec::with_capacity(apis.len());
+    let mut watch_tasks = Vec::with_capacity(apis.len());
+    for api in apis {
+        let (reader, writer) = reflector::store();
+        let stream = reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
         let changed = Arc::clone(&changed);
-        tokio::spawn(async move {
+        watch_tasks.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 match event {
@@ -117,14 +130,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
                 }
             }
-        })
-    };
+        }));
+        readers.push(reader);
+    }
 
     let mut terminate = terminated()?;
     let mut compaction = tokio::time::interval(COMPACTION_INTERVAL);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        scan(&shared, &reader.state(), &lease).await;
+        let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
+        scan(&shared, &view, &lease).await;
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
@@ -141,7 +156,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Builds keep running in their VMs; the journal says where each stands, and the next start
     // recovers them. The Lease stops being renewed, which tells the controller.
     tracing::info!("agent stopping; running builds are recovered at the next start");
-    watch_task.abort();
+    for task in &watch_tasks {
+        task.abort();
+    }
     metrics.abort();
     lease.stop();
     Ok(())
