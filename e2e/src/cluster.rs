@@ -337,7 +337,7 @@ impl RealCluster {
         let probe: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild",
             "metadata": {"name": "admission-probe"},
-            "spec": {"image": "probe", "steps": [{"name": "probe", "run": "true"}]},
+            "spec": {"image": "probe", "steps": [{"name": "probe", "run": ["true"]}]},
         }))
         .unwrap();
         match probes.create(&PostParams::default(), &probe).await {

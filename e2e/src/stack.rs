@@ -1013,6 +1013,43 @@ watchdog_grace = "{wg}"
         eprintln!("[e2e] {}: all {} invariants hold", self.name, invariants::TITLES.len());
     }
 
+    /// Every log of the controller and agents (all runs).
+    fn component_logs(&self) -> Vec<PathBuf> {
+        let mut logs: Vec<PathBuf> = self
+            .controller
+            .iter()
+            .chain(self.dead.iter())
+            .map(|p| p.log().to_path_buf())
+            .collect();
+        for id in self.agents.keys() {
+            logs.extend(self.agent_logs(id));
+        }
+        logs
+    }
+
+    /// Panics if a component's log shows a request RBAC refused: `deploy/rbac.yaml` must let the
+    /// controller and agents do everything a scenario asks of them.
+    fn check_nothing_forbidden(&self) {
+        let refused: Vec<String> = self
+            .component_logs()
+            .iter()
+            .flat_map(|log| {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                text.lines()
+                    .filter(|l| l.contains(" is forbidden: User "))
+                    .map(|l| format!("{}: {l}", log.display()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{}: RBAC refused the components {} request(s) (deploy/rbac.yaml lacks a rule); first:\n{}",
+            self.name,
+            refused.len(),
+            refused.iter().take(3).cloned().collect::<Vec<_>>().join("\n")
+        );
+    }
+
     fn journals_text(&self) -> String {
         self.agents
             .keys()
@@ -1020,9 +1057,13 @@ watchdog_grace = "{wg}"
             .collect()
     }
 
-    /// Checks the invariants, prints the journals, then stops everything.
+    /// Checks the invariants (and, on a real cluster, that RBAC refused the components nothing),
+    /// prints the journals, then stops everything.
     pub async fn finish(mut self) {
         self.check_invariants().await;
+        if !self.cluster.is_emulator() {
+            self.check_nothing_forbidden();
+        }
         eprint!("{}", self.journals_text());
         self.stop_all();
     }
