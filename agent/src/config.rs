@@ -269,7 +269,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Whether `id` can name an agent: a Lease name suffix and a label value, so at most 63
 /// characters of `[a-z0-9.-]`, starting and ending with a letter or digit.
-fn check_agent_id(id: &str) -> Result<(), String> {
+pub fn check_agent_id(id: &str) -> Result<(), String> {
     let ok_chars = id.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'));
     let ends_ok = id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());

@@ -7,6 +7,7 @@ pub mod journal;
 pub mod lock;
 pub mod logging;
 pub mod machine;
+pub mod rbac;
 pub mod record;
 pub mod recovery;
 pub mod runtime;

@@ -26,7 +26,7 @@ pub struct Config {
     /// The watchdog deletes a VM this long after its deadline (60 s); recovery uses it to tell a
     /// watchdog deletion from a VM that vanished for another reason.
     pub watchdog_grace: SignedDuration,
-    /// How long to wait between deletion retries of a quarantined VM.
+    /// The longest wait between deletion retries of a quarantined VM (they start at 1 s and double).
     pub quarantine_retry: SignedDuration,
     /// `maxAttempts` when the MacBuild does not say (2).
     pub default_max_attempts: u8,

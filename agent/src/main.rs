@@ -42,6 +42,9 @@ enum Command {
     /// Delete VMs past their host execution deadline plus a grace, from the deadline files alone
     /// (never the journal or the agent's lock).
     Watchdog(cli_watchdog::WatchdogArgs),
+    /// Print one agent's ServiceAccount, Roles and bindings as YAML (for `kubectl apply -f -`): it
+    /// may renew only its own Lease.
+    Rbac(tartan_agent::rbac::RbacArgs),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -52,6 +55,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Uninstall(args) => tartan_agent::service::uninstall(args),
         Command::ServiceStatus(args) => tartan_agent::service::status(args),
         Command::Watchdog(args) => cli_watchdog::run(args),
+        Command::Rbac(args) => tartan_agent::rbac::run(args),
     }
 }
 

@@ -467,6 +467,46 @@ async fn a_journal_that_fails_mid_build_still_gets_the_vm_deleted() {
     );
 }
 
+/// Another tart command collects the clone's temporary directory before the clone locked it (tart
+/// creates `tmp/<uuid>` first): the clone fails "failed to lock", nothing is made, and the
+/// executor clones again within the attempt instead of failing the build `VMStartFailed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_whose_tmp_dir_is_collected_is_cloned_again() {
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (a, exec) = attempt(&rig, "tmp-race", spec(vec![step("build", "true")]), signal);
+    let vm = a.vm.clone();
+    rig.set_faults(&vm_fault(
+        &vm,
+        Fault {
+            clone_tmp_unlocked_secs: Some(8.0),
+            ..Fault::default()
+        },
+    ));
+    let journal = MemJournal::new();
+    let task = spawn_drive(exec, a, &journal);
+    wait_for("the clone's unlocked tmp entry", LIMIT, || {
+        (!rig.tmp_entries().is_empty()).then_some(())
+    })
+    .await;
+    // Any other tart command collects it; the next clone has no such window.
+    rig.set_faults(&Faults::default());
+    rig.tart.list().await.expect("tart list");
+    assert!(
+        rig.tmp_entries().is_empty(),
+        "tart list collected the unlocked tmp entry"
+    );
+    let (end, _exec) = tokio::time::timeout(LIMIT, task).await.expect("attempt ends").unwrap();
+    assert_eq!(end.unwrap(), S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let retiring = records
+        .iter()
+        .find(|r| r.to == S::Retiring)
+        .expect("Retiring journaled");
+    assert_eq!(retiring.outcome, Some(Outcome::Succeeded), "{:#?}", journal.lines());
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
 /// A clone that hangs until the host deadline: no VM ever existed, so the watchdog cannot have
 /// deleted it — the attempt fails `DeadlinePassed` (not `WatchdogDeadline`), and the hung tart
 /// clone is killed, not left running.

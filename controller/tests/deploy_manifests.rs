@@ -88,4 +88,14 @@ fn rbac_is_least_privilege() {
     }
     assert!(!allows(agent, "tartan.dev", "macbuilds", "create"));
     assert!(!allows(agent, "tartan.dev", "macbuilds", "delete"));
+    // The agent watches MacBuilds of all namespaces: a namespaced Role cannot allow that.
+    let watch = kind(&d, "ClusterRole", "tartan-agent-watch");
+    assert!(allows(watch, "tartan.dev", "macbuilds", "watch"));
+    assert_eq!(
+        watch["rules"].as_array().unwrap().len(),
+        1,
+        "read MacBuilds, nothing else"
+    );
+    let binding = kind(&d, "ClusterRoleBinding", "tartan-agent-watch");
+    assert_eq!(binding["subjects"][0]["name"], "tartan-agent");
 }

@@ -171,8 +171,53 @@ impl TartError {
         matches!(self, TartError::VmNotRunning { .. })
     }
 
+    /// True for a `clone` that lost its temporary directory to another tart command's garbage
+    /// collection before it locked it (tart creates `tmp/<uuid>` first and locks it after: see
+    /// the double's module docs). Nothing was cloned; cloning again is safe.
+    pub fn is_clone_tmp_race(&self) -> bool {
+        let TartError::Failed {
+            command: "clone",
+            stderr,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        // `failed to lock <home>/tmp/<entry>: <why>`: the entry's parent folder is tart's `tmp`.
+        stderr.lines().any(|line| {
+            line.split_once("failed to lock ")
+                .and_then(|(_, rest)| rest.split_once(": "))
+                .and_then(|(path, _)| std::path::Path::new(path).parent()?.file_name())
+                .is_some_and(|dir| dir == "tmp")
+        })
+    }
+
     /// True when the call was abandoned by our own timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self, TartError::Timeout { .. } | TartError::ExecTimeout { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(command: &'static str, stderr: &str) -> TartError {
+        TartError::Failed {
+            command,
+            vm: "mb-x".into(),
+            code: 1,
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_clone_that_lost_its_tmp_entry_is_a_race() {
+        let lost = "Error: failed to lock /Users/ci/.tart/tmp/5B0C0E5A-1F0B: No such file or directory";
+        assert!(failed("clone", lost).is_clone_tmp_race());
+        // Another command, another lock, or a path that merely lives under /tmp are not.
+        assert!(!failed("pull", lost).is_clone_tmp_race());
+        assert!(!failed("clone", "failed to lock /tmp/home/vms/mb-x/config.json: Resource busy").is_clone_tmp_race());
+        assert!(!failed("clone", "Error: disk full writing /tmp/x").is_clone_tmp_race());
     }
 }

@@ -28,13 +28,18 @@
 //! offset (no snapshot); the watch window is global rather than per resource; deny rules and the
 //! garbage collector's own writes bypass each other; no aggregated discovery (kubectl falls back).
 //!
+//! [`RealCluster`] starts the real kube-apiserver of `../shared/kube` for tests that check the
+//! emulator against it (and RBAC, which the emulator does not do).
+//!
 //! Also shared by the other crates' tests ([`support`]): workspace binaries such as `tart-double`
 //! built on demand ([`workspace_bin`]), and bounded polling ([`wait_for`]).
 
 pub mod emulator;
+pub mod real;
 pub mod support;
 
 pub use emulator::{
     Availability, DenyRule, EmulatorHandle, Faults, FaultsUpdate, Options, Predicate, PredicateOp, Target, start,
 };
+pub use real::RealCluster;
 pub use support::{tart_double, wait_for, workspace_bin};

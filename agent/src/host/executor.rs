@@ -155,6 +155,10 @@ pub enum Performed {
     NotHost,
 }
 
+/// How often a clone that lost its temporary directory to tart's garbage collection is tried
+/// again within the attempt.
+const CLONE_TMP_RACE_RETRIES: u32 = 3;
+
 enum Interrupt {
     Withdrawn(Withdrawal, Instant),
     Deadline,
@@ -270,13 +274,17 @@ impl AttemptExecutor {
             Action::StopAndDeleteVm { context, .. } => self.stop_and_delete_vm(*context).await,
             Action::ConfirmVmGone { .. } => self.confirm_gone().await,
             Action::RetryDeleteLater { after, .. } => {
+                // From 1 s, doubling up to `after`: a transient failure (or one an agent restart
+                // finds already lifted) frees the slot soon; a lasting one is not hammered.
                 let after = Duration::try_from(*after).unwrap_or(Duration::from_secs(30));
+                let mut wait = after.min(Duration::from_secs(1));
                 loop {
-                    tokio::time::sleep(after).await;
+                    tokio::time::sleep(wait).await;
                     match self.retry_delete().await {
                         Ok(_) => return Performed::Event(Event::VmDeleted { how: Deleted::OnRetry }),
                         Err(error) => {
-                            tracing::warn!(%vm, %error, retry_in = ?after, "quarantined VM still not deleted; retrying")
+                            wait = (wait * 2).min(after);
+                            tracing::warn!(%vm, %error, retry_in = ?wait, "quarantined VM still not deleted; retrying")
                         }
                     }
                 }
@@ -430,14 +438,29 @@ impl AttemptExecutor {
             ));
         }
         let started = Instant::now();
-        match self.tart.clone_vm(&image, &vm).await {
-            Ok(()) => {
-                tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
-                self.vm_created = true;
-                Performed::Done
+        let mut pause = Duration::from_millis(250);
+        for race in 0..=CLONE_TMP_RACE_RETRIES {
+            match self.tart.clone_vm(&image, &vm).await {
+                Ok(()) => {
+                    tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
+                    self.vm_created = true;
+                    return Performed::Done;
+                }
+                // Another tart command collected the clone's temporary directory: nothing was
+                // made (the VM folder is checked), so it is cloned again within this attempt.
+                Err(e)
+                    if e.is_clone_tmp_race()
+                        && race < CLONE_TMP_RACE_RETRIES
+                        && std::fs::symlink_metadata(&dir).is_err() =>
+                {
+                    tracing::warn!(%vm, %image, error = %e, retry_in = ?pause, "clone lost its temporary directory to tart's garbage collection; cloning again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return self.fail_start(e.to_string()),
             }
-            Err(e) => self.fail_start(e.to_string()),
         }
+        unreachable!("the last try returns")
     }
 
     async fn set_vm(&mut self) -> Performed {

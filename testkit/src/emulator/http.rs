@@ -670,15 +670,23 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
     };
     let (tx, out) = mpsc::channel::<Bytes>(64);
     let table_rt = t.rt.clone();
-    // `kubectl get -w` asks for Tables: every event object becomes a one-row Table.
-    let shape = move |mut ev: Value| -> Value {
+    // `kubectl get -w` asks for Tables: every event object becomes a one-row Table; as in the
+    // apiserver, only the first one carries the columnDefinitions.
+    let mut columns_sent = false;
+    let mut shape = move |mut ev: Value| -> Value {
         if as_table && ev["type"] != "BOOKMARK" && ev["type"] != "ERROR" {
             let rv = ev
                 .pointer("/object/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            ev["object"] = table::table(&table_rt, &[ev["object"].clone()], &rv, None);
+            let mut t = table::table(&table_rt, &[ev["object"].clone()], &rv, None);
+            if std::mem::replace(&mut columns_sent, true)
+                && let Some(m) = t.as_object_mut()
+            {
+                m.remove("columnDefinitions");
+            }
+            ev["object"] = t;
         }
         ev
     };

@@ -840,13 +840,21 @@ impl State {
             .stored(rt, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&rt.gr(), name))?;
+        // As the apiserver's `rest.BeforeDelete` checks them: the GroupResource names the Kind.
+        let by_kind = super::status::GroupResource {
+            group: &rt.group,
+            resource: &rt.kind,
+        };
         if let Some(uid) = &opts.precondition_uid {
             let actual = meta(&cur, "uid").unwrap_or_default();
             if *uid != actual {
                 return Err(ApiError::conflict(
-                    &rt.gr(),
+                    &by_kind,
                     name,
-                    &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+                    &format!(
+                        "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object \
+                         might have been deleted and then recreated"
+                    ),
                 ));
             }
         }
@@ -854,10 +862,11 @@ impl State {
             let actual = meta(&cur, "resourceVersion").unwrap_or_default();
             if *rv != actual {
                 return Err(ApiError::conflict(
-                    &rt.gr(),
+                    &by_kind,
                     name,
                     &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"
+                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record \
+                         ({actual}). The object might have been modified"
                     ),
                 ));
             }
