@@ -101,8 +101,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
-    // One watch per configured namespace: the agent's Role (deploy/rbac.yaml) is namespaced, so a
-    // cluster-wide list is forbidden; all namespaces only when none are configured.
+    // One watch per configured namespace, so that a namespaced Role is enough for an agent (a
+    // cluster-wide list needs a ClusterRole); all namespaces only when none are configured.
     let apis: Vec<Api<MacBuild>> = if shared.config.namespaces.is_empty() {
         vec![Api::all(client)]
     } else {
@@ -114,25 +114,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .collect()
     };
     let changed = Arc::new(Notify::new());
-    let mut readers = Vec::with_capacity(apis.len());
-    let mut watch_tasks = Vec::with_capacity(apis.len());
-    for api in apis {
-        let (reader, writer) = reflector::store();
-        let stream = reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
-        let changed = Arc::clone(&changed);
-        watch_tasks.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(_) => changed.notify_one(),
-                    Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
-                }
-            }
-        }));
-        readers.push(reader);
-    }
+    let (readers, watch_tasks): (Vec<_>, Vec<_>) = apis
+        .into_iter()
+        .map(|api| watch_macbuilds(api, Arc::clone(&changed)))
+        .unzip();
 
     let mut terminate = terminated()?;
     let mut compaction = tokio::time::interval(COMPACTION_INTERVAL);
@@ -162,6 +147,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.abort();
     lease.stop();
     Ok(())
+}
+
+/// A reflector over `api`'s MacBuilds, kept up to date by a task that notifies `changed` on
+/// every change; the store and the task.
+fn watch_macbuilds(
+    api: Api<MacBuild>,
+    changed: Arc<Notify>,
+) -> (reflector::Store<MacBuild>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
+            }
+        }
+    });
+    (reader, task)
 }
 
 /// Removes step logs past the `[logs]` limits, never those of attempts the journal still has open.
