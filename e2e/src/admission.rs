@@ -88,23 +88,17 @@ fn make_certificates(dir: &Path) {
                basicConstraints = CA:FALSE\nkeyUsage = critical,digitalSignature,keyEncipherment\n\
                extendedKeyUsage = serverAuth\n";
     std::fs::write(dir.join("openssl.cnf"), cnf).expect("openssl config written");
-    let steps: &[&[&str]] = &[
-        &[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=tartan-e2e-webhook-ca",
-        ],
-        &[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj",
-            "/CN=127.0.0.1",
-        ],
-        &[
-            "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-            "tls.crt", "-days", "2", "-extfile", "openssl.cnf", "-extensions", "ext",
-        ],
+    // No argument contains a space: each step splits on whitespace.
+    let steps = [
+        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=tartan-e2e-webhook-ca",
+        "req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1",
+        "x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 \
+         -extfile openssl.cnf -extensions ext",
     ];
-    for args in steps {
+    for step in steps {
+        let args: Vec<&str> = step.split_whitespace().collect();
         let out = Command::new("openssl")
-            .args(*args)
+            .args(&args)
             .current_dir(dir)
             .output()
             .unwrap_or_else(|e| panic!("cannot run openssl (the admission webhook needs it): {e}"));

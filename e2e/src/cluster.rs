@@ -10,8 +10,8 @@ use crate::process::Proc;
 use crate::wait::{wait_for, wait_for_async};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use nix::sys::signal::Signal;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -229,7 +229,9 @@ impl Cluster {
     /// Ends [`Cluster::api_down`].
     pub fn api_up(&self) {
         match self {
-            Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/faults", &json!({"availability": "up"})),
+            Cluster::Emulator { control, .. } => {
+                emulator_post(control, "/emulator/faults", &json!({"availability": "up"}))
+            }
             Cluster::Real(real) => real.pause_apiserver(false),
         }
     }
@@ -295,7 +297,10 @@ impl RealCluster {
                 .arg(&out)
                 .status()
                 .unwrap_or_else(|e| panic!("cannot run {}: {e}", kube_cluster_script().display()));
-            assert!(status.success(), "cluster kubeconfig {namespace} {sa} failed ({status})");
+            assert!(
+                status.success(),
+                "cluster kubeconfig {namespace} {sa} failed ({status})"
+            );
         } else {
             let token = try_kubectl(
                 &self.kubeconfig,
@@ -322,7 +327,11 @@ impl RealCluster {
                 eprintln!(
                     "[e2e] the API {} ValidatingAdmissionPolicy: terminal status writes are refused by {}",
                     if vap { "serves" } else { "does not serve" },
-                    if vap { "a policy" } else { "the harness's admission webhook" }
+                    if vap {
+                        "a policy"
+                    } else {
+                        "the harness's admission webhook"
+                    }
                 );
                 vap
             })
@@ -520,7 +529,12 @@ pub fn render_rbac(docs: Vec<Value>, namespace: &str) -> Value {
 
 /// A kubeconfig (YAML) for ServiceAccount `sa` of `namespace` with `token`, on the cluster of
 /// `admin`'s current context.
-pub fn service_account_kubeconfig_text(admin: &Kubeconfig, namespace: &str, sa: &str, token: &str) -> Result<String, String> {
+pub fn service_account_kubeconfig_text(
+    admin: &Kubeconfig,
+    namespace: &str,
+    sa: &str,
+    token: &str,
+) -> Result<String, String> {
     let current = admin.current_context.as_deref().ok_or("no current-context")?;
     let context = admin
         .contexts
@@ -571,7 +585,6 @@ async fn create_namespace(client: &kube::Client, namespace: &str) {
         Err(e) => panic!("cannot create namespace {namespace}: {e}"),
     }
 }
-
 
 fn apply_crds(kubeconfig: &Path) {
     kubectl(kubeconfig, &["apply", "-f", &macbuild_crd().to_string_lossy()]);
@@ -671,7 +684,10 @@ mod tests {
         let docs = deploy_rbac();
         let list = render_rbac(docs.clone(), "e2e-x");
         let items = list["items"].as_array().unwrap();
-        assert!(items.iter().all(|i| i["kind"] != "Namespace"), "the stack has its own namespace");
+        assert!(
+            items.iter().all(|i| i["kind"] != "Namespace"),
+            "the stack has its own namespace"
+        );
         assert_eq!(items.len(), docs.iter().filter(|d| d["kind"] != "Namespace").count());
         for item in items {
             let ns = &item["metadata"]["namespace"];
@@ -687,7 +703,10 @@ mod tests {
             .collect();
         assert_eq!(sas, [CONTROLLER_SERVICE_ACCOUNT, AGENT_SERVICE_ACCOUNT]);
         let crb = items.iter().find(|i| i["kind"] == "ClusterRoleBinding").unwrap();
-        assert_eq!(crb["metadata"]["name"], "tartan-controller-e2e-x", "one binding per stack");
+        assert_eq!(
+            crb["metadata"]["name"], "tartan-controller-e2e-x",
+            "one binding per stack"
+        );
         assert_eq!(crb["roleRef"]["name"], "tartan-controller", "the role itself is shared");
     }
 
@@ -710,7 +729,10 @@ mod tests {
         assert_eq!(kc.auth_infos[0].name, "tartan-agent");
         let raw: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(raw["users"][0]["user"]["token"], "tok");
-        assert_eq!(kc.contexts[0].context.as_ref().unwrap().namespace.as_deref(), Some("ns1"));
+        assert_eq!(
+            kc.contexts[0].context.as_ref().unwrap().namespace.as_deref(),
+            Some("ns1")
+        );
     }
 
     #[test]

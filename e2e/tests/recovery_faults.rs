@@ -210,7 +210,9 @@ async fn finished_build_is_never_claimed_again_from_a_stale_view() {
     if stalls {
         s.cluster.emulator_faults(&json!({"watchesStalled": true}));
     } else {
-        eprintln!("[e2e] stale-view: the watch stall and the watch-history compaction need the emulator; skipped on the real apiserver");
+        eprintln!(
+            "[e2e] stale-view: the watch stall and the watch-history compaction need the emulator; skipped on the real apiserver"
+        );
     }
     s.deny_terminal_status().await;
     s.open_gate();
