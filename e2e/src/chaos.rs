@@ -139,6 +139,7 @@ pub async fn run(opts: Options) -> bool {
     let mut on = InForce::default();
     let mut findings = checks::Findings::default();
     let mut created: BTreeMap<usize, bool> = BTreeMap::new();
+    let mut delivery_blocked = Vec::new();
     let mut last_sample = Instant::now();
     loop {
         events.sort_by_key(|(at, order, _)| (*at, *order));
@@ -163,6 +164,14 @@ pub async fn run(opts: Options) -> bool {
                 Event::Strike(i) => {
                     if let Some(lift_in) = strike(&mut stack, &plan, i, &mut on, &created, &mut log).await {
                         events.push((now + lift_in, 2, Event::Lift(i)));
+                        if plan.faults[i].fault.blocks_delivery() {
+                            let from = Timestamp::now();
+                            let to = k8s_openapi::jiff::SignedDuration::try_from(lift_in)
+                                .ok()
+                                .and_then(|d| from.checked_add(d).ok())
+                                .unwrap_or(from);
+                            delivery_blocked.push((from, to));
+                        }
                     }
                 }
                 Event::Lift(i) => lift(&mut stack, &plan.faults[i].fault, &mut on, &mut log).await,
@@ -188,7 +197,10 @@ pub async fn run(opts: Options) -> bool {
         t0.elapsed().as_secs_f64()
     ));
 
-    let world = stack.world().await;
+    let world = crate::invariants::World {
+        delivery_blocked,
+        ..stack.world().await
+    };
     let results = checks::all(&world, &findings, opts.slots);
     let mut failed = 0;
     for c in &results {

@@ -43,6 +43,10 @@ pub struct World {
     /// it (DESIGN.md invariant 6: "unless the cluster refuses writes past the deadline"). Only
     /// then may a journaled result of a timed-out CustomRun stay undelivered.
     pub refused_terminal_status: bool,
+    /// When the agents' status writes could not reach the cluster (API outages and refusals,
+    /// agents killed or frozen): a chaos run's fault windows. A live holder's `unconfirmed`
+    /// after a deletion it journaled is the truth when its confirmation was held up by one.
+    pub delivery_blocked: Vec<(Timestamp, Timestamp)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -373,7 +377,8 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             // status writes"): the cluster refused it, or the holder had not journaled the VM
             // deleted when the run ended (a quarantined VM); otherwise the lease must have expired.
             if world.refused_terminal_status
-                || (message.contains("lease is live") && !deletion_journaled_before_end(world, name, run))
+                || (message.contains("lease is live")
+                    && (!deletion_journaled_before_end(world, name, run) || confirmation_held_up(world, name, run)))
             {
                 continue;
             }
@@ -385,9 +390,12 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             lease_really_expired(run, message, world, &mut bad);
             continue;
         }
-        if reason == "CustomRunTimedOut" && retirement != Some("none") {
+        // A timed-out run says `deleted` only when its agent confirmed the deletion in time.
+        let confirmed_in_time = retirement == Some("deleted") && deletion_journaled_before_end(world, name, run);
+        if reason == "CustomRunTimedOut" && retirement != Some("none") && !confirmed_in_time {
             bad(format!(
-                "timed out with vmRetirement={retirement:?}, expected unconfirmed or none"
+                "timed out with vmRetirement={retirement:?}, expected unconfirmed, none, or deleted as confirmed \
+                 by a journaled deletion: {message}"
             ));
         }
         let journal = last_outcome(world, name);
@@ -422,6 +430,32 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             }
         }
     }
+}
+
+/// Whether the first journaled confirmation of a deletion for build `name` could not reach the
+/// cluster before the run ended: a [`World::delivery_blocked`] window overlaps the time from that
+/// record (less a delivery retry's slack) to the run's end.
+fn confirmation_held_up(world: &World, name: &str, run: &Value) -> bool {
+    // Status retries back off up to seconds after a window lifts.
+    const SLACK: k8s_openapi::jiff::SignedDuration = k8s_openapi::jiff::SignedDuration::from_secs(5);
+    let ended = run["status"]["completionTime"]
+        .as_str()
+        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
+        .and_then(|s| s.parse::<Timestamp>().ok());
+    let confirmed = world
+        .agents
+        .iter()
+        .flat_map(|a| &a.journal)
+        .filter(|r| r.build.as_ref().is_some_and(|b| b.name == name) && confirms_deletion(r))
+        .map(|r| r.time)
+        .min();
+    let (Some(ended), Some(confirmed)) = (ended, confirmed) else {
+        return false;
+    };
+    world
+        .delivery_blocked
+        .iter()
+        .any(|(from, to)| *from <= ended + SLACK && *to + SLACK >= confirmed)
 }
 
 /// Whether some journal confirmed a VM of build `name` deleted (`Retired (VMDeleted|Resolved)`)

@@ -993,6 +993,7 @@ watchdog_grace = "{wg}"
             macbuilds,
             leases,
             refused_terminal_status: self.refusing_terminal_status,
+            delivery_blocked: Vec::new(),
         }
     }
 

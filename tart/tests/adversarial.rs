@@ -25,13 +25,22 @@ fn fake_tart(dir: &Path, body: &str) -> (Tart, PathBuf) {
 }
 
 fn alive(pid_file: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(pid_file) else { return false };
+    let Ok(text) = std::fs::read_to_string(pid_file) else {
+        return false;
+    };
     let pid: i32 = text.trim().parse().unwrap();
     // kill(pid, 0): the process exists (a zombie is reaped by the driver's wait).
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
-async fn list_with(body: &str) -> (Result<Vec<tartan_tart::VmListEntry>, TartError>, Duration, PathBuf, tempfile::TempDir) {
+async fn list_with(
+    body: &str,
+) -> (
+    Result<Vec<tartan_tart::VmListEntry>, TartError>,
+    Duration,
+    PathBuf,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let (tart, pid_file) = fake_tart(dir.path(), body);
     let started = Instant::now();
@@ -45,8 +54,15 @@ async fn garbage_on_stdout_is_unexpected_output_bounded_and_escaped() {
     let e = result.expect_err("random bytes are not tart's JSON");
     assert!(matches!(e, TartError::UnexpectedOutput { .. }), "{e}");
     let text = e.to_string();
-    assert!(text.len() < 40_000, "the error quotes at most a bounded part: {} bytes", text.len());
-    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "control characters escaped");
+    assert!(
+        text.len() < 40_000,
+        "the error quotes at most a bounded part: {} bytes",
+        text.len()
+    );
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "control characters escaped"
+    );
 }
 
 #[tokio::test]
@@ -77,7 +93,10 @@ async fn a_hanging_tart_is_killed_at_its_timeout() {
     assert!(took < Duration::from_secs(5), "the 2 s timeout held: {took:?}");
     let until = Instant::now() + Duration::from_secs(5);
     while alive(&pid_file) {
-        assert!(Instant::now() < until, "the hung tart is still running 5 s after its timeout");
+        assert!(
+            Instant::now() < until,
+            "the hung tart is still running 5 s after its timeout"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -85,9 +104,14 @@ async fn a_hanging_tart_is_killed_at_its_timeout() {
 #[tokio::test]
 async fn a_failure_with_escapes_and_nul_is_a_bounded_failed_error() {
     let (result, _, _, _dir) =
-        list_with("printf 'Error: \\033[31mboom\\000\\033[0m\\n'; head -c 100000 /dev/zero | tr '\\0' e >&2; exit 1").await;
+        list_with("printf 'Error: \\033[31mboom\\000\\033[0m\\n'; head -c 100000 /dev/zero | tr '\\0' e >&2; exit 1")
+            .await;
     let e = result.expect_err("exit 1");
     assert!(matches!(e, TartError::Failed { code: 1, .. }), "{e}");
     let text = e.to_string();
-    assert!(text.len() < 10_000, "stderr is capped in the error: {} bytes", text.len());
+    assert!(
+        text.len() < 10_000,
+        "stderr is capped in the error: {} bytes",
+        text.len()
+    );
 }

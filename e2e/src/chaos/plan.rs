@@ -81,6 +81,19 @@ pub enum Fault {
 
 impl Fault {
     /// How long the fault lasts before it is lifted (zero for one-shot faults).
+    /// Whether the agents' status writes cannot reach the cluster while this fault is in force.
+    pub fn blocks_delivery(&self) -> bool {
+        matches!(
+            self,
+            Fault::KillAgent { .. }
+                | Fault::FreezeAgent { .. }
+                | Fault::ApiUnavailable { .. }
+                | Fault::ApiRefuses { .. }
+                | Fault::ApiLatency { .. }
+                | Fault::RefuseTerminalStatus { .. }
+        )
+    }
+
     pub fn duration(&self) -> Duration {
         match self {
             Fault::KillAgent { down, .. } | Fault::KillController { down } => *down,

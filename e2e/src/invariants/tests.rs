@@ -101,6 +101,7 @@ fn good() -> World {
         })],
         leases: vec![json!({"spec": {"holderIdentity": "agent-a", "leaseDurationSeconds": 20}})],
         refused_terminal_status: false,
+        delivery_blocked: Vec::new(),
     }
 }
 
@@ -215,8 +216,37 @@ fn unconfirmed_with_a_live_lease_is_true_only_when_the_cluster_refused_the_confi
         "{:#?}",
         check(&quarantined)
     );
+    // A chaos run's window in which the agents' writes could not reach the cluster, from before
+    // the deletion was journaled until the run ended: the confirmation was held up.
+    let deleted_at = w.agents[0].journal.last().unwrap().time;
+    let mut held_up = w.clone();
+    held_up.delivery_blocked = vec![(
+        deleted_at - k8s_openapi::jiff::SignedDuration::from_secs(1),
+        deleted_at + k8s_openapi::jiff::SignedDuration::from_secs(60),
+    )];
+    assert!(!invariants_broken(&held_up).contains(&4), "{:#?}", check(&held_up));
+    // A window long over before the deletion explains nothing.
+    let mut stale = w.clone();
+    stale.delivery_blocked = vec![(
+        deleted_at - k8s_openapi::jiff::SignedDuration::from_secs(600),
+        deleted_at - k8s_openapi::jiff::SignedDuration::from_secs(300),
+    )];
+    assert!(invariants_broken(&stale).contains(&4));
     w.refused_terminal_status = true;
     assert_eq!(check(&w), vec![]);
+}
+
+#[test]
+fn a_timeout_says_deleted_only_when_a_deletion_was_journaled_before_it() {
+    let mut w = good();
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut",
+        "message": "MacBuild did not finish within timeout 5s; agent agent-a cancelled it and confirmed its VM deleted"});
+    w.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T09:00:00Z");
+    assert!(!invariants_broken(&w).contains(&4), "{:#?}", check(&w));
+    // The journal confirms no deletion before the run ended: `deleted` is a lie.
+    w.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T07:00:00Z");
+    assert!(invariants_broken(&w).contains(&4));
 }
 
 #[test]
