@@ -139,9 +139,9 @@ impl Cluster {
         matches!(self, Cluster::Emulator { .. })
     }
 
-    /// "emulator" or "real", for messages.
+    /// "emulator" or "real cluster", for messages.
     pub fn backend(&self) -> &'static str {
-        if self.is_emulator() { "emulator" } else { "real" }
+        if self.is_emulator() { "emulator" } else { "real cluster" }
     }
 
     /// A client for this cluster.
