@@ -1,20 +1,25 @@
 //! The API the stack talks to: a `kube-emulator` process (default), or the real cluster of
-//! `$KUBECONFIG` (CRDs applied with `kubectl`). Each stack works in its own namespace, so the same
-//! scenarios run unchanged against both.
+//! `$KUBECONFIG` (CRDs applied with `kubectl`; `scripts/e2e --cluster real` starts the bundled
+//! v1.24 control plane for it). Each stack works in its own namespace, so the same scenarios run
+//! unchanged against both; on a real cluster the controller and agents act as their
+//! ServiceAccounts under `deploy/rbac.yaml`, the harness alone as admin.
 
+use crate::admission::Webhook;
 use crate::bins::{bin, workspace_root};
 use crate::process::Proc;
-use crate::wait::wait_for;
+use crate::wait::{wait_for, wait_for_async};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// The Tekton CustomRun CRD (a copy of Tekton's, kept in the repository).
+/// The Tekton CustomRun CRD (a copy of Tekton's, kept in the repository; the same as
+/// `../shared/fixtures/tekton-customrun-crd.yaml`).
 pub fn tekton_crd() -> PathBuf {
     workspace_root().join("testkit/fixtures/tekton-customrun-crd.yaml")
 }
@@ -32,9 +37,38 @@ pub enum Cluster {
         control: String,
         kubeconfig: PathBuf,
     },
-    Real {
-        kubeconfig: PathBuf,
-    },
+    Real(RealCluster),
+}
+
+/// A real kube-apiserver: the bundled control plane `scripts/e2e --cluster real` starts, or any
+/// cluster of `$KUBECONFIG`.
+pub struct RealCluster {
+    /// Admin credentials: the harness's alone (facts, faults); the controller and agents run as
+    /// their ServiceAccounts (see [`Cluster::prepare_namespace`]).
+    kubeconfig: PathBuf,
+    /// The bundled control plane's directory (`cluster start DIR`, `$TARTAN_E2E_KUBE_DIR`):
+    /// ServiceAccount kubeconfigs come from `cluster kubeconfig`, and the API can be paused.
+    control_plane: Option<PathBuf>,
+    /// The stack's directory (ServiceAccount kubeconfigs, the webhook's certificates).
+    dir: PathBuf,
+    /// Whether the API serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicies,
+    /// asked once by discovery.
+    has_vap: tokio::sync::OnceCell<bool>,
+    webhook: std::sync::OnceLock<Webhook>,
+    /// Cluster-scoped objects made for this stack (`kind/name`), deleted at teardown.
+    cluster_objects: std::sync::Mutex<Vec<String>>,
+    /// Whether the kube-apiserver is SIGSTOPped now (it is continued at teardown).
+    paused: std::sync::atomic::AtomicBool,
+}
+
+/// Who a component runs as on a real cluster.
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "tartan-controller";
+pub const AGENT_SERVICE_ACCOUNT: &str = "tartan-agent";
+
+/// The kubeconfigs the components of one stack use.
+pub struct Credentials {
+    pub controller: PathBuf,
+    pub agent: PathBuf,
 }
 
 impl Cluster {
@@ -47,7 +81,18 @@ impl Cluster {
         {
             let kubeconfig = PathBuf::from(kc);
             apply_crds(&kubeconfig);
-            return Cluster::Real { kubeconfig };
+            let control_plane = std::env::var_os("TARTAN_E2E_KUBE_DIR")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from);
+            return Cluster::Real(RealCluster {
+                kubeconfig,
+                control_plane,
+                dir: dir.to_path_buf(),
+                has_vap: tokio::sync::OnceCell::new(),
+                webhook: std::sync::OnceLock::new(),
+                cluster_objects: std::sync::Mutex::new(vec![]),
+                paused: std::sync::atomic::AtomicBool::new(false),
+            });
         }
         let kubeconfig = dir.join("kubeconfig");
         let log = dir.join("kube-emulator.log");
@@ -83,9 +128,10 @@ impl Cluster {
         }
     }
 
+    /// The admin kubeconfig (the harness's).
     pub fn kubeconfig(&self) -> &Path {
         match self {
-            Cluster::Emulator { kubeconfig, .. } | Cluster::Real { kubeconfig } => kubeconfig,
+            Cluster::Emulator { kubeconfig, .. } | Cluster::Real(RealCluster { kubeconfig, .. }) => kubeconfig,
         }
     }
 
@@ -93,17 +139,53 @@ impl Cluster {
         matches!(self, Cluster::Emulator { .. })
     }
 
+    /// "emulator" or "real cluster", for messages.
+    pub fn backend(&self) -> &'static str {
+        if self.is_emulator() { "emulator" } else { "real cluster" }
+    }
+
     /// A client for this cluster.
     pub async fn client(&self) -> kube::Client {
-        let kc = Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig readable");
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig usable");
-        kube::Client::try_from(config).expect("kube client")
+        client_for(self.kubeconfig()).await
+    }
+
+    /// Creates `namespace` (a fresh one per stack) and the credentials its components use: the
+    /// emulator has no authorization (its admin kubeconfig for all); on a real cluster
+    /// `deploy/rbac.yaml` is applied rendered into `namespace` and the controller and agents get
+    /// kubeconfigs of the `tartan-controller` and `tartan-agent` ServiceAccounts.
+    pub async fn prepare_namespace(&self, client: &kube::Client, namespace: &str) -> Credentials {
+        create_namespace(client, namespace).await;
+        let Cluster::Real(real) = self else {
+            return Credentials {
+                controller: self.kubeconfig().to_path_buf(),
+                agent: self.kubeconfig().to_path_buf(),
+            };
+        };
+        let text = std::fs::read_to_string(rbac_manifest())
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", rbac_manifest().display()));
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{} is not YAML: {e}", rbac_manifest().display()));
+        let rendered = render_rbac(docs, namespace);
+        for item in rendered["items"].as_array().into_iter().flatten() {
+            if item["metadata"]["namespace"].is_null() {
+                real.remember(&format!(
+                    "{}/{}",
+                    item["kind"].as_str().unwrap_or_default().to_lowercase(),
+                    item["metadata"]["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+        kubectl_stdin(&real.kubeconfig, &["apply", "-f", "-"], &rendered.to_string());
+        Credentials {
+            controller: real.service_account_kubeconfig(namespace, CONTROLLER_SERVICE_ACCOUNT),
+            agent: real.service_account_kubeconfig(namespace, AGENT_SERVICE_ACCOUNT),
+        }
     }
 
     /// Refuses writes of a terminal phase to `macbuilds/status` in `namespace`, as the source's
-    /// ValidatingAdmissionPolicy `mac-ci-deny-terminal-status` did.
+    /// ValidatingAdmissionPolicy `mac-ci-deny-terminal-status` did; returns once a write is
+    /// refused. A real cluster gets that policy if it serves ValidatingAdmissionPolicy (asked by
+    /// discovery), else a validating admission webhook the harness serves ([`Webhook`]).
     pub async fn deny_terminal_status(&self, namespace: &str) {
         match self {
             Cluster::Emulator { control, .. } => {
@@ -118,57 +200,39 @@ impl Cluster {
                 });
                 emulator_post(control, "/emulator/faults", &json!({"deny": [rule]}));
             }
-            Cluster::Real { kubeconfig } => {
-                let policy = format!(
-                    r#"apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {{name: mac-ci-deny-terminal-status-{namespace}}}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-    - {{apiGroups: [tartan.dev], apiVersions: ["*"], operations: [UPDATE], resources: [macbuilds/status]}}
-  validations:
-  - expression: "!has(object.status) || !has(object.status.phase) || !(object.status.phase in ['Succeeded', 'Failed', 'Cancelled'])"
-    message: terminal MacBuild status refused by policy
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {{name: mac-ci-deny-terminal-status-{namespace}}}
-spec:
-  policyName: mac-ci-deny-terminal-status-{namespace}
-  validationActions: [Deny]
-  matchResources:
-    namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}
-"#
-                );
-                kubectl_stdin(kubeconfig, &["apply", "-f", "-"], &policy);
-            }
+            Cluster::Real(real) => real.deny_terminal_status(namespace).await,
         }
     }
 
-    /// Lifts [`Cluster::deny_terminal_status`].
+    /// Lifts [`Cluster::deny_terminal_status`]; returns once a terminal write is let through.
     pub async fn allow_terminal_status(&self, namespace: &str) {
         match self {
             Cluster::Emulator { control, .. } => {
                 emulator_post(control, "/emulator/faults", &json!({"deny": []}));
             }
-            Cluster::Real { kubeconfig } => {
-                let name = format!("mac-ci-deny-terminal-status-{namespace}");
-                kubectl(
-                    kubeconfig,
-                    &[
-                        "delete",
-                        "--ignore-not-found",
-                        "validatingadmissionpolicybinding",
-                        &name,
-                    ],
-                );
-                kubectl(
-                    kubeconfig,
-                    &["delete", "--ignore-not-found", "validatingadmissionpolicy", &name],
-                );
+            Cluster::Real(real) => real.allow_terminal_status(namespace).await,
+        }
+    }
+
+    /// Every API request fails until [`Cluster::api_up`]: the emulator answers 503; the bundled
+    /// control plane's kube-apiserver is SIGSTOPped (requests hang until their clients give up,
+    /// as when its node freezes). Any other cluster cannot be taken down: that panics.
+    pub fn api_down(&self) {
+        match self {
+            Cluster::Emulator { control, .. } => {
+                emulator_post(control, "/emulator/faults", &json!({"availability": "unavailable"}))
             }
+            Cluster::Real(real) => real.pause_apiserver(true),
+        }
+    }
+
+    /// Ends [`Cluster::api_down`].
+    pub fn api_up(&self) {
+        match self {
+            Cluster::Emulator { control, .. } => {
+                emulator_post(control, "/emulator/faults", &json!({"availability": "up"}))
+            }
+            Cluster::Real(real) => real.pause_apiserver(false),
         }
     }
 
@@ -178,7 +242,7 @@ spec:
     pub fn emulator_faults(&self, update: &Value) {
         match self {
             Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/faults", update),
-            Cluster::Real { .. } => panic!("API faults {update} need the emulator (unset KUBECONFIG)"),
+            Cluster::Real(_) => panic!("API faults {update} need the emulator (unset KUBECONFIG)"),
         }
     }
 
@@ -187,29 +251,338 @@ spec:
     pub fn compact_watch_history(&self) {
         match self {
             Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/compact", &json!({})),
-            Cluster::Real { .. } => panic!("watch history compaction needs the emulator (unset KUBECONFIG)"),
+            Cluster::Real(_) => panic!("watch history compaction needs the emulator (unset KUBECONFIG)"),
         }
     }
 
-    /// Creates `namespace` (a fresh one per stack).
-    pub async fn create_namespace(&self, client: &kube::Client, namespace: &str) {
-        let api: Api<Namespace> = Api::all(client.clone());
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
-        match api.create(&PostParams::default(), &ns).await {
+    /// Removes what the stack made on a real cluster (its namespace, cluster-scoped RBAC and
+    /// admission objects) and continues a paused kube-apiserver; the emulator just dies.
+    /// Synchronous, so that it also runs while a failed scenario unwinds.
+    pub fn teardown(&self, namespace: &str) {
+        let Cluster::Real(real) = self else { return };
+        real.pause_apiserver(false);
+        let objects = std::mem::take(&mut *real.cluster_objects.lock().expect("cluster objects lock"));
+        let mut args = vec!["delete", "--ignore-not-found", "--wait=false"];
+        args.extend(objects.iter().map(String::as_str));
+        if !objects.is_empty()
+            && let Err(e) = try_kubectl(&real.kubeconfig, &args)
+        {
+            eprintln!("[e2e] teardown: {e}; those objects stay");
+        }
+        for ns in [namespace.to_string(), probe_namespace(namespace)] {
+            let args = ["delete", "namespace", &ns, "--wait=false", "--ignore-not-found"];
+            if let Err(e) = try_kubectl(&real.kubeconfig, &args) {
+                eprintln!("[e2e] teardown: {e}; namespace {ns} stays");
+            }
+        }
+    }
+}
+
+impl RealCluster {
+    fn remember(&self, object: &str) {
+        let mut all = self.cluster_objects.lock().expect("cluster objects lock");
+        if !all.iter().any(|o| o == object) {
+            all.push(object.to_string());
+        }
+    }
+
+    /// A kubeconfig acting as ServiceAccount `sa` of `namespace`, written into the stack's dir.
+    fn service_account_kubeconfig(&self, namespace: &str, sa: &str) -> PathBuf {
+        let out = self.dir.join(format!("{sa}.kubeconfig"));
+        if let Some(cp) = &self.control_plane {
+            let status = Command::new(kube_cluster_script())
+                .arg("kubeconfig")
+                .arg(cp)
+                .args([namespace, sa])
+                .arg(&out)
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", kube_cluster_script().display()));
+            assert!(
+                status.success(),
+                "cluster kubeconfig {namespace} {sa} failed ({status})"
+            );
+        } else {
+            let token = try_kubectl(
+                &self.kubeconfig,
+                &["-n", namespace, "create", "token", sa, "--duration=24h"],
+            )
+            .unwrap_or_else(|e| panic!("no token for ServiceAccount {namespace}/{sa}: {e}"));
+            let kc = Kubeconfig::read_from(&self.kubeconfig).expect("admin kubeconfig readable");
+            let text = service_account_kubeconfig_text(&kc, namespace, sa, token.trim())
+                .unwrap_or_else(|e| panic!("cannot derive a kubeconfig for {namespace}/{sa}: {e}"));
+            std::fs::write(&out, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
+        }
+        out
+    }
+
+    async fn serves_vap(&self) -> bool {
+        *self
+            .has_vap
+            .get_or_init(|| async {
+                let client = client_for(&self.kubeconfig).await;
+                let vap = match client.list_api_group_resources("admissionregistration.k8s.io/v1").await {
+                    Ok(list) => list.resources.iter().any(|r| r.name == "validatingadmissionpolicies"),
+                    Err(e) => panic!("discovery of admissionregistration.k8s.io/v1 failed: {e}"),
+                };
+                eprintln!(
+                    "[e2e] the API {} ValidatingAdmissionPolicy: terminal status writes are refused by {}",
+                    if vap { "serves" } else { "does not serve" },
+                    if vap {
+                        "a policy"
+                    } else {
+                        "the harness's admission webhook"
+                    }
+                );
+                vap
+            })
+            .await
+    }
+
+    async fn deny_terminal_status(&self, namespace: &str) {
+        let probe_ns = probe_namespace(namespace);
+        let client = client_for(&self.kubeconfig).await;
+        create_namespace(&client, &probe_ns).await;
+        let probes = macbuilds(&client, &probe_ns);
+        let probe: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild",
+            "metadata": {"name": "admission-probe"},
+            "spec": {"image": "probe", "steps": [{"name": "probe", "run": ["true"]}]},
+        }))
+        .unwrap();
+        match probes.create(&PostParams::default(), &probe).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("cannot create namespace {namespace}: {e}"),
+            Err(e) => panic!("cannot create the admission probe MacBuild in {probe_ns}: {e}"),
         }
+        let name = format!("mac-ci-deny-terminal-status-{namespace}");
+        let namespaces = json!([namespace, probe_ns]);
+        let manifest = if self.serves_vap().await {
+            self.remember(&format!("validatingadmissionpolicybinding/{name}"));
+            self.remember(&format!("validatingadmissionpolicy/{name}"));
+            json!({"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                 "metadata": {"name": name},
+                 "spec": {"failurePolicy": "Fail",
+                          "matchConstraints": {"resourceRules": [{"apiGroups": ["tartan.dev"], "apiVersions": ["*"],
+                              "operations": ["UPDATE"], "resources": ["macbuilds/status"]}]},
+                          "validations": [{
+                              "expression": "!has(object.status) || !has(object.status.phase) || !(object.status.phase in ['Succeeded', 'Failed', 'Cancelled'])",
+                              "message": "terminal MacBuild status refused by policy mac-ci-deny-terminal-status"}]}},
+                {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                 "metadata": {"name": name},
+                 "spec": {"policyName": name, "validationActions": ["Deny"],
+                          "matchResources": {"namespaceSelector": {"matchExpressions": [
+                              {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}}}},
+            ]})
+        } else {
+            let hook = self.webhook.get_or_init(|| Webhook::start(&self.dir.join("webhook")));
+            self.remember(&format!("validatingwebhookconfiguration/{name}"));
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                   "metadata": {"name": name},
+                   "webhooks": [{
+                       "name": "deny-terminal-status.e2e.tartan.dev",
+                       "clientConfig": {"url": hook.url(), "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, hook.ca_pem())},
+                       "rules": [{"apiGroups": ["tartan.dev"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                                  "resources": ["macbuilds/status"], "scope": "Namespaced"}],
+                       "namespaceSelector": {"matchExpressions": [
+                           {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]},
+                       "failurePolicy": "Fail", "sideEffects": "None",
+                       "admissionReviewVersions": ["v1"], "timeoutSeconds": 10}]})
+        };
+        kubectl_stdin(&self.kubeconfig, &["apply", "-f", "-"], &manifest.to_string());
+        wait_admission(&probes, true).await;
     }
 
-    /// Deletes the stack's namespace on a real cluster (the emulator just dies).
-    pub async fn cleanup(&self, client: &kube::Client, namespace: &str) {
-        if let Cluster::Real { kubeconfig } = self {
-            self.allow_terminal_status(namespace).await;
-            let api: Api<Namespace> = Api::all(client.clone());
-            let _ = api.delete(namespace, &DeleteParams::background()).await;
-            let _ = kubeconfig;
+    async fn allow_terminal_status(&self, namespace: &str) {
+        let name = format!("mac-ci-deny-terminal-status-{namespace}");
+        let kinds: &[&str] = if self.serves_vap().await {
+            &["validatingadmissionpolicybinding", "validatingadmissionpolicy"]
+        } else {
+            &["validatingwebhookconfiguration"]
+        };
+        for kind in kinds {
+            kubectl(&self.kubeconfig, &["delete", "--ignore-not-found", kind, &name]);
         }
+        let client = client_for(&self.kubeconfig).await;
+        wait_admission(&macbuilds(&client, &probe_namespace(namespace)), false).await;
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT of the bundled control plane's kube-apiserver.
+    fn pause_apiserver(&self, pause: bool) {
+        use std::sync::atomic::Ordering;
+        if !pause && !self.paused.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(cp) = &self.control_plane else {
+            panic!(
+                "an API outage needs the emulator or the bundled control plane (scripts/e2e --cluster real): \
+                 the cluster of $KUBECONFIG cannot be paused"
+            );
+        };
+        let file = cp.join("run/kube-apiserver.pid");
+        let pid: i32 = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no kube-apiserver pid in {}", file.display()));
+        let signal = if pause { Signal::SIGSTOP } else { Signal::SIGCONT };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .unwrap_or_else(|e| panic!("cannot send {signal} to kube-apiserver pid {pid}: {e}"));
+        self.paused.store(pause, Ordering::SeqCst);
+        eprintln!("[e2e] {signal} kube-apiserver pid {pid}");
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        // Never leave the shared control plane stopped for the next scenario.
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            self.pause_apiserver(false);
+        }
+    }
+}
+
+/// Where the admission probe lives: its own namespace, which the scenario's agents never see.
+fn probe_namespace(namespace: &str) -> String {
+    let mut ns: String = format!("{namespace}-adm").chars().take(63).collect();
+    while ns.ends_with('-') {
+        ns.pop();
+    }
+    ns
+}
+
+fn macbuilds(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: "tartan.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "tartan.dev/v1alpha1".into(),
+        kind: "MacBuild".into(),
+        plural: "macbuilds".into(),
+    };
+    Api::namespaced_with(client.clone(), namespace, &ar)
+}
+
+/// Waits until a server-side dry-run write of a terminal phase to the probe's status is refused
+/// (`refused`) or let through: admission configuration reaches the apiserver asynchronously.
+async fn wait_admission(probes: &Api<DynamicObject>, refused: bool) {
+    let what = if refused { "refused" } else { "let through" };
+    wait_for_async(
+        &format!("a terminal MacBuild status write to be {what} by admission"),
+        Duration::from_secs(30),
+        || async {
+            let pp = PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            };
+            let patch = Patch::Merge(json!({"status": {"phase": "Succeeded"}}));
+            match probes.patch_status("admission-probe", &pp, &patch).await {
+                Ok(_) if !refused => Ok(()),
+                Ok(_) => Err("let through".to_string()),
+                Err(kube::Error::Api(e)) if refused && e.message.contains("terminal MacBuild status refused") => Ok(()),
+                Err(e) => Err(format!("answered {e}")),
+            }
+        },
+    )
+    .await
+}
+
+/// `deploy/rbac.yaml`.
+pub fn rbac_manifest() -> PathBuf {
+    workspace_root().join("deploy/rbac.yaml")
+}
+
+/// The bundled control plane's script (`../shared/kube/cluster` beside the workspace, or
+/// `$TARTAN_KUBE_CLUSTER`).
+pub fn kube_cluster_script() -> PathBuf {
+    std::env::var_os("TARTAN_KUBE_CLUSTER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/kube/cluster"))
+}
+
+/// `deploy/rbac.yaml`'s objects made for one namespace, as a `List` for `kubectl apply`: the
+/// `Namespace` objects are dropped (the stack has its own), every namespaced object and every
+/// ServiceAccount subject moves into `namespace`, and cluster-scoped bindings get the namespace
+/// in their name, so that each stack's binding names its own ServiceAccount.
+pub fn render_rbac(docs: Vec<Value>, namespace: &str) -> Value {
+    let mut items = vec![];
+    for mut doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        if kind.is_empty() || kind == "Namespace" {
+            continue;
+        }
+        if doc["metadata"].get("namespace").is_some() {
+            doc["metadata"]["namespace"] = json!(namespace);
+        }
+        if kind == "ClusterRoleBinding"
+            && let Some(name) = doc["metadata"]["name"].as_str()
+        {
+            doc["metadata"]["name"] = json!(format!("{name}-{namespace}"));
+        }
+        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
+            for s in subjects.iter_mut().filter(|s| s["kind"] == "ServiceAccount") {
+                s["namespace"] = json!(namespace);
+            }
+        }
+        items.push(doc);
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// A kubeconfig (YAML) for ServiceAccount `sa` of `namespace` with `token`, on the cluster of
+/// `admin`'s current context.
+pub fn service_account_kubeconfig_text(
+    admin: &Kubeconfig,
+    namespace: &str,
+    sa: &str,
+    token: &str,
+) -> Result<String, String> {
+    let current = admin.current_context.as_deref().ok_or("no current-context")?;
+    let context = admin
+        .contexts
+        .iter()
+        .find(|c| c.name == current)
+        .and_then(|c| c.context.as_ref())
+        .ok_or(format!("no context {current}"))?;
+    let cluster = admin
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or(format!("no cluster {}", context.cluster))?;
+    let mut entry = json!({"server": cluster.server.clone().ok_or("the cluster has no server")?});
+    if let Some(ca) = &cluster.certificate_authority_data {
+        entry["certificate-authority-data"] = json!(ca);
+    } else if let Some(ca) = &cluster.certificate_authority {
+        entry["certificate-authority"] = json!(ca);
+    }
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        entry["insecure-skip-tls-verify"] = json!(true);
+    }
+    // JSON is YAML: kubectl and kube read it as a kubeconfig.
+    Ok(json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": entry}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": sa, "namespace": namespace}}],
+        "current-context": "e2e",
+    })
+    .to_string())
+}
+
+async fn client_for(kubeconfig: &Path) -> kube::Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig usable");
+    kube::Client::try_from(config).expect("kube client")
+}
+
+async fn create_namespace(client: &kube::Client, namespace: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("cannot create namespace {namespace}: {e}"),
     }
 }
 
@@ -238,17 +611,26 @@ fn apply_crds(kubeconfig: &Path) {
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) {
+    if let Err(e) = try_kubectl(kubeconfig, args) {
+        panic!("{e}");
+    }
+}
+
+/// Runs kubectl; its stdout, or what failed.
+fn try_kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl (needed with KUBECONFIG set): {e}"));
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .map_err(|e| format!("cannot run kubectl (needed with KUBECONFIG set): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) {
@@ -287,4 +669,77 @@ fn emulator_post(url: &str, path: &str, body: &Value) {
     let _ = stream.read_to_string(&mut response);
     let status = response.split_whitespace().nth(1).unwrap_or("");
     assert!(status.starts_with('2'), "emulator {path} answered: {response}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deploy_rbac() -> Vec<Value> {
+        serde_saphyr::from_multiple(&std::fs::read_to_string(rbac_manifest()).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn rbac_is_rendered_into_the_namespace() {
+        let docs = deploy_rbac();
+        let list = render_rbac(docs.clone(), "e2e-x");
+        let items = list["items"].as_array().unwrap();
+        assert!(
+            items.iter().all(|i| i["kind"] != "Namespace"),
+            "the stack has its own namespace"
+        );
+        assert_eq!(items.len(), docs.iter().filter(|d| d["kind"] != "Namespace").count());
+        for item in items {
+            let ns = &item["metadata"]["namespace"];
+            assert!(ns.is_null() || ns == "e2e-x", "{item}");
+            for s in item["subjects"].as_array().into_iter().flatten() {
+                assert_eq!(s["namespace"], "e2e-x", "{item}");
+            }
+        }
+        let sas: Vec<&str> = items
+            .iter()
+            .filter(|i| i["kind"] == "ServiceAccount")
+            .map(|i| i["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(sas, [CONTROLLER_SERVICE_ACCOUNT, AGENT_SERVICE_ACCOUNT]);
+        let crb = items.iter().find(|i| i["kind"] == "ClusterRoleBinding").unwrap();
+        assert_eq!(
+            crb["metadata"]["name"], "tartan-controller-e2e-x",
+            "one binding per stack"
+        );
+        assert_eq!(crb["roleRef"]["name"], "tartan-controller", "the role itself is shared");
+    }
+
+    #[test]
+    fn service_account_kubeconfig_keeps_the_admin_cluster() {
+        let admin: Kubeconfig = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "b",
+            "clusters": [{"name": "ca", "cluster": {"server": "https://a:1"}},
+                         {"name": "cb", "cluster": {"server": "https://b:2", "certificate-authority-data": "Q0E="}}],
+            "contexts": [{"name": "a", "context": {"cluster": "ca", "user": "u"}},
+                         {"name": "b", "context": {"cluster": "cb", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "admin"}}],
+        }))
+        .unwrap();
+        let text = service_account_kubeconfig_text(&admin, "ns1", "tartan-agent", "tok").unwrap();
+        let kc = Kubeconfig::from_yaml(&text).unwrap();
+        let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://b:2"));
+        assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0E="));
+        assert_eq!(kc.auth_infos[0].name, "tartan-agent");
+        let raw: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(raw["users"][0]["user"]["token"], "tok");
+        assert_eq!(
+            kc.contexts[0].context.as_ref().unwrap().namespace.as_deref(),
+            Some("ns1")
+        );
+    }
+
+    #[test]
+    fn probe_namespace_is_a_valid_name_apart_from_the_stack() {
+        assert_eq!(probe_namespace("e2e-happy-path-abc123"), "e2e-happy-path-abc123-adm");
+        let long = "e".repeat(61);
+        let p = probe_namespace(&long);
+        assert!(p.len() <= 63 && !p.ends_with('-') && p != long, "{p}");
+    }
 }

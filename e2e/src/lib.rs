@@ -7,6 +7,7 @@
 //! Every wait is on an observable fact with a bound, and every process started here is killed
 //! (whole process group) when its owner is dropped, also on panic.
 
+pub mod admission;
 pub mod bins;
 pub mod chaos;
 pub mod cluster;

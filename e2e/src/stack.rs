@@ -3,7 +3,7 @@
 //! waits on or the invariant checker needs.
 
 use crate::bins::bin;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Credentials};
 use crate::invariants::{self, AgentFacts, PlantedVm, World};
 use crate::process::{Proc, kill_pids_with_env};
 use crate::wait::{wait_for, wait_for_async};
@@ -201,7 +201,10 @@ pub struct Stack {
     pub dir: PathBuf,
     tempdir: Option<tempfile::TempDir>,
     pub cluster: Cluster,
+    /// The harness's client (admin).
     pub client: kube::Client,
+    /// The kubeconfigs the controller and the agents run with.
+    credentials: Credentials,
     controller: Option<Proc>,
     controller_opts: ControllerOptions,
     controller_starts: u32,
@@ -233,7 +236,8 @@ fn macbuilds_resource() -> ApiResource {
 }
 
 impl Stack {
-    /// A fresh API (emulator or `$KUBECONFIG`'s cluster) and namespace; nothing else runs yet.
+    /// A fresh API (emulator or `$KUBECONFIG`'s cluster) and namespace (with `deploy/rbac.yaml` in
+    /// it on a real cluster); nothing else runs yet.
     pub async fn new(name: &str) -> Stack {
         let tempdir = tempfile::Builder::new()
             .prefix(&format!("tartan-e2e-{name}-"))
@@ -247,8 +251,12 @@ impl Stack {
             .chars()
             .take(63)
             .collect::<String>();
-        cluster.create_namespace(&client, &ns).await;
-        eprintln!("[e2e] {name}: dir {} namespace {ns}", dir.display());
+        let credentials = cluster.prepare_namespace(&client, &ns).await;
+        eprintln!(
+            "[e2e] {name}: dir {} namespace {ns} on the {}",
+            dir.display(),
+            cluster.backend()
+        );
         Stack {
             name: name.into(),
             ns,
@@ -256,6 +264,7 @@ impl Stack {
             tempdir: Some(tempdir),
             cluster,
             client,
+            credentials,
             controller: None,
             controller_opts: ControllerOptions::default(),
             controller_starts: 0,
@@ -282,14 +291,13 @@ impl Stack {
         self.refusing_terminal_status = false;
     }
 
-    /// Every API request fails (503) until [`Stack::api_up`].
+    /// Every API request fails until [`Stack::api_up`] (see [`Cluster::api_down`]).
     pub async fn api_down(&mut self) {
-        self.cluster
-            .emulator_faults(&serde_json::json!({"availability": "unavailable"}));
+        self.cluster.api_down();
     }
 
     pub async fn api_up(&mut self) {
-        self.cluster.emulator_faults(&serde_json::json!({"availability": "up"}));
+        self.cluster.api_up();
     }
 
     // ---- controller ----
@@ -301,7 +309,7 @@ impl Stack {
         let mut cmd = Command::new(bin("tartan-controller"));
         cmd.arg("run")
             .arg("--kubeconfig")
-            .arg(self.cluster.kubeconfig())
+            .arg(&self.credentials.controller)
             .args(["-n", &self.ns, "--agent-lease-namespace", &self.ns])
             .args(["--grace", opts.grace, "--lease-duration", opts.lease_duration])
             .args(["--default-timeout", opts.default_timeout])
@@ -358,7 +366,7 @@ watchdog_grace = "{wg}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
-            kubeconfig = self.cluster.kubeconfig().display(),
+            kubeconfig = self.credentials.agent.display(),
             ns = self.ns,
             slots = opts.slots,
             tart = bin("tart-double").display(),
@@ -1006,6 +1014,43 @@ watchdog_grace = "{wg}"
         eprintln!("[e2e] {}: all {} invariants hold", self.name, invariants::TITLES.len());
     }
 
+    /// Every log of the controller and agents (all runs).
+    fn component_logs(&self) -> Vec<PathBuf> {
+        let mut logs: Vec<PathBuf> = self
+            .controller
+            .iter()
+            .chain(self.dead.iter())
+            .map(|p| p.log().to_path_buf())
+            .collect();
+        for id in self.agents.keys() {
+            logs.extend(self.agent_logs(id));
+        }
+        logs
+    }
+
+    /// Panics if a component's log shows a request RBAC refused: `deploy/rbac.yaml` must let the
+    /// controller and agents do everything a scenario asks of them.
+    fn check_nothing_forbidden(&self) {
+        let refused: Vec<String> = self
+            .component_logs()
+            .iter()
+            .flat_map(|log| {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                text.lines()
+                    .filter(|l| l.contains(" is forbidden: User "))
+                    .map(|l| format!("{}: {l}", log.display()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{}: RBAC refused the components {} request(s) (deploy/rbac.yaml lacks a rule); first:\n{}",
+            self.name,
+            refused.len(),
+            refused.iter().take(3).cloned().collect::<Vec<_>>().join("\n")
+        );
+    }
+
     fn journals_text(&self) -> String {
         self.agents
             .keys()
@@ -1013,11 +1058,14 @@ watchdog_grace = "{wg}"
             .collect()
     }
 
-    /// Checks the invariants, prints the journals, then stops everything.
+    /// Checks the invariants (and, on a real cluster, that RBAC refused the components nothing),
+    /// prints the journals, then stops everything.
     pub async fn finish(mut self) {
         self.check_invariants().await;
+        if !self.cluster.is_emulator() {
+            self.check_nothing_forbidden();
+        }
         eprint!("{}", self.journals_text());
-        self.cluster.cleanup(&self.client, &self.ns).await;
         self.stop_all();
     }
 
@@ -1067,13 +1115,7 @@ impl Drop for Stack {
             self.dump_on_failure();
         }
         self.stop_all();
-        if let Cluster::Real { kubeconfig } = &self.cluster {
-            let _ = Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .args(["delete", "namespace", &self.ns, "--wait=false", "--ignore-not-found"])
-                .output();
-        }
+        self.cluster.teardown(&self.ns);
     }
 }
 

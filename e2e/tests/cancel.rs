@@ -53,10 +53,12 @@ async fn owner_deleted_while_agent_down() {
 
     s.kill_agent("agent-a", KillMode::Group);
     s.delete_run("build-1").await;
+    // A real kube-controller-manager's garbage collector learns a new CRD kind at its discovery
+    // resync (~30 s): the first cascading delete of a fresh cluster can take that long.
     s.wait_macbuild(
         "build-1",
         "deletion held by the agent's finalizer",
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         |m| m["metadata"]["deletionTimestamp"].is_string(),
     )
     .await;

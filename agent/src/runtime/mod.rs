@@ -102,30 +102,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
-    let api: Api<MacBuild> = Api::all(client);
-    let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
-    let changed = Arc::new(Notify::new());
-    let watch_task = {
-        let changed = Arc::clone(&changed);
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(_) => changed.notify_one(),
-                    Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
-                }
-            }
-        })
+    // One watch per configured namespace, so that a namespaced Role is enough for an agent (a
+    // cluster-wide list needs a ClusterRole); all namespaces only when none are configured.
+    let apis: Vec<Api<MacBuild>> = if shared.config.namespaces.is_empty() {
+        vec![Api::all(client)]
+    } else {
+        shared
+            .config
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
     };
+    let changed = Arc::new(Notify::new());
+    let (readers, watch_tasks): (Vec<_>, Vec<_>) = apis
+        .into_iter()
+        .map(|api| watch_macbuilds(api, Arc::clone(&changed)))
+        .unzip();
 
     let mut terminate = terminated()?;
     let mut compaction = tokio::time::interval(COMPACTION_INTERVAL);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        scan(&shared, &reader.state(), &lease).await;
+        let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
+        scan(&shared, &view, &lease).await;
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
@@ -142,10 +142,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Builds keep running in their VMs; the journal says where each stands, and the next start
     // recovers them. The Lease stops being renewed, which tells the controller.
     tracing::info!("agent stopping; running builds are recovered at the next start");
-    watch_task.abort();
+    for task in &watch_tasks {
+        task.abort();
+    }
     metrics.abort();
     lease.stop();
     Ok(())
+}
+
+/// A reflector over `api`'s MacBuilds, kept up to date by a task that notifies `changed` on
+/// every change; the store and the task.
+fn watch_macbuilds(
+    api: Api<MacBuild>,
+    changed: Arc<Notify>,
+) -> (reflector::Store<MacBuild>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
+            }
+        }
+    });
+    (reader, task)
 }
 
 /// Removes step logs past the `[logs]` limits, never those of attempts the journal still has open.
