@@ -9,8 +9,9 @@
 //! What each rule is for (the calls are listed in `agent/tests/rbac_real.rs`, which checks this
 //! output on a real kube-apiserver):
 //! - ClusterRole `tartan-agent-watch` (shared by all agents, also in `deploy/rbac.yaml`): get, list
-//!   and watch MacBuilds in every namespace — the agent watches MacBuilds cluster-wide
-//!   (`runtime/mod.rs`) and filters by its `namespaces` itself;
+//!   and watch MacBuilds in every namespace — needed by an agent whose `namespaces` is empty, which
+//!   watches MacBuilds cluster-wide (`runtime/mod.rs`); one that lists its namespaces watches each
+//!   of them and needs only the namespaced Role (the binding then only grants reading);
 //! - in each served namespace: patch MacBuilds (finalizer and agent label, `cluster/claim.rs`),
 //!   patch `macbuilds/status` (claim and delivery), create `events.k8s.io` Events (`cluster/events.rs`);
 //! - in the Lease namespace: create Leases; get and patch its own Lease (`cluster/lease.rs`).

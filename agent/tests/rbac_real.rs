@@ -98,7 +98,8 @@ use Who::{Agent, Controller};
 
 /// Every API call of the code, one row per (call site kind, verb).
 const CALLS: &[Call] = &[
-    // The agent's MacBuild watch, over all namespaces (a reflector: list, then watch).
+    // The agent's MacBuild watch (a reflector: list, then watch), in each served namespace or,
+    // with `namespaces` empty, over all of them.
     c(
         Agent,
         MACBUILD,
