@@ -432,16 +432,21 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
     }
 }
 
+/// When a CustomRun ended: its `completionTime`, else its condition's last transition.
+fn run_ended(run: &Value) -> Option<Timestamp> {
+    run["status"]["completionTime"]
+        .as_str()
+        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
+        .and_then(|s| s.parse::<Timestamp>().ok())
+}
+
 /// Whether the first journaled confirmation of a deletion for build `name` could not reach the
 /// cluster before the run ended: a [`World::delivery_blocked`] window overlaps the time from that
 /// record (less a delivery retry's slack) to the run's end.
 fn confirmation_held_up(world: &World, name: &str, run: &Value) -> bool {
     // Status retries back off up to seconds after a window lifts.
     const SLACK: k8s_openapi::jiff::SignedDuration = k8s_openapi::jiff::SignedDuration::from_secs(5);
-    let ended = run["status"]["completionTime"]
-        .as_str()
-        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
-        .and_then(|s| s.parse::<Timestamp>().ok());
+    let ended = run_ended(run);
     let confirmed = world
         .agents
         .iter()
@@ -461,10 +466,7 @@ fn confirmation_held_up(world: &World, name: &str, run: &Value) -> bool {
 /// Whether some journal confirmed a VM of build `name` deleted (`Retired (VMDeleted|Resolved)`)
 /// no later than the CustomRun's end (unknown end: assumed so, the stricter reading).
 fn deletion_journaled_before_end(world: &World, name: &str, run: &Value) -> bool {
-    let ended = run["status"]["completionTime"]
-        .as_str()
-        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
-        .and_then(|s| s.parse::<Timestamp>().ok());
+    let ended = run_ended(run);
     let Some(ended) = ended else { return true };
     world.agents.iter().flat_map(|a| &a.journal).any(|r| {
         r.build.as_ref().is_some_and(|b| b.name == name)
@@ -485,10 +487,7 @@ fn lease_really_expired(run: &Value, message: &str, world: &World, bad: &mut imp
     else {
         return;
     };
-    let ended = run["status"]["completionTime"]
-        .as_str()
-        .or_else(|| run["status"]["conditions"][0]["lastTransitionTime"].as_str())
-        .and_then(|s| s.parse::<Timestamp>().ok());
+    let ended = run_ended(run);
     let Some(ended) = ended else { return };
     let agent = message
         .split("agent ")
