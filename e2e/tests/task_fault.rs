@@ -1,10 +1,8 @@
-//! A build's task panics while its retry is `Requested` (the claim for attempt 2 is computed from
-//! the MacBuild's status, whose `claim.epoch` the API returns as u64::MAX: `epoch + 1`
-//! overflows). The supervisor (issue 10: "a panic becomes a journaled outcome, the VM is deleted
-//! and the slot freed — never a silent stuck attempt") takes over, but `after_fault` only says
-//! "the claim is resumed at the next agent start": the retry stays `Requested` for ever and the
-//! slot reserved for it stays reserved, so the agent (one slot) never runs another build until
-//! someone restarts it. The promise: the build ends (with the error) and the slot is freed.
+//! The API returns an absurd claim epoch (the largest an apiserver holds, int64's maximum) while a
+//! retry is `Requested`: the claim for attempt 2 is computed from it. `epoch + 1` once overflowed
+//! (a panic in the build's task; u64 in the emulator, which also held what no apiserver holds),
+//! and the supervisor then left the retry `Requested` with its slot reserved for ever. The
+//! promise: the build ends and the slot is free for the next one.
 
 use serde_json::json;
 use std::time::Duration;
@@ -28,7 +26,7 @@ async fn a_panic_while_a_retry_is_requested_does_not_hold_the_slot_for_ever() {
     })
     .await;
     // The API answers an absurd claim epoch (garbage from the API, issue 10's adversarial class).
-    let patch = json!({"status": {"claim": {"epoch": u64::MAX}}});
+    let patch = json!({"status": {"claim": {"epoch": i64::MAX}}});
     s.macbuilds()
         .patch_status(
             "build-1",

@@ -168,7 +168,9 @@ fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        // The apiserver decodes JSON numbers into int64 or float64: an integer beyond int64 is a
+        // "number" to it, and refused where the schema wants an integer.
+        Value::Number(n) if n.is_i64() => "integer",
         Value::Number(_) => "number",
         Value::String(_) => "string",
         Value::Array(_) => "array",
@@ -626,6 +628,16 @@ fn fmt_num(x: f64) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Found by the real-cluster pass: kube-apiserver refused `status.claim.epoch: u64::MAX`
+    /// ("must be of type integer: \"number\"") where the emulator stored it.
+    #[test]
+    fn an_integer_beyond_int64_is_a_number_as_the_apiserver_decodes_it() {
+        assert_eq!(type_name(&json!(i64::MAX)), "integer");
+        assert_eq!(type_name(&json!(i64::MIN)), "integer");
+        assert_eq!(type_name(&json!(u64::MAX)), "number");
+        assert_eq!(type_name(&json!(1.5)), "number");
+    }
 
     fn schema() -> Value {
         json!({"type": "object", "properties": {
