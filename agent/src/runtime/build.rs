@@ -521,13 +521,7 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
 /// Waits (checking at most once a second; the journal backs off its own probes) until the
 /// journal can be written again.
 async fn wait_until_journal_writable(shared: &Shared) {
-    loop {
-        if tokio::task::block_in_place(|| {
-            let mut core = shared.core.blocking_lock();
-            core.journal.writable()
-        }) {
-            return;
-        }
+    while !shared.journal_writable().await {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

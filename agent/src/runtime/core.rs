@@ -184,6 +184,13 @@ impl Shared {
         Ok(record)
     }
 
+    /// Whether the journal can be written (while it fails, this probes the disk with the
+    /// journal's own backoff; see [`Journal::writable`]).
+    pub async fn journal_writable(&self) -> bool {
+        let mut core = self.core.lock().await;
+        tokio::task::block_in_place(|| core.journal.writable())
+    }
+
     /// Journals a record without an attempt (an unknown VM's quarantine or resolution).
     pub async fn journal_unknown(&self, mut record: Record) -> Result<u64, String> {
         let mut core = self.core.lock().await;

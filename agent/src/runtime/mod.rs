@@ -231,10 +231,7 @@ async fn resolve_unknown_vms(shared: &Shared) {
 async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
     // Claims and unknown-VM resolutions begin with a journal write: none while the journal fails
     // (it retries the disk with backoff here; withdrawals still go out).
-    let writable = {
-        let mut core = shared.core.lock().await;
-        tokio::task::block_in_place(|| core.journal.writable())
-    };
+    let writable = shared.journal_writable().await;
     if writable {
         resolve_unknown_vms(shared).await;
     }
