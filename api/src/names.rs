@@ -107,7 +107,12 @@ pub const IMAGE_MAX_LEN: usize = 512;
 /// VM (its disk and secrets) or anything else on the Mac; an agent's own `mb-` VMs are never an
 /// image, and nothing that tart could read as an option (`-…`) reaches its argv.
 pub fn check_image(image: &str, local: &[String]) -> Result<(), String> {
-    if image.starts_with(VM_PREFIX) {
+    // Any part naming one of our VMs (tart may read `./mb-x` as a local path), case-insensitively
+    // (APFS usually ignores case).
+    if image
+        .split('/')
+        .any(|part| part.to_ascii_lowercase().starts_with(VM_PREFIX))
+    {
         return Err(format!(
             "{image:?} names one of the agents' own VMs ({VM_PREFIX}…), never an image"
         ));
@@ -126,7 +131,16 @@ pub fn check_image(image: &str, local: &[String]) -> Result<(), String> {
             "{image:?} is not an image reference (a leading '-', a space or a control character)"
         ));
     }
-    if !image.contains('/') || image.split('/').any(|part| part.is_empty() || part == "..") {
+    // The first part must look like a registry host (a name with a dot or a port, or
+    // `localhost`): `./base` or `a/b` would let tart read a local VM or path.
+    let host = image.split('/').next().unwrap_or_default();
+    let host_like = host == "localhost"
+        || ((host.contains('.') || host.contains(':'))
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'))
+            && host.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()));
+    if !image.contains('/') || !host_like || image.split('/').any(|part| matches!(part, "" | "." | "..")) {
         return Err(format!(
             "{image:?} is not a registry image (host/repository[:tag]); local VM names are refused unless the \
              agent's config lists them in local_images"
@@ -396,6 +410,13 @@ mod image_tests {
             "ghcr.io/../../x",
             "/abs/path",
             "host/",
+            "./mb-ci-victim-a44c2fbd",
+            "./sequoia-base",
+            "a/./b",
+            "ghcr.io/MB-CI-victim",
+            "ghcr.io/x/mb-y",
+            "acme/app",
+            "../x/y",
         ] {
             assert!(check_image(bad, &local).is_err(), "{bad:?} accepted");
         }

@@ -210,6 +210,7 @@ pub async fn claim_and_run(
         Ok(record) => attempt.observe(&record),
         Err(error) => {
             shared.core.lock().await.reserved.remove(&build.uid);
+            shared.slot_freed.notify_waiters();
             return Rest::JournalFailed(error);
         }
     }
@@ -311,11 +312,20 @@ pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Opti
 
 /// Runs owed next attempts until none follows, then forgets the build's task.
 pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest, cancel: CancelSignal) {
+    // A failure the disk's recovery does not cure (a record the journal refuses, whatever the
+    // disk does) must not loop: a few takeovers, a pause before each, then the next start.
+    let mut takeovers = 0u32;
     loop {
         let next = match &rest {
             Rest::Retired { next: Some(next) } => next.clone(),
+            Rest::JournalFailed(why) if takeovers >= MAX_TASK_FAULTS => {
+                rest = Rest::Stuck(format!("journal write failed {takeovers} times: {why}"));
+                continue;
+            }
             Rest::JournalFailed(why) => {
                 let why = format!("journal write failed: {why}");
+                takeovers += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
                 wait_until_journal_writable(&shared).await;
                 rest = after_fault(&shared, &build, &why, &cancel).await;
                 continue;
