@@ -1,0 +1,23 @@
+//! Every end-to-end scenario in one test binary: one link instead of twenty, and one binary on
+//! disk (each links the whole agent). `scripts/e2e` runs them one at a time by name.
+
+mod agent_hung;
+mod agent_restart;
+mod api_down_at_start;
+mod cancel;
+mod controller_restart;
+mod finalizer_outage;
+mod happy_path;
+mod harness;
+mod image_local_vm;
+mod journal_blip;
+mod old_journal_max_attempts;
+mod quarantine;
+mod recovery_faults;
+mod redelivery;
+mod refused_past_deadline;
+mod retiring_kept;
+mod task_fault;
+mod two_agents;
+mod watchdog;
+mod watchdog_frozen;
