@@ -38,6 +38,7 @@ fn record(i: u64) -> Record {
         slot: Some((i % 2) as u8),
         deadline: Some("2026-10-05T03:11:40.304Z".parse().unwrap()),
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

@@ -56,8 +56,22 @@ pub struct Config {
     pub logs: LogsConfig,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
+    /// What a restart does to running builds.
+    pub on_restart: OnRestart,
     /// Timing constants.
     pub timing: Timing,
+}
+
+/// What an agent restart does to the builds running on the host (`on_restart`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRestart {
+    /// `tart run` and the steps' guest jobs outlive the agent; the next start follows each
+    /// build whose VM still runs and whose guest answers, as the same attempt.
+    #[default]
+    Resume,
+    /// The VMs die with the agent; each interrupted build goes on as its next attempt.
+    Restart,
 }
 
 /// Artifact publishing: the destination used when a MacBuild names none, and S3 settings.
@@ -155,6 +169,11 @@ pub struct Timing {
     pub status_retry_initial: Duration,
     /// Longest wait between two tries of a status write (30 s).
     pub status_retry_max: Duration,
+    /// At start, how long a still-running VM's guest has to answer before its attempt is given
+    /// up as interrupted (30 s).
+    pub resume_probe: Duration,
+    /// How often a running step's output and exit status are read from the guest (1 s).
+    pub step_poll: Duration,
 }
 
 impl Default for Timing {
@@ -167,6 +186,8 @@ impl Default for Timing {
             watchdog_grace: Duration::from_secs(60),
             status_retry_initial: Duration::from_secs(1),
             status_retry_max: Duration::from_secs(30),
+            resume_probe: Duration::from_secs(30),
+            step_poll: Duration::from_secs(1),
         }
     }
 }
@@ -212,6 +233,8 @@ struct RawConfig {
     artifacts: ArtifactsConfig,
     metrics_address: Option<String>,
     #[serde(default)]
+    on_restart: OnRestart,
+    #[serde(default)]
     logs: RawLogs,
     #[serde(default)]
     timing: RawTiming,
@@ -227,6 +250,8 @@ struct RawTiming {
     watchdog_grace: Option<HumaneDuration>,
     status_retry_initial: Option<HumaneDuration>,
     status_retry_max: Option<HumaneDuration>,
+    resume_probe: Option<HumaneDuration>,
+    step_poll: Option<HumaneDuration>,
 }
 
 /// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"` or a sum such as `"1m30s"`.
@@ -492,6 +517,8 @@ impl Config {
             watchdog_grace: pick(t.watchdog_grace, d.watchdog_grace),
             status_retry_initial: pick(t.status_retry_initial, d.status_retry_initial),
             status_retry_max: pick(t.status_retry_max, d.status_retry_max),
+            resume_probe: pick(t.resume_probe, d.resume_probe),
+            step_poll: pick(t.step_poll, d.step_poll),
         };
         timing.check().map_err(|(key, detail)| invalid(key, detail))?;
 
@@ -510,6 +537,7 @@ impl Config {
             artifacts: raw.artifacts,
             logs,
             metrics_address,
+            on_restart: raw.on_restart,
             timing,
         })
     }
@@ -587,6 +615,18 @@ impl Timing {
                     secs(self.status_retry_max)
                 ),
             ));
+        }
+        if self.step_poll.is_zero() || self.step_poll > Duration::from_secs(60) {
+            return Err((
+                "timing.step_poll",
+                format!(
+                    "{} must be more than 0 and at most 60s (a finished step is noticed one poll late)",
+                    secs(self.step_poll)
+                ),
+            ));
+        }
+        if self.resume_probe.is_zero() {
+            return Err(("timing.resume_probe", "must be more than 0".into()));
         }
         Ok(())
     }

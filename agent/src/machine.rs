@@ -30,6 +30,9 @@ pub struct Config {
     pub quarantine_retry: SignedDuration,
     /// `maxAttempts` when the MacBuild does not say (2).
     pub default_max_attempts: u8,
+    /// At agent start, an attempt whose VM still runs and whose guest answers is followed again
+    /// (`on_restart = "resume"`, the default) rather than interrupted and retried (`"restart"`).
+    pub resume_after_restart: bool,
 }
 
 impl Default for Config {
@@ -40,6 +43,7 @@ impl Default for Config {
             watchdog_grace: SignedDuration::from_secs(60),
             quarantine_retry: SignedDuration::from_secs(30),
             default_max_attempts: 2,
+            resume_after_restart: true,
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct Attempt {
     pub last_seq: Option<u64>,
     /// Time of the last journaled record (recovery re-decides a retry as of then).
     pub last_time: Option<Timestamp>,
+    /// The step (0-based) the last `StepStarted` record started; `None` while the first one runs
+    /// (entering `Running` starts step 0).
+    pub step: Option<u32>,
 }
 
 impl Attempt {
@@ -113,6 +120,7 @@ impl Attempt {
             build_gone: false,
             last_seq: None,
             last_time: None,
+            step: None,
         }
     }
 
@@ -143,8 +151,14 @@ impl Attempt {
             self.max_attempts = max;
             self.max_attempts_journaled = true;
         }
+        self.step = r.step.or(self.step);
         self.last_seq = Some(r.seq);
         self.last_time = Some(r.time);
+    }
+
+    /// The step the guest runs now (0 until a `StepStarted` record names a later one).
+    pub fn current_step(&self) -> u32 {
+        self.step.unwrap_or(0)
     }
 
     /// The record to journal for `t` (the status snapshot is the runtime's to fill in).
@@ -164,6 +178,7 @@ impl Attempt {
             slot: t.slot.or(self.slot),
             deadline: t.deadline.or(self.deadline),
             max_attempts: (t.to == AttemptState::Requested).then_some(self.max_attempts),
+            step: t.step,
             status: None,
         }
     }
@@ -245,6 +260,19 @@ pub enum Event {
     Boot,
     /// `tart exec` answered, `after` the start of booting.
     GuestReady { after: SignedDuration },
+    /// Step `index - 1` exited 0 and step `index` (0-based, of `of`), named `name`, is next:
+    /// its start is journaled before the guest is asked to run it, so it is never started twice.
+    StepStarting {
+        index: u32,
+        of: u32,
+        name: String,
+        previous: String,
+    },
+    /// The agent is stopping (SIGTERM) and leaves the attempt running in its VM.
+    Detach,
+    /// A restarted agent found the VM running and the guest answering, `after` the agent
+    /// started: follow the same attempt again from where the journal says it was.
+    Resume { after: SignedDuration },
     /// Every step exited 0.
     StepsSucceeded { steps: u32 },
     /// A step exited non-zero (`exit_code` -1: it could not be run). `output` says why: the end
@@ -315,6 +343,9 @@ event_kinds! {
     ClaimLost,
     Boot,
     GuestReady,
+    StepStarting,
+    Detach,
+    Resume,
     StepsSucceeded,
     StepFailed,
     VmStartFailed,
@@ -355,8 +386,10 @@ pub enum Action {
     StartVm { vm: String },
     /// Poll `tart exec <vm> true` → `GuestReady`, or `VmStartFailed` when it never answers.
     ProbeReady { vm: String },
-    /// Run the spec's steps through `tart exec` → `StepsSucceeded` or `StepFailed`.
-    RunSteps { vm: String },
+    /// Start step `index` in the guest as a detached job unless it was started already, and
+    /// follow it to its exit → `StepStarting` for the next one, `StepsSucceeded` after the last,
+    /// or `StepFailed`.
+    RunStep { vm: String, index: u32 },
     /// Gather the test report → `TestsFailed` when it lists failures, `TestReportUnusable` when it
     /// cannot be counted, else go on.
     CollectResults { vm: String },
@@ -398,6 +431,8 @@ pub struct Transition {
     pub slot: Option<u8>,
     /// The deadline fixed by this transition (admission, or a retry's request).
     pub deadline: Option<Timestamp>,
+    /// The step this transition starts (`StepStarted` only).
+    pub step: Option<u32>,
     /// The time of the decision (`now`).
     pub at: Timestamp,
     pub actions: Vec<Action>,
@@ -436,6 +471,13 @@ pub enum Refusal {
     },
     #[error("{event} refused in state {state}: the attempt has no host execution deadline")]
     NoDeadline { state: AttemptState, event: EventKind },
+    #[error("{event} refused in state {state}: step {index} is not the one after step {current}; a step is never started twice")]
+    StepNotNext {
+        state: AttemptState,
+        event: EventKind,
+        index: u32,
+        current: u32,
+    },
     #[error("{event} refused in state {state}: the deadline {deadline} has not passed")]
     DeadlineNotReached {
         state: AttemptState,
@@ -457,6 +499,7 @@ impl Refusal {
             | Refusal::BadSlot { state, .. }
             | Refusal::RetryWindowClosed { state, .. }
             | Refusal::NoDeadline { state, .. }
+            | Refusal::StepNotNext { state, .. }
             | Refusal::DeadlineNotReached { state, .. } => *state,
         }
     }
@@ -469,6 +512,7 @@ impl Refusal {
             | Refusal::BadSlot { event, .. }
             | Refusal::RetryWindowClosed { event, .. }
             | Refusal::NoDeadline { event, .. }
+            | Refusal::StepNotNext { event, .. }
             | Refusal::DeadlineNotReached { event, .. } => *event,
         }
     }
@@ -566,6 +610,7 @@ pub fn request(a: &Attempt, retry_of: Option<&NextAttempt>, now: Timestamp) -> T
         detail,
         slot: None,
         deadline,
+        step: None,
         at: now,
         actions: vec![Action::ClaimBuild { attempt: a.number }],
     }
@@ -587,6 +632,7 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
         detail: tartan_api::text::clean_str(&detail, DETAIL_MAX),
         slot: None,
         deadline: None,
+        step: None,
         at: now,
         actions,
     };
@@ -689,11 +735,67 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
         )),
         (S::Booting, Event::GuestReady { after }) => {
             let mut actions = deliver(a);
-            actions.push(Action::RunSteps { vm });
+            actions.push(Action::RunStep { vm, index: 0 });
             Ok(t(
                 S::Running,
                 Some(Reason::GuestReady),
                 format!("tart exec ready after {}", secs2(after)),
+                actions,
+            ))
+        }
+        (
+            S::Running,
+            Event::StepStarting {
+                index,
+                of,
+                name,
+                previous,
+            },
+        ) => {
+            let current = a.current_step();
+            if index != current + 1 {
+                return Err(Refusal::StepNotNext {
+                    state,
+                    event: kind,
+                    index,
+                    current,
+                });
+            }
+            let mut tr = t(
+                S::Running,
+                Some(Reason::StepStarted),
+                format!("step {previous} exited 0; starting {name} ({}/{of})", index + 1),
+                vec![Action::RunStep { vm, index }],
+            );
+            tr.step = Some(index);
+            Ok(tr)
+        }
+        (S::Booting | S::Running | S::Collecting, Event::Detach) => Ok(t(
+            state,
+            Some(Reason::Detached),
+            format!("agent stopping; {} runs on in {vm} and is resumed at the next start", doing(a)),
+            vec![],
+        )),
+        (S::Booting | S::Running | S::Collecting, Event::Resume { after }) => {
+            let actions = match state {
+                S::Booting => vec![Action::ProbeReady { vm: vm.clone() }],
+                S::Running => vec![Action::RunStep {
+                    vm: vm.clone(),
+                    index: a.current_step(),
+                }],
+                _ => vec![
+                    Action::CollectResults { vm: vm.clone() },
+                    Action::UploadArtifacts { vm: vm.clone() },
+                ],
+            };
+            Ok(t(
+                state,
+                Some(Reason::Resumed),
+                format!(
+                    "{vm} running and its guest answering {} after the agent started; following {} again",
+                    secs2(after),
+                    doing(a)
+                ),
                 actions,
             ))
         }
@@ -1042,6 +1144,15 @@ fn with_start(cause: String, state: AttemptState, killed: Option<u32>) -> String
                 format!("{cause}; {found}")
             }
         }
+    }
+}
+
+/// What an open attempt is doing, for the detach and resume records.
+fn doing(a: &Attempt) -> String {
+    match a.state {
+        AttemptState::Booting => "the boot".to_string(),
+        AttemptState::Running => format!("step {}", a.current_step() + 1),
+        _ => "the collection of results".to_string(),
     }
 }
 

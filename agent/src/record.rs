@@ -76,6 +76,10 @@ pub struct Record {
     /// the journal's alone, so recovery can make it while the cluster is unreachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u8>,
+    /// The step (0-based, in the order the guest runs them: the source checkout's commands, then
+    /// the spec's steps) this record starts: recovery re-attaches to it and never starts it twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
     /// For terminal records: the MacBuild status to submit (again, if it did not arrive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -145,6 +149,7 @@ mod tests {
             slot: Some(0),
             deadline: None,
             max_attempts: None,
+            step: None,
             status: None,
         }
     }

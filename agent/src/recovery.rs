@@ -70,6 +70,9 @@ pub struct BuildView {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterView {
     pub builds: Vec<BuildView>,
+    /// Assumed from the journal while the cluster cannot be read ([`ClusterView::as_journaled`]):
+    /// nothing that needs the cluster's word (a claim still ours, no cancel) is decided with it.
+    pub assumed: bool,
 }
 
 impl ClusterView {
@@ -99,6 +102,7 @@ impl ClusterView {
                     has_finalizer: false,
                 })
                 .collect(),
+            assumed: true,
         }
     }
 
@@ -240,6 +244,15 @@ pub enum RecoveryAction {
         vm: String,
         then: Ending,
     },
+    /// The attempt's VM still runs and the cluster says the build is ours and wanted: ask the
+    /// guest whether it answers (bounded); if it does, step `Resume` and follow the attempt from
+    /// where the journal left it; if not, kill the VM's tart processes and step `AgentRestarted`
+    /// (as [`RecoveryAction::KillVmProcesses`] would).
+    Resume {
+        attempt: AttemptKey,
+        found: AttemptState,
+        vm: String,
+    },
     /// Step this event now; no I/O is needed first.
     Step { attempt: AttemptKey, event: Event },
     /// Delete the VM without a new transition first (`Retiring`: finish the deletion, keeping
@@ -273,6 +286,7 @@ impl RecoveryAction {
     pub fn build(&self) -> Option<&BuildRef> {
         match self {
             RecoveryAction::KillVmProcesses { attempt, .. }
+            | RecoveryAction::Resume { attempt, .. }
             | RecoveryAction::Step { attempt, .. }
             | RecoveryAction::DeleteVm { attempt, .. }
             | RecoveryAction::ConfirmVmGone { attempt, .. }
@@ -342,6 +356,7 @@ impl RecoveryAction {
             slot,
             deadline: None,
             max_attempts: None,
+            step: None,
             status: None,
         })
     }
@@ -369,6 +384,10 @@ impl fmt::Display for RecoveryAction {
                     "{attempt} found {found} at agent start; killing tart processes of {vm} ({then:?})"
                 )
             }
+            RecoveryAction::Resume { attempt, found, vm } => write!(
+                f,
+                "{attempt} found {found} at agent start with {vm} running; resuming it if the guest answers"
+            ),
             RecoveryAction::Step { attempt, event } => write!(f, "{attempt}: {}", event.kind()),
             RecoveryAction::DeleteVm { attempt, vm, .. } => write!(f, "{attempt}: finishing the deletion of {vm}"),
             RecoveryAction::ConfirmVmGone { attempt, vm } => {
@@ -480,6 +499,27 @@ pub fn plan(
                 let watchdog = overdue.is_some_and(|d| {
                     vm_existed && !present(&a.vm) && now >= d.checked_add(cfg.watchdog_grace).unwrap_or(Timestamp::MAX)
                 });
+                let claim_mine = b
+                    .and_then(|b| b.claim.as_ref())
+                    .is_some_and(|c| is_mine(c, me, a.number));
+                let vm_running = ours.iter().any(|v| v.name == a.vm && v.running);
+                // Resume only on the cluster's word that the build is still ours and wanted, and
+                // only what got as far as a running VM (an Admitted attempt never started one).
+                let resumable = cfg.resume_after_restart
+                    && !cluster.assumed
+                    && vm_existed
+                    && vm_running
+                    && claim_mine
+                    && withdrawal.is_none()
+                    && overdue.is_none();
+                if resumable {
+                    out.push(RecoveryAction::Resume {
+                        attempt: key,
+                        found: a.state,
+                        vm: a.vm.clone(),
+                    });
+                    continue;
+                }
                 let then = match withdrawal {
                     Some(w) => w,
                     // The VM is gone past deadline + grace: the watchdog took it; do not touch it.

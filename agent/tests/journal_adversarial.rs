@@ -31,6 +31,7 @@ fn record(detail: String) -> Record {
         slot: Some(0),
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

@@ -27,6 +27,7 @@ fn record(from: Option<AttemptState>, to: AttemptState, reason: Reason, detail: 
         slot: Some(0),
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

@@ -46,6 +46,7 @@ fn record(detail: String) -> Record {
         slot: Some(0),
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

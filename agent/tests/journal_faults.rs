@@ -27,6 +27,7 @@ fn record(detail: &str) -> Record {
         slot: None,
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

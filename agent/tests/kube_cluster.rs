@@ -713,6 +713,7 @@ async fn each_transition_becomes_an_event_on_the_macbuild() {
         slot: Some(0),
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     };
     events.transition(&record(

@@ -44,6 +44,12 @@ vocabulary! {
         SlotFree => "SlotFree",
         /// `tart exec` answered inside the guest.
         GuestReady => "GuestReady",
+        /// The previous step exited 0 and the next one is being started in the guest.
+        StepStarted => "StepStarted",
+        /// The agent stopped and left the attempt running in its VM.
+        Detached => "Detached",
+        /// A restarted agent follows the same attempt again.
+        Resumed => "Resumed",
         /// Every step succeeded and the test report (if any) had no failure.
         TestsPassed => "TestsPassed",
         /// The test report lists failures.
@@ -107,6 +113,9 @@ impl From<Reason> for ConditionReason {
         match reason {
             Reason::SlotFree => ConditionReason::SlotFree,
             Reason::GuestReady => ConditionReason::GuestReady,
+            Reason::StepStarted => ConditionReason::StepStarted,
+            Reason::Detached => ConditionReason::Detached,
+            Reason::Resumed => ConditionReason::Resumed,
             Reason::TestsPassed => ConditionReason::TestsPassed,
             Reason::TestsFailed => ConditionReason::TestsFailed,
             Reason::StepFailed => ConditionReason::StepFailed,

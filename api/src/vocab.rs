@@ -125,6 +125,14 @@ vocabulary! {
         SlotFree => "SlotFree",
         /// `tart exec` answered inside the guest.
         GuestReady => "GuestReady",
+        /// The previous step exited 0 and the next one is being started in the guest.
+        StepStarted => "StepStarted",
+        /// The agent stopped (launchd's SIGTERM: an upgrade, a bootout) and left the attempt
+        /// running in its VM; the next start resumes it.
+        Detached => "Detached",
+        /// A restarted agent found the attempt's VM running and its guest answering, and follows
+        /// the same attempt again.
+        Resumed => "Resumed",
         /// Every step succeeded and the test report (if any) had no failure.
         TestsPassed => "TestsPassed",
         /// The test report lists failures.

@@ -136,6 +136,7 @@ mod tests {
             slot: Some(0),
             deadline: None,
             max_attempts: None,
+            step: None,
             status: None,
         }
     }

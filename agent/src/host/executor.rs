@@ -271,7 +271,10 @@ impl AttemptExecutor {
             Action::SetVm { .. } => self.guarded(|s| Box::pin(s.set_vm())).await,
             Action::StartVm { .. } => self.guarded(|s| Box::pin(s.start_vm())).await,
             Action::ProbeReady { .. } => self.guarded(|s| Box::pin(s.probe_ready())).await,
-            Action::RunSteps { .. } => self.guarded(|s| Box::pin(s.run_steps())).await,
+            Action::RunStep { index, .. } => {
+                let index = *index;
+                self.guarded(move |s| Box::pin(s.run_step(index))).await
+            }
             Action::CollectResults { .. } => self.guarded(|s| Box::pin(s.collect_results())).await,
             Action::UploadArtifacts { .. } => self.guarded(|s| Box::pin(s.upload_artifacts())).await,
             Action::StopAndDeleteVm { context, .. } => self.stop_and_delete_vm(*context).await,
@@ -558,63 +561,93 @@ impl AttemptExecutor {
         Duration::try_from(left).unwrap_or_default() + Duration::from_secs(30)
     }
 
-    async fn run_steps(&mut self) -> Performed {
-        let vm = self.attempt.vm.clone();
+    /// The commands the guest runs, in order: the source checkout's, then the spec's steps. A
+    /// step's index in this list is what the journal records.
+    fn guest_commands(&self) -> Result<Vec<GuestCommand>, Performed> {
         let mut commands: Vec<GuestCommand> = Vec::new();
         if let Some(source) = &self.attempt.spec.source {
             match checkout_commands(source, &self.cfg.checkout_dir) {
                 Ok(c) => commands.extend(c),
-                Err(e) => return self.step_failed(super::steps::CHECKOUT_STEP.to_string(), -1, e.to_string()),
+                Err(e) => return Err(failed_step(super::steps::CHECKOUT_STEP.to_string(), -1, e.to_string())),
             }
         }
         commands.extend(self.attempt.spec.steps.iter().map(|s| GuestCommand {
             name: s.name.clone(),
             argv: s.run.clone(),
         }));
+        Ok(commands)
+    }
+
+    /// Runs guest command `index` to its exit; the next one's start goes through the journal first.
+    async fn run_step(&mut self, index: u32) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let commands = match self.guest_commands() {
+            Ok(c) => c,
+            Err(failed) => return self.record_failure(failed),
+        };
+        let Some(cmd) = usize::try_from(index).ok().and_then(|i| commands.get(i)).cloned() else {
+            return Performed::Event(Event::StepsSucceeded {
+                steps: self.attempt.spec.steps.len() as u32,
+            });
+        };
         let logs = log_dir(&self.cfg.state_dir, &vm);
         if let Err(e) = std::fs::create_dir_all(&logs) {
             let msg = format!("creating log folder {}: {e}", logs.display());
-            let step = commands.first().map(|c| c.name.clone()).unwrap_or_default();
-            return self.step_failed(step, -1, msg);
+            return self.step_failed(cmd.name, -1, msg);
         }
-        for cmd in commands {
-            let options = ExecOptions {
-                log_path: step_log(&self.cfg.state_dir, &vm, &cmd.name),
-                log_cap: self.cfg.step_log_cap,
-                tail_bytes: self.cfg.tail_bytes,
-                timeout: self.exec_timeout(),
-            };
-            tracing::info!(%vm, step = %cmd.name, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started");
-            match self.tart.exec(&vm, &cmd.argv, &options).await {
-                Ok(out) => {
-                    tracing::info!(%vm, step = %cmd.name, code = out.exit_code, took = ?out.elapsed, "step finished");
-                    if out.exit_code != 0 {
-                        let last = last_lines(out.tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
-                        return self.step_failed(cmd.name, out.exit_code, last);
-                    }
-                    self.last_step = Some((cmd.name.clone(), out.tail));
+        let options = ExecOptions {
+            log_path: step_log(&self.cfg.state_dir, &vm, &cmd.name),
+            log_cap: self.cfg.step_log_cap,
+            tail_bytes: self.cfg.tail_bytes,
+            timeout: self.exec_timeout(),
+        };
+        tracing::info!(%vm, step = %cmd.name, index, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started");
+        match self.tart.exec(&vm, &cmd.argv, &options).await {
+            Ok(out) => {
+                tracing::info!(%vm, step = %cmd.name, code = out.exit_code, took = ?out.elapsed, "step finished");
+                if out.exit_code != 0 {
+                    let last = last_lines(out.tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
+                    return self.step_failed(cmd.name, out.exit_code, last);
                 }
-                Err(e) => {
-                    tracing::warn!(%vm, step = %cmd.name, error = %e, "tart exec of a step failed");
-                    return self.step_failed(cmd.name, -1, e.to_string());
-                }
+                self.last_step = Some((cmd.name.clone(), out.tail));
+            }
+            Err(e) => {
+                tracing::warn!(%vm, step = %cmd.name, error = %e, "tart exec of a step failed");
+                return self.step_failed(cmd.name, -1, e.to_string());
             }
         }
-        Performed::Event(Event::StepsSucceeded {
-            steps: self.attempt.spec.steps.len() as u32,
-        })
+        self.after_step(index, &cmd.name, &commands)
+    }
+
+    /// What follows guest command `index`, which exited 0: the next one's start, or the end.
+    fn after_step(&self, index: u32, name: &str, commands: &[GuestCommand]) -> Performed {
+        let next = index.saturating_add(1);
+        match usize::try_from(next).ok().and_then(|i| commands.get(i)) {
+            Some(cmd) => Performed::Event(Event::StepStarting {
+                index: next,
+                of: u32::try_from(commands.len()).unwrap_or(u32::MAX),
+                name: cmd.name.clone(),
+                previous: name.to_string(),
+            }),
+            None => Performed::Event(Event::StepsSucceeded {
+                steps: self.attempt.spec.steps.len() as u32,
+            }),
+        }
+    }
+
+    /// Keeps what a [`failed_step`] event says as the last step's output.
+    fn record_failure(&mut self, failed: Performed) -> Performed {
+        if let Performed::Event(Event::StepFailed { step, output, .. }) = &failed {
+            self.last_step = Some((step.clone(), output.clone()));
+        }
+        failed
     }
 
     /// Ends the steps with `step` failed: `why` (its last lines, or the error that kept it from
     /// running) goes into the event, so the record, the status and the CustomRun say it.
     fn step_failed(&mut self, step: String, exit_code: i32, why: String) -> Performed {
-        let output = clean_str(&why, TAIL_BYTES);
-        self.last_step = Some((step.clone(), output.clone()));
-        Performed::Event(Event::StepFailed {
-            step,
-            exit_code,
-            output,
-        })
+        let failed = failed_step(step, exit_code, why);
+        self.record_failure(failed)
     }
 
     /// Copies guest file `path` to host file `to` through `tart exec NAME cat PATH` (at most `cap`
@@ -834,6 +867,16 @@ impl AttemptExecutor {
     }
 }
 
+/// The `StepFailed` event of `step`: `why` (its last lines, or the error that kept it from
+/// running) goes into the event, so the record, the status and the CustomRun say it.
+fn failed_step(step: String, exit_code: i32, why: String) -> Performed {
+    Performed::Event(Event::StepFailed {
+        step,
+        exit_code,
+        output: clean_str(&why, TAIL_BYTES),
+    })
+}
+
 fn action_vm(action: &Action) -> Option<&str> {
     match action {
         Action::WriteDeadlineFile { vm, .. }
@@ -841,7 +884,7 @@ fn action_vm(action: &Action) -> Option<&str> {
         | Action::SetVm { vm }
         | Action::StartVm { vm }
         | Action::ProbeReady { vm }
-        | Action::RunSteps { vm }
+        | Action::RunStep { vm, .. }
         | Action::CollectResults { vm }
         | Action::UploadArtifacts { vm }
         | Action::StopAndDeleteVm { vm, .. }

@@ -23,6 +23,7 @@ fn draft(attempt: u32, to: AttemptState, detail: &str) -> Record {
         slot: Some(0),
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }

@@ -83,6 +83,14 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
         EventKind::GuestReady => Event::GuestReady {
             after: SignedDuration::from_millis(13_910),
         },
+        EventKind::StepStarting => Event::StepStarting {
+            index: 1,
+            of: 3,
+            name: "build".into(),
+            previous: "_checkout".into(),
+        },
+        EventKind::Detach => Event::Detach,
+        EventKind::Resume => Event::Resume { after: secs(3) },
         EventKind::StepsSucceeded => Event::StepsSucceeded { steps: 2 },
         EventKind::StepFailed => Event::StepFailed {
             step: "build".into(),
@@ -128,6 +136,8 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Admitted | S::Booting, E::VmStartFailed) => Some(S::Retiring),
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
+        (S::Running, E::StepStarting) => Some(S::Running),
+        (S::Booting | S::Running | S::Collecting, E::Detach | E::Resume) => Some(state),
         (S::Running, E::StepFailed) => Some(S::Retiring),
         (S::Collecting, E::TestsPassed | E::TestsFailed | E::TestReportUnusable | E::ArtifactUploadFailed) => {
             Some(S::Retiring)
@@ -181,7 +191,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 45, "the size of the allowed set");
+    assert_eq!(allowed, 52, "the size of the allowed set");
 }
 
 #[test]
@@ -256,7 +266,7 @@ fn a_build_runs_end_to_end_with_the_sources_journal_lines_and_actions() {
         },
         t0 + secs(15),
     );
-    assert_eq!(ready, vec![Action::DeliverStatus, Action::RunSteps { vm: vm() }]);
+    assert_eq!(ready, vec![Action::DeliverStatus, Action::RunStep { vm: vm(), index: 0 }]);
     let collect = d.go(Event::StepsSucceeded { steps: 2 }, t0 + secs(300));
     assert_eq!(
         collect,
@@ -1016,4 +1026,54 @@ fn a_failing_step_records_why_and_the_cause_survives_replay() {
         &t.detail[..40]
     );
     assert!(t.detail.chars().all(|c| !c.is_control()));
+}
+
+#[test]
+fn each_step_is_started_once_and_in_order() {
+    let now = ts(DEADLINE) - secs(600);
+    let starting = |index| Event::StepStarting {
+        index,
+        of: 4,
+        name: format!("s{index}"),
+        previous: format!("s{}", index - 1),
+    };
+    let mut a = mk_attempt(1, S::Running);
+    for index in [0, 2, 5] {
+        let r = step(&a, starting(index.max(1)), now, &Config::default());
+        if index == 0 {
+            // Step 0 starts with Running itself; index 1 is the next one.
+            assert!(r.is_ok());
+            continue;
+        }
+        assert_eq!(
+            r.unwrap_err(),
+            Refusal::StepNotNext {
+                state: S::Running,
+                event: EventKind::StepStarting,
+                index,
+                current: 0
+            }
+        );
+    }
+    let t = step(&a, starting(1), now, &Config::default()).unwrap();
+    assert_eq!(t.step, Some(1));
+    assert_eq!(t.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
+    let r = a.record(&t, 9);
+    assert_eq!(r.step, Some(1));
+    assert_eq!(
+        r.to_string(),
+        "#9 a1 Running -> Running (StepStarted) step s0 exited 0; starting s1 (2/4)"
+    );
+    a.observe(&r);
+    // The same step again (a replayed event after a crash) is refused: it never runs twice.
+    let again = step(&a, starting(1), now, &Config::default()).unwrap_err();
+    assert_eq!(again.to_string(), "StepStarting refused in state Running: step 1 is not the one after step 1; a step is never started twice");
+    // A later record without a step keeps the one the journal started.
+    let detach = step(&a, Event::Detach, now, &Config::default()).unwrap();
+    a.observe(&a.record(&detach, 10));
+    assert_eq!(a.current_step(), 1);
+    let resume = step(&a, Event::Resume { after: secs(4) }, now, &Config::default()).unwrap();
+    assert_eq!(resume.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
+    assert_eq!((resume.from, resume.to, resume.reason), (Some(S::Running), S::Running, Some(Reason::Resumed)));
+    assert!(resume.actions.iter().all(|x| *x != Action::DeliverStatus), "a resume writes no status before the step");
 }

@@ -67,7 +67,10 @@ fn mk_view(attempt: u32, seq: u64) -> BuildView {
     }
 }
 fn mk_cluster(views: Vec<BuildView>) -> ClusterView {
-    ClusterView { builds: views }
+    ClusterView {
+        builds: views,
+        assumed: false,
+    }
 }
 
 /// Writes a journal by driving the real machine, so replayed inputs are ones it produces.
@@ -154,6 +157,10 @@ struct World {
     procs: BTreeMap<String, u32>,
     present: BTreeSet<String>,
     failing_deletes: BTreeMap<String, u32>,
+    /// VMs whose `tart run` still runs (a subset of `present`).
+    running: BTreeSet<String>,
+    /// Whether the guests of running VMs answer `tart exec`.
+    guest_answers: bool,
 }
 
 /// A test-only runtime: performs recovery actions and machine actions against `World`,
@@ -327,6 +334,17 @@ impl Runtime {
                     self.log.push(format!("kill tart processes of {vm}: {killed}"));
                     self.step(attempt, then.event(killed));
                 }
+                RecoveryAction::Resume { attempt, vm, .. } => {
+                    if self.world.guest_answers && self.world.running.contains(vm) {
+                        self.log.push(format!("guest of {vm} answers"));
+                        self.step(attempt, Event::Resume { after: secs(2) });
+                    } else {
+                        self.log.push(format!("guest of {vm} does not answer"));
+                        let killed = self.world.procs.remove(vm).unwrap_or(0);
+                        self.log.push(format!("kill tart processes of {vm}: {killed}"));
+                        self.step(attempt, Event::AgentRestarted { killed });
+                    }
+                }
                 RecoveryAction::Step { attempt, event } => self.step(attempt, event.clone()),
                 RecoveryAction::DeleteVm { attempt, vm, context } => {
                     if *context == DeleteContext::Retry {
@@ -363,7 +381,7 @@ fn world(vms: &[&str]) -> World {
 }
 
 fn observed(w: &World) -> Vec<ObservedVm> {
-    w.present.iter().map(|n| mk_vm(n, false)).collect()
+    w.present.iter().map(|n| mk_vm(n, w.running.contains(n))).collect()
 }
 
 /// Plans with the default config and performs the plan; returns (plan, log).
@@ -1369,4 +1387,201 @@ fn a_withdrawal_after_the_watchdog_took_the_vm_still_only_confirms_it_gone() {
         "journal:\n{}",
         j.lines().join("\n")
     );
+}
+
+/// A world where the attempt's VM still runs (its `tart run` outlived the agent).
+fn running_world(vm: &str, guest_answers: bool) -> World {
+    let mut w = world(&[vm]);
+    w.running.insert(vm.to_string());
+    w.procs.insert(vm.to_string(), 1);
+    w.guest_answers = guest_answers;
+    w
+}
+
+#[test]
+fn a_running_vm_whose_guest_answers_is_resumed_as_the_same_attempt() {
+    for (found, follow) in [
+        (S::Booting, "ProbeReady { vm: \"mb-ci-build-42-mac-build-a1\" }"),
+        (
+            S::Running,
+            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }",
+        ),
+        (S::Collecting, "CollectResults { vm: \"mb-ci-build-42-mac-build-a1\" }"),
+    ] {
+        let mut j = Journal::new(1);
+        j.run_to(1, found);
+        let seq = j.seq - 1;
+        let w = running_world(&vm_of(1), true);
+        let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, seq)]), w, t0() + secs(700));
+        assert_eq!(
+            plan,
+            vec![RecoveryAction::Resume {
+                attempt: key(1),
+                found,
+                vm: vm_of(1)
+            }],
+            "{found}"
+        );
+        assert_eq!(log[0], "guest of mb-ci-build-42-mac-build-a1 answers");
+        assert!(log[1].starts_with(&format!("#{} a1 {found} -> {found} (Resumed) ", j.seq)), "{log:?}");
+        assert_eq!(log[2], follow, "{found}: {log:?}");
+        // Nothing retired, nothing deleted, no attempt 2.
+        assert!(
+            !log.iter().any(|l| l.contains("Retiring") || l.contains("stop+delete") || l.contains("a2")),
+            "{log:?}"
+        );
+    }
+}
+
+#[test]
+fn a_resumed_running_attempt_goes_on_with_the_step_the_journal_started() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    j.go(
+        1,
+        Event::StepStarting {
+            index: 1,
+            of: 3,
+            name: "build".into(),
+            previous: "_checkout".into(),
+        },
+        t0() + secs(100),
+    );
+    j.go(
+        1,
+        Event::StepStarting {
+            index: 2,
+            of: 3,
+            name: "test".into(),
+            previous: "build".into(),
+        },
+        t0() + secs(400),
+    );
+    assert_eq!(
+        j.lines().last().unwrap(),
+        "#6 a1 Running -> Running (StepStarted) step build exited 0; starting test (3/3)"
+    );
+    let w = running_world(&vm_of(1), true);
+    let (_, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, t0() + secs(500));
+    assert_lines(
+        &log,
+        &[
+            "guest of mb-ci-build-42-mac-build-a1 answers",
+            "#7 a1 Running -> Running (Resumed) mb-ci-build-42-mac-build-a1 running and its guest answering 2.00s \
+             after the agent started; following step 3 again",
+            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 2 }",
+        ],
+    );
+}
+
+#[test]
+fn a_running_vm_whose_guest_is_silent_is_interrupted_as_before() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let w = running_world(&vm_of(1), false);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, t0() + secs(700));
+    assert!(matches!(plan[..], [RecoveryAction::Resume { .. }]));
+    assert_eq!(log[1], "kill tart processes of mb-ci-build-42-mac-build-a1: 1");
+    assert_eq!(
+        log[2],
+        "#5 a1 Running -> Retiring (AgentRestarted) found Running at agent start; killed 1 tart process(es) \
+         outcome=Interrupted"
+    );
+    assert!(log.iter().any(|l| l.contains("a2 [*] -> Requested")), "{log:?}");
+}
+
+/// What may not be resumed goes the old way even though the VM runs: each case with the Ending it gets.
+#[test]
+fn resume_needs_the_clusters_word_a_running_vm_time_left_and_the_resume_mode() {
+    let run = |view: BuildView, cluster_assumed: bool, now: Timestamp, cfg: &Config| {
+        let mut j = Journal::new(1);
+        j.run_to(1, S::Running);
+        let w = running_world(&vm_of(1), true);
+        let cluster = ClusterView {
+            builds: vec![view],
+            assumed: cluster_assumed,
+        };
+        plan(&j.recs, &observed(&w), &cluster, &me(), now, cfg)
+    };
+    let kill = |then| {
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then,
+        }]
+    };
+    let now = t0() + secs(700);
+    let cfg = Config::default();
+    let cancelled = BuildView {
+        cancel_requested: true,
+        ..mk_view(1, 4)
+    };
+    assert_eq!(run(cancelled, false, now, &cfg), kill(Ending::CancelRequested));
+    let deleting = BuildView {
+        deletion_requested: true,
+        ..mk_view(1, 4)
+    };
+    assert_eq!(run(deleting, false, now, &cfg), kill(Ending::CancelRequested));
+    let other = BuildView {
+        claim: Some(ClaimView {
+            holder: "mac-mini-09".into(),
+            attempt: 2,
+        }),
+        ..mk_view(1, 4)
+    };
+    assert_eq!(run(other, false, now, &cfg), kill(Ending::AgentRestarted));
+    assert_eq!(run(mk_view(1, 4), false, deadline(), &cfg), kill(Ending::DeadlinePassed));
+    // The cluster could not be read: never resumed on the journal's assumption.
+    assert_eq!(run(mk_view(1, 4), true, now, &cfg), kill(Ending::AgentRestarted));
+    let restart = Config {
+        resume_after_restart: false,
+        ..Config::default()
+    };
+    assert_eq!(run(mk_view(1, 4), false, now, &restart), kill(Ending::AgentRestarted));
+    // The MacBuild is gone: cancelled, as before.
+    let gone = {
+        let mut j = Journal::new(1);
+        j.run_to(1, S::Running);
+        let w = running_world(&vm_of(1), true);
+        plan(&j.recs, &observed(&w), &mk_cluster(vec![]), &me(), now, &cfg)
+    };
+    assert_eq!(gone, kill(Ending::CancelRequested));
+}
+
+#[test]
+fn an_admitted_attempt_or_a_stopped_vm_is_never_resumed() {
+    let now = t0() + secs(700);
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Admitted);
+    let w = running_world(&vm_of(1), true);
+    let p = plan(&j.recs, &observed(&w), &mk_cluster(vec![mk_view(1, 2)]), &me(), now, &Config::default());
+    assert!(matches!(p[..], [RecoveryAction::KillVmProcesses { then: Ending::AgentRestarted, .. }]), "{p:?}");
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let p = plan(
+        &j.recs,
+        &observed(&world(&[&vm_of(1)])),
+        &mk_cluster(vec![mk_view(1, 4)]),
+        &me(),
+        now,
+        &Config::default(),
+    );
+    assert!(matches!(p[..], [RecoveryAction::KillVmProcesses { then: Ending::AgentRestarted, .. }]), "{p:?}");
+}
+
+#[test]
+fn a_detached_attempt_is_resumed_like_a_running_one() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    j.go(1, Event::Detach, t0() + secs(300));
+    assert_eq!(
+        j.lines().last().unwrap(),
+        "#5 a1 Running -> Running (Detached) agent stopping; step 1 runs on in mb-ci-build-42-mac-build-a1 and is \
+         resumed at the next start"
+    );
+    let w = running_world(&vm_of(1), true);
+    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, t0() + secs(310));
+    assert!(matches!(plan[..], [RecoveryAction::Resume { .. }]));
+    assert_eq!(log[2], "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }");
 }

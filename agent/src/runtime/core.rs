@@ -108,6 +108,10 @@ pub struct Shared {
     pub api_server: String,
     /// Why recovery still waits for the cluster (it could not be read at start), if it does.
     pub recovery_waits: std::sync::Mutex<Option<String>>,
+    /// The Lease keeper's state: a resumed attempt waits for a live Lease before it goes on.
+    pub lease: tokio::sync::watch::Receiver<crate::cluster::lease::LeaseState>,
+    /// When this agent process started (resume records say how long re-attaching took).
+    pub started: std::time::Instant,
 }
 
 impl Shared {

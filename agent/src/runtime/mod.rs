@@ -47,6 +47,7 @@ pub fn machine_config(config: &Config) -> machine::Config {
         retry_min_remaining: SignedDuration::try_from(config.timing.retry_min_window)
             .unwrap_or(SignedDuration::from_secs(120)),
         watchdog_grace: SignedDuration::try_from(config.timing.watchdog_grace).unwrap_or(SignedDuration::from_secs(60)),
+        resume_after_restart: config.on_restart == crate::config::OnRestart::Resume,
         ..machine::Config::default()
     }
 }
@@ -54,6 +55,7 @@ pub fn machine_config(config: &Config) -> machine::Config {
 /// Runs the agent until SIGTERM/SIGINT. Errors at start (lock held, damaged journal of a newer
 /// version, cluster unreachable during recovery) end the process; launchd restarts it.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating the state directory {}", config.state_dir.display()))?;
     let lock = StateLock::acquire(&config.state_dir)?;
@@ -96,6 +98,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         slot_freed: Notify::new(),
         api_server,
         recovery_waits: std::sync::Mutex::new(None),
+        lease: lease.state(),
+        started,
         config,
     });
 
@@ -144,6 +148,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // Builds keep running in their VMs; the journal says where each stands, and the next start
     // recovers them. The Lease stops being renewed, which tells the controller.
+    if shared.machine.resume_after_restart {
+        detach(&shared).await;
+    }
     tracing::info!("agent stopping; running builds are recovered at the next start");
     for task in &watch_tasks {
         task.abort();
@@ -151,6 +158,45 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.abort();
     lease.stop();
     Ok(())
+}
+
+/// Journals `Detach` for every attempt that is booting, running or collecting, then keeps the
+/// core locked until the process exits, so no task records anything after it: the VMs and the
+/// steps' guest jobs run on, and the next start resumes them (`on_restart = "resume"`).
+async fn detach(shared: &Shared) {
+    let mut core = shared.core.lock().await;
+    let open: Vec<machine::Attempt> = core
+        .attempts
+        .values()
+        .filter(|a| {
+            use tartan_api::AttemptState as S;
+            matches!(a.state, S::Booting | S::Running | S::Collecting)
+        })
+        .cloned()
+        .collect();
+    for mut a in open {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let t = match machine::step(&a, machine::Event::Detach, now, &shared.machine) {
+            Ok(t) => t,
+            Err(refusal) => {
+                tracing::error!(attempt = %a.key(), %refusal, "not detached; recovered as found at the next start");
+                continue;
+            }
+        };
+        let mut record = a.record(&t, core.journal.next_seq());
+        match tokio::task::block_in_place(|| core.journal.append(&mut record)) {
+            Ok(_) => {
+                tracing::info!(target: "journal", "{record}");
+                a.observe(&record);
+                core.attempts.insert(a.key(), a);
+            }
+            Err(error) => {
+                tracing::error!(attempt = %a.key(), %error, "detach not journaled; the next start recovers the attempt as found")
+            }
+        }
+    }
+    // Held until the process exits: a task finishing a step now must not journal past the detach.
+    std::mem::forget(core);
 }
 
 /// A reflector over `api`'s MacBuilds, kept up to date by a task that notifies `changed` on

@@ -5,13 +5,14 @@
 use super::build::{self, Rest, Start, drive, known_attempt};
 use super::core::Shared;
 use crate::host::CancelSignal;
-use crate::machine::Action;
+use crate::machine::{Action, AttemptKey, Event};
 use crate::record::{BuildRef, Record};
-use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, ObservedVm, RecoveryAction};
+use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, Ending, ObservedVm, RecoveryAction};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tartan_api::{FINALIZER, MacBuild, VM_PREFIX};
+use tartan_tart::TartError;
 
 /// What the cluster says of one MacBuild, for the planner.
 pub fn build_view(mb: &MacBuild) -> BuildView {
@@ -258,6 +259,71 @@ async fn start(
     Ok(())
 }
 
+/// Kills the VM's surviving tart processes, then follows the attempt from `then` with their count.
+async fn kill_then_drive(
+    shared: &Shared,
+    mb: &Option<MacBuild>,
+    attempt: &AttemptKey,
+    vm: &str,
+    then: Ending,
+    generation: Option<i64>,
+    cancel: &CancelSignal,
+) -> Rest {
+    let killed = match shared.tart.kill_vm_processes(vm).await {
+        Ok(report) => report.killed.len(),
+        Err(error) => {
+            tracing::error!(%vm, %error, "could not kill the VM's tart processes; recovery of this build stops here");
+            return Rest::Stuck(error.to_string());
+        }
+    };
+    let killed = u32::try_from(killed).unwrap_or(u32::MAX);
+    drive(shared, mb, attempt, Start::Event(then.event(killed)), generation, cancel).await
+}
+
+/// Whether a still-running VM's attempt can be followed again: within `timing.resume_probe`, the
+/// guest answers `tart exec VM true` and the Lease is live (no status is written before it is).
+async fn resumable(shared: &Shared, vm: &str) -> Result<(), String> {
+    let limit = shared.config.timing.resume_probe;
+    let until = tokio::time::Instant::now() + limit;
+    let log = crate::host::steps::step_log(&shared.config.state_dir, vm, "_probe");
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let mut last = String::from("no probe finished");
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("the guest did not answer tart exec {vm} true within {limit:?} (last: {last})"));
+        }
+        let mut options = tartan_tart::ExecOptions::new(&log, left.min(std::time::Duration::from_secs(10)));
+        options.log_cap = 64 << 10;
+        options.tail_bytes = 1024;
+        match shared.tart.exec(vm, &["true".to_string()], &options).await {
+            Ok(out) if out.exit_code == 0 => break,
+            Ok(out) => last = format!("`true` exited {} in the guest", out.exit_code),
+            Err(e @ (TartError::VmNotRunning { .. } | TartError::VmDoesNotExist { .. })) => return Err(e.to_string()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500).min(left)).await;
+    }
+    let mut lease = shared.lease.clone();
+    let live = tokio::time::timeout_at(until, async {
+        lease
+            .wait_for(|l| l.can_claim(tokio::time::Instant::now()))
+            .await
+            .map(|_| ())
+    })
+    .await;
+    match live {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err("the Lease keeper stopped".to_string()),
+        Err(_) => Err(format!(
+            "the Lease was not renewed within {limit:?} of the agent's start (last error: {})",
+            shared.lease.borrow().last_error.as_deref().unwrap_or("none")
+        )),
+    }
+}
+
 /// One build's recovery actions, in order; returns where its last attempt rests.
 async fn run_actions(
     shared: &Shared,
@@ -271,24 +337,19 @@ async fn run_actions(
     for action in actions {
         rest = match action {
             RecoveryAction::KillVmProcesses { attempt, vm, then, .. } => {
-                let killed = match shared.tart.kill_vm_processes(&vm).await {
-                    Ok(report) => report.killed.len(),
-                    Err(error) => {
-                        tracing::error!(%vm, %error, "could not kill the VM's tart processes; recovery of this build stops here");
-                        return Rest::Stuck(error.to_string());
-                    }
-                };
-                let u32_killed = u32::try_from(killed).unwrap_or(u32::MAX);
-                drive(
-                    shared,
-                    &mb,
-                    &attempt,
-                    Start::Event(then.event(u32_killed)),
-                    generation,
-                    cancel,
-                )
-                .await
+                kill_then_drive(shared, &mb, &attempt, &vm, then, generation, cancel).await
             }
+            RecoveryAction::Resume { attempt, vm, .. } => match resumable(shared, &vm).await {
+                Ok(()) => {
+                    let after = shared.started.elapsed().try_into().unwrap_or_default();
+                    tracing::info!(target: "recovery", attempt = %attempt, %vm, ?after, "guest answers and the Lease is live; resuming");
+                    drive(shared, &mb, &attempt, Start::Event(Event::Resume { after }), generation, cancel).await
+                }
+                Err(why) => {
+                    tracing::warn!(target: "recovery", attempt = %attempt, %vm, "not resumed: {why}; interrupting it and deleting the VM");
+                    kill_then_drive(shared, &mb, &attempt, &vm, Ending::AgentRestarted, generation, cancel).await
+                }
+            },
             RecoveryAction::Step { attempt, event } => {
                 drive(shared, &mb, &attempt, Start::Event(event), generation, cancel).await
             }

@@ -27,6 +27,7 @@ fn rec(seq: u64, uid: &str, attempt: u32, vm: &str, from: Option<AttemptState>, 
         slot: None,
         deadline: None,
         max_attempts: None,
+        step: None,
         status: None,
     }
 }
