@@ -35,6 +35,12 @@ pub struct AgentOptions {
     pub watchdog_grace: &'static str,
     /// tart-double: seconds from `run` until `exec` answers.
     pub boot_delay_secs: f64,
+    /// `on_restart`: "resume" (the agent's default) or "restart".
+    pub on_restart: &'static str,
+    /// `timing.step_poll`.
+    pub step_poll: &'static str,
+    /// `timing.resume_probe`.
+    pub resume_probe: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -49,6 +55,9 @@ impl Default for AgentOptions {
             status_retry_max: "1s",
             watchdog_grace: "3s",
             boot_delay_secs: 0.2,
+            on_restart: "resume",
+            step_poll: "200ms",
+            resume_probe: "10s",
         }
     }
 }
@@ -64,6 +73,8 @@ impl AgentOptions {
             status_retry_initial: "1s",
             status_retry_max: "30s",
             watchdog_grace: "60s",
+            step_poll: "1s",
+            resume_probe: "30s",
             ..AgentOptions::default()
         }
     }
@@ -106,6 +117,10 @@ pub enum KillMode {
     Group,
     /// `kill -9` of the agent alone: `tart run`/`exec` survive (an agent started with `nohup`).
     Alone,
+    /// `kill -9` of its process group and of every tart process of its host: the VMs die with the
+    /// agent (a `tart run` in its own session under `on_restart = "resume"` too), as when the Mac
+    /// itself went down.
+    GroupAndVms,
 }
 
 pub struct Agent {
@@ -121,6 +136,8 @@ pub struct Agent {
     starts: u32,
     /// Every journal record ever seen, by sequence number (see [`Stack::journal`]).
     history: JournalHistory,
+    /// The `tartan-agent` program to start; `None` = the workspace's build.
+    binary: Option<PathBuf>,
 }
 
 /// The whole history of one agent's journal. A (re)started agent compacts finished builds away,
@@ -351,6 +368,7 @@ slots = {slots}
 tart = "{tart}"
 tart_home = "{home}"
 metrics_address = "127.0.0.1:0"
+on_restart = "{on_restart}"
 
 [artifacts]
 destination = "file://{artifacts}/"
@@ -363,6 +381,8 @@ retry_min_window = "{window}"
 status_retry_initial = "{sri}"
 status_retry_max = "{srm}"
 watchdog_grace = "{wg}"
+step_poll = "{step_poll}"
+resume_probe = "{resume_probe}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -379,6 +399,9 @@ watchdog_grace = "{wg}"
             sri = opts.status_retry_initial,
             srm = opts.status_retry_max,
             wg = opts.watchdog_grace,
+            on_restart = opts.on_restart,
+            step_poll = opts.step_poll,
+            resume_probe = opts.resume_probe,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();
@@ -395,6 +418,7 @@ watchdog_grace = "{wg}"
                 dead: vec![],
                 starts: 0,
                 history: JournalHistory::follow(&state_dir_for_history),
+                binary: None,
             },
         );
         &self.agents[id]
@@ -435,7 +459,7 @@ watchdog_grace = "{wg}"
         let a = self.agent_mut(id);
         assert!(a.proc.is_none(), "agent {id} already running");
         a.starts += 1;
-        let mut cmd = Command::new(bin("tartan-agent"));
+        let mut cmd = Command::new(a.binary.clone().unwrap_or_else(|| bin("tartan-agent")));
         cmd.arg("run")
             .arg("--config")
             .arg(&a.config)
@@ -484,11 +508,54 @@ watchdog_grace = "{wg}"
         let a = self.agent_mut(id);
         let mut p = a.proc.take().unwrap_or_else(|| panic!("agent {id} not running"));
         match mode {
-            KillMode::Group => p.kill9_group(),
+            KillMode::Group | KillMode::GroupAndVms => p.kill9_group(),
             KillMode::Alone => p.kill9_alone(),
         }
         eprintln!("[e2e] kill -9 agent {id} pid {} ({mode:?})", p.pid());
         a.dead.push(p);
+        if mode == KillMode::GroupAndVms {
+            for pid in self.tart_pids(id) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let started = std::time::Instant::now();
+            while !self.tart_pids(id).is_empty() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "the tart processes of {id} survived SIGKILL for 10 s: {:?}",
+                    self.tart_pids(id)
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// launchd's stop (`bootout`, an upgrade): SIGTERM to the agent, then, once it exits, SIGKILL
+    /// to what is left of its process group (launchd without `AbandonProcessGroup`). Returns how
+    /// long the agent took to exit; panics if it did not within `exit_time_out` (launchd's
+    /// `ExitTimeOut`, after which it would SIGKILL the agent).
+    pub fn stop_agent(&mut self, id: &str, exit_time_out: Duration) -> Duration {
+        let a = self.agent_mut(id);
+        let mut p = a.proc.take().unwrap_or_else(|| panic!("agent {id} not running"));
+        let started = std::time::Instant::now();
+        p.signal(Signal::SIGTERM);
+        while p.alive() {
+            assert!(
+                started.elapsed() < exit_time_out,
+                "agent {id} did not exit within ExitTimeOut {exit_time_out:?} of SIGTERM; log tail:\n{}",
+                p.log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let took = started.elapsed();
+        eprintln!("[e2e] SIGTERM agent {id} pid {}: exited after {took:?}", p.pid());
+        p.kill9_group();
+        a.dead.push(p);
+        took
+    }
+
+    /// The program the next start of agent `id` runs (an upgrade: a different binary).
+    pub fn set_agent_binary(&mut self, id: &str, binary: &Path) {
+        self.agent_mut(id).binary = Some(binary.to_path_buf());
     }
 
     /// SIGSTOP: the agent freezes (and keeps its lock); its tart children go on.

@@ -1,4 +1,5 @@
-//! The agent `kill -9`ed mid-build (its process group dies, as under launchd): the clone stays
+//! With `on_restart = "restart"`, the agent `kill -9`ed mid-build (its process group dies, as
+//! under launchd, `tart run` with it): the clone stays
 //! on disk; the restarted agent records `Retiring (AgentRestarted)` with `Interrupted`, deletes
 //! the clone, and attempt 2 succeeds. Uses the source's timing (lease 5 s / 20 s, retry window
 //! 120 s).
@@ -11,7 +12,12 @@ use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_mid_build_retries_once() {
     let mut s = Stack::new("agent-killed").await;
-    s.add_agent("agent-a", AgentOptions::source_defaults());
+    // The source's behaviour: the VMs die with the agent's process group.
+    let opts = AgentOptions {
+        on_restart: "restart",
+        ..AgentOptions::source_defaults()
+    };
+    s.add_agent("agent-a", opts);
     s.start_controller(ControllerOptions::source_defaults());
     s.start_agent("agent-a").await;
     let mut params = s.build_params(true);

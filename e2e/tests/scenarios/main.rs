@@ -16,6 +16,7 @@ mod quarantine;
 mod recovery_faults;
 mod redelivery;
 mod refused_past_deadline;
+mod resume;
 mod retiring_kept;
 mod task_fault;
 mod two_agents;
