@@ -1134,11 +1134,8 @@ impl Drop for KillOnDrop {
 async fn agent_role_starting_a_vm() {
     let spec =
         std::env::var(AGENT_ROLE).expect("run by a_detached_run_survives_the_process_group_kill_of_its_agents_job");
-    let [program, home, vm, detached, log]: [&str; 5] = spec
-        .split('\n')
-        .collect::<Vec<_>>()
-        .try_into()
-        .expect("five lines");
+    let [program, home, vm, detached, log]: [&str; 5] =
+        spec.split('\n').collect::<Vec<_>>().try_into().expect("five lines");
     let tart = Tart::new(program, (!home.is_empty()).then(|| PathBuf::from(home)));
     let options = RunOptions {
         log_path: Some(log.into()),
@@ -1161,7 +1158,11 @@ fn start_agent(h: &Harness, vm: &str, detached: bool) -> (ChildGuard, Pid) {
     let log = h.scratch.join(format!("{vm}-run.log"));
     let spec = [
         h.program.to_str().expect("UTF-8 program path"),
-        if h.real { "" } else { h.home.to_str().expect("UTF-8 home") },
+        if h.real {
+            ""
+        } else {
+            h.home.to_str().expect("UTF-8 home")
+        },
         vm,
         if detached { "1" } else { "0" },
         log.to_str().expect("UTF-8 scratch path"),
@@ -1207,12 +1208,18 @@ async fn a_detached_run_survives_the_process_group_kill_of_its_agents_job() {
     h.clone_image(&vm);
     let (mut agent, run) = start_agent(&h, &vm, false);
     let _run_guard = KillOnDrop::new(run);
-    assert_eq!(getpgid(Some(run)).unwrap(), agent.pid(), "tart run in the agent's group");
+    assert_eq!(
+        getpgid(Some(run)).unwrap(),
+        agent.pid(),
+        "tart run in the agent's group"
+    );
     killpg(agent.pid(), Signal::SIGKILL).expect("kill the agent's process group");
     agent.wait_exit(Duration::from_secs(10));
-    wait_for("the grouped tart run dies with its agent", Duration::from_secs(30), || {
-        !process_alive(run) && tart.run_pid(&vm).unwrap().is_none()
-    });
+    wait_for(
+        "the grouped tart run dies with its agent",
+        Duration::from_secs(30),
+        || !process_alive(run) && tart.run_pid(&vm).unwrap().is_none(),
+    );
 
     // Detached: `tart run` leads a process group of its own, outside the agent's, and the VM stays usable.
     let vm = h.vm("mb-detached");
@@ -1229,7 +1236,11 @@ async fn a_detached_run_survives_the_process_group_kill_of_its_agents_job() {
         .expect("exec after the agent died");
     assert_eq!(out.exit_code, 0);
     assert!(process_alive(run));
-    assert_eq!(tart.run_pid(&vm).unwrap(), Some(run), "the next agent finds it with F_GETLK");
+    assert_eq!(
+        tart.run_pid(&vm).unwrap(),
+        Some(run),
+        "the next agent finds it with F_GETLK"
+    );
     let report = tart.kill_vm_processes(&vm).await.expect("kill the detached run");
     assert_eq!(report.killed.first(), Some(&run), "{report:?}");
     assert_eq!(tart.run_pid(&vm).unwrap(), None);

@@ -112,10 +112,7 @@ pub fn sweep(dir: &Path, spare: Option<Pid>) -> Result<usize, String> {
             match kill(*pid, Signal::SIGKILL) {
                 Ok(()) | Err(Errno::ESRCH) => killed.push(*pid),
                 Err(e) => {
-                    return Err(format!(
-                        "cannot SIGKILL guest process {pid} of {}: {e}",
-                        dir.display()
-                    ));
+                    return Err(format!("cannot SIGKILL guest process {pid} of {}: {e}", dir.display()));
                 }
             }
         }
