@@ -68,8 +68,10 @@ the command dies with the exec client, its descendants do not).
 GUEST PROCESSES: every command exec starts carries TART_DOUBLE_GUEST=\"<run pid> <VM folder>\" (inherited by
 its descendants). A graceful end of `run` (SIGINT, SIGUSR2), `stop` and `delete` SIGKILL every process carrying
 the VM's mark, as a real VM's guest dies with it. A `run` killed at once leaves them until the next `stop`,
-`delete` or `run` of that VM; `list` and `get` ignore them (running = the VM lock is held). Clone sources containing `/` are registry images: the first clone
-synthesises one into cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
+`delete` or `run` of that VM; `list` and `get` ignore them (running = the VM lock is held).
+
+Clone sources containing `/` are registry images: the first clone synthesises one into
+cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
 
 EXIT CODES: 2 = the specified VM \"x\" does not exist / VM \"x\" is not running / VM \"x\" is already running!
 (bare messages); 1 = other failures (e.g. `VM \"x\" is running` from delete, `Error: ...` messages,
@@ -812,7 +814,7 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
     drop(global);
     // Guest processes of an earlier run of this VM that was killed at once die now, before this guest boots
     // (those of this run, started from here on, are spared).
-    guests::sweep(&dir, Some(Pid::this())).map_err(Fail::Error)?;
+    guests::sweep(&dir, Some(Pid::this())).map_err(|e| Fail::Error(format!("{e}; the VM was not started")))?;
     let sock = dir.join("control.sock");
     fs::write(&sock, format!("{}\n", std::process::id())).map_err(|e| io_fail("cannot create", &sock, e))?;
 
@@ -836,7 +838,7 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
         }
     }
     // The guest stops with the VM, while the lock still keeps a new run (and its guests) out.
-    guests::sweep(&dir, None).map_err(Fail::Error)?;
+    guests::sweep(&dir, None).map_err(|e| Fail::Error(format!("{e}; the VM has stopped")))?;
     drop(config);
     Ok(0)
 }
@@ -984,7 +986,9 @@ fn sweep_stopped(home: &Path, name: &str, dir: &Path) -> Result<(), Fail> {
         LockProbe::HeldBy(pid) => Some(pid),
         LockProbe::Free | LockProbe::HeldByUnknown => None,
     };
-    guests::sweep(dir, spare).map(drop).map_err(Fail::Error)
+    guests::sweep(dir, spare)
+        .map(drop)
+        .map_err(|e| Fail::Error(format!("{e}; the VM is not running")))
 }
 
 // ---------------------------------------------------------------------------------------------------- delete
@@ -1016,7 +1020,7 @@ fn cmd_delete(home: &Path, name: &str) -> Result<(), Fail> {
         return Err(Fail::Bare(1, format!("VM \"{name}\" is running")));
     };
     // Holding the lock: no run can start guests while the leftovers of a killed one die.
-    guests::sweep(&dir, None).map_err(Fail::Error)?;
+    guests::sweep(&dir, None).map_err(|e| Fail::Error(format!("{e}; the VM is left in place")))?;
     if faults_for(home, name)?.delete_fails == Some(true) {
         return Err(Fail::Error(format!(
             "failed to delete VM \"{name}\": injected fault delete_fails (see {}); the VM is left in place",
