@@ -67,6 +67,9 @@ pub struct RunOptions {
     pub log_path: Option<PathBuf>,
     /// Extra flags placed before the VM name, e.g. `["--dir", "src:/path"]`.
     pub extra_args: Vec<String>,
+    /// Start `tart run` in a session of its own (`setsid`: its process group is its pid) instead of the
+    /// caller's process group. See [`Tart::run`] for what each mode means when the caller dies.
+    pub detached: bool,
 }
 
 /// How to run `tart exec`.
@@ -135,9 +138,10 @@ impl std::fmt::Display for RunExit {
     }
 }
 
-/// A `tart run NAME` we started, in the caller's process group (see [`Tart::run`]). Dropping the handle
-/// does **not** stop the VM: a process that survives (the agent killed alone, as under `nohup`) is found
-/// again with [`discovery::run_pid`].
+/// A `tart run NAME` we started, in the caller's process group or, with [`RunOptions::detached`], in a
+/// session of its own (see [`Tart::run`]). Dropping the handle does **not** stop the VM: a process that
+/// outlives its caller (always when detached; in the caller's group only if the caller dies alone, as under
+/// `nohup`) is found again with [`discovery::run_pid`] and ended with [`discovery::kill_vm_processes`].
 #[derive(Debug)]
 pub struct RunningVm {
     name: String,
@@ -428,17 +432,35 @@ impl Tart {
         Ok(())
     }
 
-    /// Starts `tart run --no-graphics [extra] NAME` and returns at once. Use
-    /// [`RunningVm::wait_until_running`] to wait until it holds the VM lock.
+    /// Starts `tart run --no-graphics [extra] NAME` and returns at once, with stdin from `/dev/null`. Use
+    /// [`RunningVm::wait_until_running`] to wait until it holds the VM lock. Dropping the handle never stops
+    /// the VM. The VM lives inside this one process: whatever kills it kills the guest and every process in it.
     ///
-    /// The child stays in the caller's process group on purpose: the agent's LaunchAgent leaves
-    /// `AbandonProcessGroup` unset, so when the agent dies launchd kills the group and no VM keeps
-    /// running without its agent (DESIGN.md "launchd"). Dropping the handle does not stop the VM.
+    /// Where the process goes decides whether the VM outlives the caller. The agent's LaunchAgent leaves
+    /// `AbandonProcessGroup` unset (false), so when the agent's job ends (exit, crash, `launchctl bootout`)
+    /// launchd SIGKILLs whatever is left in the job's process group:
+    ///
+    /// * Default (`detached: false`): `tart run` stays in the caller's process group, so it dies with the
+    ///   agent's job, as does any signal sent to that group (e.g. a terminal's Ctrl-C). No VM runs without
+    ///   its agent.
+    /// * `detached: true`: `tart run` calls `setsid` before exec (a new session and process group, both its
+    ///   own pid), outside the job's group: neither launchd's group kill, nor signals to the caller's group,
+    ///   nor the caller's exit reach it. The VM keeps running across an agent restart or upgrade; the next
+    ///   agent finds it with [`Tart::run_pid`] (`F_GETLK`) and ends it with [`Tart::stop`] or
+    ///   [`Tart::kill_vm_processes`]. For an agent that never comes back, the watchdog's deadline is what
+    ///   deletes it (the watchdog kills through the same discovery).
     pub fn run(&self, name: &str, options: &RunOptions) -> Result<RunningVm, TartError> {
         let home = self.home()?;
         let mut cmd = self.command();
         cmd.arg("run").arg("--no-graphics").args(&options.extra_args).arg(name);
         cmd.kill_on_drop(false);
+        if options.detached {
+            // SAFETY: the closure only calls setsid(2), which is async-signal-safe. It cannot fail in a
+            // freshly forked child (which never leads a process group).
+            unsafe {
+                cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+            }
+        }
         match &options.log_path {
             Some(path) => {
                 let open = || {

@@ -6,6 +6,9 @@
 //!   [`client_pids`] and [`kill_vm_processes`], shared by the agent's recovery and the watchdog.
 //! * [`double`]: the `tart-double` binary's implementation, a faithful stand-in for tart on Linux, with fault
 //!   injection through [`double::Faults`].
+//!
+//! What outlives what (`tart run` and the agent's process group, `tart exec` disconnects, guest processes and
+//! their VM), with sources and what the double reproduces: `docs/tart-contract.md`.
 
 pub mod discovery;
 pub mod double;

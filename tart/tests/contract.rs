@@ -192,7 +192,14 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         if !self.real {
-            return; // processes are owned by guards; the temp home goes with `_tmp`
+            // Processes are owned by guards, except guest jobs a test left behind in a VM (its `run` may
+            // have been killed at once); the temp home goes with `_tmp`.
+            for name in self.created.borrow().iter() {
+                if let Err(e) = tartan_tart::double::guests::sweep(&self.vm_dir(name), None) {
+                    eprintln!("cleanup: {e}");
+                }
+            }
+            return;
         }
         for name in self.created.borrow().iter() {
             let _ = Command::new(&self.program)
@@ -1081,4 +1088,347 @@ fn the_double_works_from_a_shell_script() {
     assert!(out.status.success(), "{out:?}");
     assert!(stdout.contains("hello-from-mb-sh"), "{stdout}");
     assert!(stdout.trim_end().ends_with('0'), "no local VM left: {stdout}");
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Detached runs (issue 13): a VM that outlives the agent that started it.
+
+/// Env var of the `agent_role_starting_a_vm` child: `<program>\n<home or empty>\n<vm>\n<detached: 0|1>\n<log>`.
+const AGENT_ROLE: &str = "TARTAN_TEST_AGENT_ROLE";
+
+/// SIGKILLs a `tart run` that is nobody's child here (its handle is gone, or its agent) on drop, so a test that
+/// fails half-way leaves no VM running: unless it has ended, and only if its pid still names the same process
+/// (same start time).
+struct KillOnDrop {
+    pid: Pid,
+    started: Option<u64>,
+}
+
+impl KillOnDrop {
+    fn new(pid: Pid) -> Self {
+        KillOnDrop {
+            pid,
+            started: start_time(pid),
+        }
+    }
+}
+
+fn start_time(pid: Pid) -> Option<u64> {
+    use sysinfo::{ProcessRefreshKind, ProcessesToUpdate, System};
+    let mut sys = System::new().ok()?;
+    let spid = sysinfo::Pid::from_u32(pid.as_raw() as u32);
+    sys.refresh_processes_specifics(ProcessesToUpdate::Some(&[spid]), true, ProcessRefreshKind::nothing());
+    sys.process(spid).map(|p| p.start_time())
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.started.is_some() && process_alive(self.pid) && start_time(self.pid) == self.started {
+            let _ = kill(self.pid, Signal::SIGKILL);
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "child process of a_detached_run_survives_the_process_group_kill_of_its_agents_job; starts a VM, then waits to be killed"]
+async fn agent_role_starting_a_vm() {
+    let spec =
+        std::env::var(AGENT_ROLE).expect("run by a_detached_run_survives_the_process_group_kill_of_its_agents_job");
+    let [program, home, vm, detached, log]: [&str; 5] =
+        spec.split('\n').collect::<Vec<_>>().try_into().expect("five lines");
+    let tart = Tart::new(program, (!home.is_empty()).then(|| PathBuf::from(home)));
+    let options = RunOptions {
+        log_path: Some(log.into()),
+        detached: detached == "1",
+        ..Default::default()
+    };
+    let mut run = tart.run(vm, &options).expect("spawn run");
+    run.wait_until_running(Duration::from_secs(120))
+        .await
+        .expect("VM running");
+    println!("\nRUNNING {}", run.pid());
+    std::future::pending::<()>().await;
+}
+
+/// Starts `agent_role_starting_a_vm` as an "agent" in a process group of its own (as launchd starts a job);
+/// returns it and the pid of the `tart run` it started.
+fn start_agent(h: &Harness, vm: &str, detached: bool) -> (ChildGuard, Pid) {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let log = h.scratch.join(format!("{vm}-run.log"));
+    let spec = [
+        h.program.to_str().expect("UTF-8 program path"),
+        if h.real {
+            ""
+        } else {
+            h.home.to_str().expect("UTF-8 home")
+        },
+        vm,
+        if detached { "1" } else { "0" },
+        log.to_str().expect("UTF-8 scratch path"),
+    ]
+    .join("\n");
+    let mut child = ChildGuard(Some(
+        Command::new(std::env::current_exe().expect("the test knows its own path"))
+            .args([
+                "--exact",
+                "agent_role_starting_a_vm",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(AGENT_ROLE, spec)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the agent role"),
+    ));
+    let stdout = child.0.as_mut().expect("child").stdout.take().expect("piped stdout");
+    // Bounded by the child: it gives up (exits, closing stdout) after wait_until_running's timeout.
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("read the agent role's stdout");
+        if let Some(pid) = line.strip_prefix("RUNNING ") {
+            return (child, Pid::from_raw(pid.trim().parse().expect("a pid")));
+        }
+    }
+    panic!("the agent role ended without starting {vm}");
+}
+
+#[tokio::test]
+async fn a_detached_run_survives_the_process_group_kill_of_its_agents_job() {
+    use nix::sys::signal::killpg;
+    use nix::unistd::getpgid;
+    let h = Harness::new();
+    let tart = h.tart();
+
+    // Default: `tart run` is in the agent's process group and dies when launchd kills the group.
+    let vm = h.vm("mb-grouped");
+    h.clone_image(&vm);
+    let (mut agent, run) = start_agent(&h, &vm, false);
+    let _run_guard = KillOnDrop::new(run);
+    assert_eq!(
+        getpgid(Some(run)).unwrap(),
+        agent.pid(),
+        "tart run in the agent's group"
+    );
+    killpg(agent.pid(), Signal::SIGKILL).expect("kill the agent's process group");
+    agent.wait_exit(Duration::from_secs(10));
+    wait_for(
+        "the grouped tart run dies with its agent",
+        Duration::from_secs(30),
+        || !process_alive(run) && tart.run_pid(&vm).unwrap().is_none(),
+    );
+
+    // Detached: `tart run` leads a process group of its own, outside the agent's, and the VM stays usable.
+    let vm = h.vm("mb-detached");
+    h.clone_image(&vm);
+    let (mut agent, run) = start_agent(&h, &vm, true);
+    let _run_guard = KillOnDrop::new(run);
+    assert_eq!(getpgid(Some(run)).unwrap(), run, "tart run leads its own process group");
+    killpg(agent.pid(), Signal::SIGKILL).expect("kill the agent's process group");
+    agent.wait_exit(Duration::from_secs(10));
+    let opts = exec_opts(&h, &vm, Duration::from_secs(120));
+    let out = tart
+        .exec(&vm, &argv(&["true"]), &opts)
+        .await
+        .expect("exec after the agent died");
+    assert_eq!(out.exit_code, 0);
+    assert!(process_alive(run));
+    assert_eq!(
+        tart.run_pid(&vm).unwrap(),
+        Some(run),
+        "the next agent finds it with F_GETLK"
+    );
+    let report = tart.kill_vm_processes(&vm).await.expect("kill the detached run");
+    assert_eq!(report.killed.first(), Some(&run), "{report:?}");
+    assert_eq!(tart.run_pid(&vm).unwrap(), None);
+    tart.delete(&vm).await.expect("delete after kill");
+}
+
+#[tokio::test]
+async fn a_detached_run_leads_its_own_session_and_is_found_and_killed_after_its_handle_drops() {
+    use nix::unistd::{getpgid, getsid};
+    let h = Harness::new();
+    let tart = h.tart();
+    let vm = h.vm("mb-session");
+    h.clone_image(&vm);
+    let options = RunOptions {
+        log_path: Some(h.scratch.join("session-run.log")),
+        detached: true,
+        ..Default::default()
+    };
+    let mut handle = tart.run(&vm, &options).expect("spawn run");
+    let run = handle.pid();
+    let _run_guard = KillOnDrop::new(run);
+    handle
+        .wait_until_running(Duration::from_secs(if h.real { 120 } else { 20 }))
+        .await
+        .expect("VM running");
+    assert_eq!(getsid(Some(run)).unwrap(), run, "a session of its own");
+    assert_eq!(getpgid(Some(run)).unwrap(), run, "a process group of its own");
+    drop(handle);
+
+    assert!(process_alive(run), "dropping the handle does not stop the VM");
+    assert_eq!(tart.run_pid(&vm).unwrap(), Some(run));
+    assert!(
+        tart.client_pids(&vm).unwrap().contains(&run),
+        "`run NAME` is a client too"
+    );
+    let report = tart.kill_vm_processes(&vm).await.expect("kill the detached run");
+    assert_eq!(report.killed.first(), Some(&run), "{report:?}");
+    assert!(!process_alive(run));
+    assert_eq!(tart.run_pid(&vm).unwrap(), None);
+
+    // The default stays in the caller's process group.
+    let mut grouped = tart
+        .run(
+            &vm,
+            &RunOptions {
+                log_path: Some(h.scratch.join("grouped-run.log")),
+                ..Default::default()
+            },
+        )
+        .expect("spawn run");
+    assert_eq!(getpgid(Some(grouped.pid())).unwrap(), getpgid(None).unwrap());
+    grouped.kill().await.expect("kill the grouped run");
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// tart-double: guest processes die with their VM.
+
+/// Starts a job in the guest that outlives its `exec`, as a step detaches with `nohup … &`; returns the pid
+/// of its `sh` (whose `sleep` child is part of the job too).
+fn start_guest_job(h: &Harness, vm: &str, tag: &str) -> Pid {
+    let pidfile = h.scratch.join(format!("{tag}.pid"));
+    let script = format!(
+        "nohup sh -c 'sleep 300' >/dev/null 2>&1 & echo $! > '{}'",
+        pidfile.display()
+    );
+    let r = h.raw(&["exec", vm, "sh", "-c", &script]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let text = std::fs::read_to_string(&pidfile).expect("the job's pid file");
+    let pid = Pid::from_raw(text.trim().parse().unwrap_or_else(|e| panic!("{text:?}: {e}")));
+    assert!(process_alive(pid), "the job {tag} outlives its exec");
+    pid
+}
+
+/// Asserts that no process of VM `name` is left, the job's `sleep` included (a sweep finds nothing to kill).
+fn assert_no_guest_left(h: &Harness, name: &str) {
+    assert_eq!(
+        tartan_tart::double::guests::sweep(&h.vm_dir(name), None),
+        Ok(0),
+        "guest processes of {name} were left"
+    );
+}
+
+#[tokio::test]
+async fn a_guest_job_outlives_its_exec_but_not_its_vm_and_no_other_vm_touches_it() {
+    let h = Harness::new();
+    if h.double_only("guest processes are host processes only in the double") {
+        return;
+    }
+    let (a, b) = (h.vm("mb-a"), h.vm("mb-b"));
+    h.clone_image(&a);
+    h.clone_image(&b);
+    let _guard_a = h.start(&a).await;
+    let _guard_b = h.start(&b).await;
+    let job_a = start_guest_job(&h, &a, "a");
+    let job_b = start_guest_job(&h, &b, "b");
+
+    let r = h.raw(&["stop", &b, "--timeout", "5"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(!process_alive(job_b), "B's job died with B");
+    assert_no_guest_left(&h, &b);
+    assert!(process_alive(job_a), "stopping B leaves A's job alone");
+    let r = h.raw(&["delete", &b]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(process_alive(job_a), "deleting B leaves A's job alone");
+    assert_eq!(h.listed(&a).expect("A listed")["Running"], true);
+
+    let r = h.raw(&["stop", &a, "--timeout", "5"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(!process_alive(job_a), "A's job died with A");
+    assert_no_guest_left(&h, &a);
+}
+
+#[tokio::test]
+async fn guest_jobs_of_a_killed_run_linger_until_the_next_stop_run_or_delete_of_the_vm() {
+    let h = Harness::new();
+    if h.double_only("guest processes are host processes only in the double") {
+        return;
+    }
+    let vm = h.vm("mb-killed");
+    h.clone_image(&vm);
+
+    let mut guard = h.start(&vm).await;
+    let job = start_guest_job(&h, &vm, "job1");
+    guard.vm().kill().await.expect("SIGKILL the run");
+    assert!(
+        process_alive(job),
+        "a SIGKILLed run cannot take its guest along (the double's limit)"
+    );
+    let entry = h.listed(&vm).expect("listed");
+    assert_eq!(
+        (entry["Running"].clone(), entry["State"].clone()),
+        (false.into(), "stopped".into()),
+        "the leftover job does not make the VM look running"
+    );
+    let r = h.raw(&["stop", &vm]);
+    assert_eq!(r.code, Some(2), "still not running: {r:?}");
+    assert!(!process_alive(job), "stop swept the leftover job");
+    assert_no_guest_left(&h, &vm);
+
+    let mut guard = h.start(&vm).await;
+    let job = start_guest_job(&h, &vm, "job2");
+    guard.vm().kill().await.expect("SIGKILL the run");
+    let mut guard = h.start(&vm).await;
+    wait_for("the next run sweeps the leftover job", Duration::from_secs(10), || {
+        !process_alive(job)
+    });
+    let job = start_guest_job(&h, &vm, "job3");
+    let r = h.raw(&["exec", &vm, "true"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(process_alive(job), "the run's own guests are not leftovers");
+    guard.vm().kill().await.expect("SIGKILL the run");
+    let r = h.raw(&["delete", &vm]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(!process_alive(job), "delete swept the leftover job");
+    assert_no_guest_left(&h, &vm);
+}
+
+#[test]
+fn an_execd_command_dies_with_its_exec_client() {
+    let h = Harness::new();
+    if h.double_only("the guest command is a host process only in the double") {
+        return;
+    }
+    let vm = h.vm("mb-client");
+    h.clone_image(&vm);
+    let mut run = h.spawn(&["run", "--no-graphics", &vm], &h.scratch.join("run.log"));
+    wait_for("run holds the VM lock", Duration::from_secs(20), || {
+        tartan_tart::run_pid(&h.home, &vm).unwrap() == Some(run.pid())
+    });
+    let pidfile = h.scratch.join("child.pid");
+    let script = format!(
+        "echo $$ > '{0}.tmp' && mv '{0}.tmp' '{0}' && exec sleep 300",
+        pidfile.display()
+    );
+    let mut exec = h.spawn(&["exec", &vm, "sh", "-c", &script], &h.scratch.join("exec.log"));
+    let mut child = None;
+    wait_for("the exec'd command writes its pid", Duration::from_secs(10), || {
+        child = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .map(Pid::from_raw);
+        child.is_some()
+    });
+    let child = child.expect("pid");
+    assert!(process_alive(child));
+    exec.kill_and_wait();
+    wait_for("the command dies with its exec client", Duration::from_secs(10), || {
+        !process_alive(child)
+    });
+    run.kill_and_wait();
 }

@@ -2,6 +2,16 @@
 //! contract in `TART.md` section (a): home layout, garbage collection, locks, exit codes, messages and JSON.
 //! Instead of a VM, `run` is a process holding the VM lock; `exec` runs argv on the host in the VM's folder.
 //!
+//! **Guest processes die with the VM.** In tart the guest lives inside the `tart run` process: a job the guest
+//! left running (`nohup … &`, `setsid`) after its `exec` ended still dies when the VM stops. Here `exec`
+//! marks each command with [`ENV_GUEST`] (inherited by its descendants), and `run` when it ends gracefully
+//! (SIGINT, SIGUSR2), `stop`, and `delete` SIGKILL every process carrying the VM's mark ([`guests`]). A `run`
+//! killed at once (SIGKILL, SIGTERM, the `run_dies_after_secs` fault) cannot do that: its guest processes
+//! linger until the next `stop`, `delete` or `run` of that VM, which sweeps them first. They are invisible to
+//! `list`/`get`, where running still means the VM lock is held. The `exec`'d command itself additionally dies
+//! with its `exec` client (Linux: `PR_SET_PDEATHSIG`), as the guest agent kills its direct child when the
+//! client goes away; its descendants do not.
+//!
 //! **The temporary-directory window (as in tart, checked against cirruslabs/tart `Commands/Clone.swift`,
 //! `VMDirectory.temporary()`, `FileLock.swift`, `Config.gc()` and `VMStorageOCI.pull`).** `clone` (and the
 //! pull inside it) creates `tmp/<uuid>` (`tmp/<md5>` for a pull) first and takes its `flock` only afterwards.
@@ -13,6 +23,7 @@
 //! (`clone_tmp_unlocked_secs`); a caller should treat that failure as transient and clone again.
 
 pub mod faults;
+pub mod guests;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -31,6 +42,7 @@ use crate::discovery::{tart_home, vm_dir};
 use crate::lock::{LockProbe, probe_write_lock, try_write_lock};
 use crate::types::{VmInfo, VmListEntry, VmState};
 pub use faults::{FAULTS_FILE, Fault, Faults};
+pub use guests::ENV_GUEST;
 
 /// Env var: seconds between `run` starting and the guest agent answering (default 0; a fault overrides it).
 pub const ENV_BOOT_DELAY: &str = "TART_DOUBLE_BOOT_DELAY_SECS";
@@ -51,8 +63,15 @@ holding fcntl(F_SETLK, F_WRLCK) on config.json (the VM lock; F_GETLK reports its
 control.sock (its mtime marks the boot). SIGINT prints `Stopping VM...` and exits 0; SIGUSR2 exits 0 (guest
 shutdown); SIGTERM/SIGKILL kill it at once. `exec NAME CMD [ARG...]` runs CMD on the host with the VM folder as
 working directory (no shell, stdout/stderr separate unless -t, -i passes stdin, exit code propagated, 255 if killed by a signal; on Linux
-the command dies with the exec client). Clone sources containing `/` are registry images: the first clone
-synthesises one into cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
+the command dies with the exec client, its descendants do not).
+
+GUEST PROCESSES: every command exec starts carries TART_DOUBLE_GUEST=\"<run pid> <VM folder>\" (inherited by
+its descendants). A graceful end of `run` (SIGINT, SIGUSR2), `stop` and `delete` SIGKILL every process carrying
+the VM's mark, as a real VM's guest dies with it. A `run` killed at once leaves them until the next `stop`,
+`delete` or `run` of that VM; `list` and `get` ignore them (running = the VM lock is held).
+
+Clone sources containing `/` are registry images: the first clone synthesises one into
+cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
 
 EXIT CODES: 2 = the specified VM \"x\" does not exist / VM \"x\" is not running / VM \"x\" is already running!
 (bare messages); 1 = other failures (e.g. `VM \"x\" is running` from delete, `Error: ...` messages,
@@ -793,6 +812,9 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
         return Err(Fail::Bare(2, format!("VM \"{name}\" is already running!")));
     };
     drop(global);
+    // Guest processes of an earlier run of this VM that was killed at once die now, before this guest boots
+    // (those of this run, started from here on, are spared).
+    guests::sweep(&dir, Some(Pid::this())).map_err(|e| Fail::Error(format!("{e}; the VM was not started")))?;
     let sock = dir.join("control.sock");
     fs::write(&sock, format!("{}\n", std::process::id())).map_err(|e| io_fail("cannot create", &sock, e))?;
 
@@ -815,6 +837,8 @@ fn cmd_run(home: &Path, name: &str) -> Outcome {
             Ok(_) | Err(_) => continue,
         }
     }
+    // The guest stops with the VM, while the lock still keeps a new run (and its guests) out.
+    guests::sweep(&dir, None).map_err(|e| Fail::Error(format!("{e}; the VM has stopped")))?;
     drop(config);
     Ok(0)
 }
@@ -840,9 +864,11 @@ fn boot_delay(home: &Path, name: &str) -> Result<Duration, Fail> {
 fn cmd_exec(home: &Path, name: &str, interactive: bool, tty: bool, command: &[OsString]) -> Outcome {
     use std::os::fd::AsFd;
     let dir = require_vm(home, name)?;
-    if !vm_lock(home, name)?.is_held() {
-        return Err(not_running(name));
-    }
+    let run = match vm_lock(home, name)? {
+        LockProbe::Free => return Err(not_running(name)),
+        LockProbe::HeldBy(pid) => Some(pid),
+        LockProbe::HeldByUnknown => None,
+    };
     while faults_for(home, name)?.exec_hangs == Some(true) {
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -862,7 +888,9 @@ fn cmd_exec(home: &Path, name: &str, interactive: bool, tty: bool, command: &[Os
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]).current_dir(&dir);
+    cmd.args(&command[1..])
+        .current_dir(&dir)
+        .env(ENV_GUEST, guests::mark(run, &dir));
     if !interactive {
         cmd.stdin(std::process::Stdio::null());
     }
@@ -920,6 +948,7 @@ fn cmd_stop(home: &Path, name: &str, timeout: u64) -> Outcome {
             )));
         }
         LockProbe::Free => {
+            sweep_stopped(home, name, &dir)?;
             let state = dir.join("state.vzvmsave");
             if state.exists() {
                 fs::remove_file(&state).map_err(|e| io_fail("cannot remove", &state, e))?;
@@ -946,7 +975,20 @@ fn cmd_stop(home: &Path, name: &str, timeout: u64) -> Outcome {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    sweep_stopped(home, name, &dir)?;
     Ok(0)
+}
+
+/// Kills the guest processes a stopped VM left (those of a `run` killed at once), sparing the guests of a
+/// `run` that may have started since.
+fn sweep_stopped(home: &Path, name: &str, dir: &Path) -> Result<(), Fail> {
+    let spare = match vm_lock(home, name)? {
+        LockProbe::HeldBy(pid) => Some(pid),
+        LockProbe::Free | LockProbe::HeldByUnknown => None,
+    };
+    guests::sweep(dir, spare)
+        .map(drop)
+        .map_err(|e| Fail::Error(format!("{e}; the VM is not running")))
 }
 
 // ---------------------------------------------------------------------------------------------------- delete
@@ -977,6 +1019,8 @@ fn cmd_delete(home: &Path, name: &str) -> Result<(), Fail> {
     let Some(config) = take_vm_lock(&dir)? else {
         return Err(Fail::Bare(1, format!("VM \"{name}\" is running")));
     };
+    // Holding the lock: no run can start guests while the leftovers of a killed one die.
+    guests::sweep(&dir, None).map_err(|e| Fail::Error(format!("{e}; the VM is left in place")))?;
     if faults_for(home, name)?.delete_fails == Some(true) {
         return Err(Fail::Error(format!(
             "failed to delete VM \"{name}\": injected fault delete_fails (see {}); the VM is left in place",
