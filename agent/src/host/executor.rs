@@ -124,6 +124,11 @@ pub struct ExecutorConfig {
     pub artifacts: ArtifactsConfig,
     /// Local VM names a MacBuild may clone (the agent config's `local_images`).
     pub local_images: Vec<String>,
+    /// Start `tart run` in a session of its own so the VM outlives the agent
+    /// (`on_restart = "resume"`); otherwise it stays in the agent's process group and dies with it.
+    pub detach_vm: bool,
+    /// How often a running step's guest job is polled (`timing.step_poll`).
+    pub step_poll: Duration,
 }
 
 impl ExecutorConfig {
@@ -142,6 +147,8 @@ impl ExecutorConfig {
             upload: UploadPolicy::default(),
             artifacts: ArtifactsConfig::default(),
             local_images: Vec::new(),
+            detach_vm: false,
+            step_poll: Duration::from_secs(1),
         }
     }
 }
@@ -210,6 +217,13 @@ impl AttemptExecutor {
 
     pub fn attempt(&self) -> &HostAttempt {
         &self.attempt
+    }
+
+    /// Tells an executor made for an attempt found past its clone (at recovery, after a task
+    /// fault, or resumed) that the VM was created, so a VM gone at the deadline is known to be
+    /// the watchdog's doing.
+    pub fn vm_was_created(&mut self) {
+        self.vm_created = true;
     }
 
     /// Test counts and artifact location gathered so far (for the status snapshot).
@@ -497,6 +511,7 @@ impl AttemptExecutor {
         let options = RunOptions {
             log_path: Some(logs.join("_tart-run.log")),
             extra_args: Vec::new(),
+            detached: self.cfg.detach_vm,
         };
         self.boot_started = Some(Instant::now());
         match self.tart.run(&vm, &options) {

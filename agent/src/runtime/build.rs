@@ -54,6 +54,8 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
     let cfg = ExecutorConfig {
         artifacts: shared.config.artifacts.clone(),
         local_images: shared.config.local_images.clone(),
+        detach_vm: shared.machine.resume_after_restart,
+        step_poll: shared.config.timing.step_poll,
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
@@ -590,6 +592,12 @@ pub async fn drive(
     };
     let spec = mb.as_ref().map_or_else(spec_of_gone_build, |mb| mb.spec.clone());
     let mut exec = executor_for(shared, &a, spec, cancel);
+    // Running or later, or resumed with its VM running: the clone was made.
+    if matches!(a.state, AttemptState::Running | AttemptState::Collecting)
+        || matches!(start, Start::Event(Event::Resume { .. }))
+    {
+        exec.vm_was_created();
+    }
     let event = match start {
         Start::Event(event) => event,
         Start::Perform(action) => match exec.perform(&action).await {

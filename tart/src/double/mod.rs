@@ -905,9 +905,15 @@ fn cmd_exec(home: &Path, name: &str, interactive: bool, tty: bool, command: &[Os
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: the closure only calls prctl(2), which is async-signal-safe.
+        // The guest's processes live in the VM, out of reach of signals aimed at the host's process
+        // groups (launchd killing the agent's job): a session of their own stands for that. The
+        // direct child still dies with its exec client, as tart-guest-agent kills it.
+        // SAFETY: the closure only calls setsid(2) and prctl(2), which are async-signal-safe.
         unsafe {
-            cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from));
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(io::Error::from)?;
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)
+            });
         }
     }
     let status = cmd
