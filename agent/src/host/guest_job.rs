@@ -72,15 +72,24 @@ impl Job {
 }
 
 /// The start script: `$1` is the job folder, the rest the step's argv.
+///
+/// The step runs as an asynchronous list that the wrapper waits for: run in the foreground, a
+/// death by signal would make the shell write `Terminated` into `out.log`. `set -m` (job control)
+/// keeps a non-interactive shell from starting asynchronous lists with SIGINT and SIGQUIT ignored
+/// (macOS's `sh`, bash, honours it without a terminal; dash cannot and leaves them ignored). The
+/// step starts with SIGHUP ignored (nohup).
 const START_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1
 shift
 mkdir -p "${d%/*}"
 if err=$(mkdir "$d" 2>&1); then
-  nohup sh -c 'd=$1
+  set -m
+  nohup sh -c 'set -m
+d=$1
 shift
 echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
-nohup -- "$@" </dev/null >"$d/out.log" 2>&1
+nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
+wait $!
 echo $? >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"' tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
   echo "tartan-job started"
 elif [ -d "$d" ]; then
@@ -125,7 +134,10 @@ pub fn parse_start(out: &[u8]) -> Result<Started, String> {
         "tartan-job exists\n" => Ok(Started::Before),
         _ => match text.strip_prefix("tartan-job refused: ") {
             Some(why) => Ok(Started::Refused(why.trim().to_string())),
-            None => Err(format!("expected `tartan-job started|exists|refused: …`, got {}", show(out))),
+            None => Err(format!(
+                "expected `tartan-job started|exists|refused: …`, got {}",
+                show(out)
+            )),
         },
     }
 }
@@ -319,7 +331,12 @@ impl Place {
 /// How long the host log should be at guest offset `offset` under cap `cap`, counted from the
 /// job's base: the first `cap` bytes, then the cap note once more than `cap` came.
 pub fn logged_len(offset: u64, cap: u64) -> u64 {
-    offset.min(cap) + if offset > cap { log_cap_note(cap).len() as u64 } else { 0 }
+    offset.min(cap)
+        + if offset > cap {
+            log_cap_note(cap).len() as u64
+        } else {
+            0
+        }
 }
 
 /// Where a follower of the job in `dir` starts, given the sidecar's place (if any) and the host
@@ -347,13 +364,7 @@ pub fn resume(saved: Option<Place>, dir: &str, host_len: u64, cap: u64) -> (Plac
     }
     let keep = (host_len - place.base).min(cap);
     let base = place.base;
-    (
-        Place {
-            offset: keep,
-            ..place
-        },
-        base + keep,
-    )
+    (Place { offset: keep, ..place }, base + keep)
 }
 
 /// What to do with `chunk` (the guest bytes from `offset`; the guest log has `size` bytes):
@@ -510,7 +521,6 @@ pub enum JobError {
 /// its `mkdir` and the launch); the next follower reports that as [`JobError::Vanished`] after
 /// [`FollowConfig::no_pid_limit`].
 pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
-    let started_at = Instant::now();
     let mut f = Follower {
         tart,
         job,
@@ -519,10 +529,20 @@ pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &Follow
         last_answer: Instant::now(),
         last_failure: String::new(),
     };
+    let result = follow(&mut f, host_log).await;
+    // Only a dropped follower leaves the scratch file behind (the next one empties it).
+    let _ = std::fs::remove_file(&f.scratch);
+    result
+}
+
+async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobError> {
+    let (job, cfg) = (f.job, f.cfg);
+    let started_at = Instant::now();
     if job.argv.is_empty() {
         return Err(f.start_refused("the step has no command".to_string()));
     }
-    let mut log = HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
+    let mut log =
+        HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
     let start = f.call("start", &start_argv(job), 4096).await?;
     let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
         Started::Now => {
@@ -591,7 +611,6 @@ pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &Follow
             ),
         ));
     }
-    let _ = std::fs::remove_file(&f.scratch);
     tracing::info!(vm = %job.vm, step = %job.step, code, bytes = size, "step job exited");
     Ok(JobEnd {
         exit_code: code,
@@ -678,8 +697,10 @@ impl HostLog {
     /// Writes the sidecar through a temporary file and a rename (never half a line).
     fn save(&mut self) -> Result<(), IoFail> {
         let tmp = with_suffix(&self.sidecar, ".tmp");
-        std::fs::write(&tmp, self.place.render()).map_err(|e| ("could not write the step log's sidecar", tmp.clone(), e))?;
-        std::fs::rename(&tmp, &self.sidecar).map_err(|e| ("could not replace the step log's sidecar", self.sidecar.clone(), e))
+        std::fs::write(&tmp, self.place.render())
+            .map_err(|e| ("could not write the step log's sidecar", tmp.clone(), e))?;
+        std::fs::rename(&tmp, &self.sidecar)
+            .map_err(|e| ("could not replace the step log's sidecar", self.sidecar.clone(), e))
     }
 }
 
@@ -703,7 +724,9 @@ struct Follower<'a> {
 impl Follower<'_> {
     /// One poll, retried until the guest answers.
     async fn poll(&mut self, from: u64, max: u64) -> Result<PollReply, JobError> {
-        let out = self.call("poll", &poll_argv(&self.job.dir, from, max), max + 4096).await?;
+        let out = self
+            .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
+            .await?;
         parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
     }
 
@@ -783,11 +806,13 @@ impl Follower<'_> {
                 outcome.output_bytes
             )));
         }
-        std::fs::read(&self.scratch).map(Call::Output).map_err(|source| TartError::Io {
-            action: "could not read the poll scratch file",
-            path: self.scratch.clone(),
-            source,
-        })
+        std::fs::read(&self.scratch)
+            .map(Call::Output)
+            .map_err(|source| TartError::Io {
+                action: "could not read the poll scratch file",
+                path: self.scratch.clone(),
+                source,
+            })
     }
 
     fn io(&self, action: &'static str, path: PathBuf, source: std::io::Error) -> JobError {
@@ -845,13 +870,17 @@ mod tests {
             assert_eq!(parent, ".tartan/mb-x", "{hostile:?}");
             assert!(name.starts_with("01-"), "{hostile:?}: {name}");
             assert!(
-                name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
                 "{hostile:?}: {name}"
             );
         }
         // The same cut as the host logs' (one sanitizer for both).
         let long = job_dir("mb-x", 1, &"s".repeat(1000));
-        assert_eq!(long.len(), ".tartan/mb-x/01-".len() + super::super::steps::STEP_LOG_NAME_MAX);
+        assert_eq!(
+            long.len(),
+            ".tartan/mb-x/01-".len() + super::super::steps::STEP_LOG_NAME_MAX
+        );
     }
 
     #[test]
@@ -868,7 +897,15 @@ mod tests {
         assert_eq!(start[5..], argv[..]);
         assert_eq!(
             poll_argv(".tartan/mb-x/02-build", 10, 4096),
-            ["sh", "-c", POLL_SCRIPT, "tartan-job", ".tartan/mb-x/02-build", "10", "4096"]
+            [
+                "sh",
+                "-c",
+                POLL_SCRIPT,
+                "tartan-job",
+                ".tartan/mb-x/02-build",
+                "10",
+                "4096"
+            ]
         );
         // Neither script writes to stderr (the exec log mixes it into what is parsed).
         for script in [START_SCRIPT, POLL_SCRIPT] {
@@ -935,24 +972,79 @@ mod tests {
         let cases: &[(&[u8], u64, u64, &str)] = &[
             (b"", 0, 10, "no header line"),
             (b"tartan-job running size 1 bytes 1", 0, 10, "no header line"),
-            (b"tartan-job exited x size 0 bytes 0\n", 0, 10, "exit status is not a number"),
+            (
+                b"tartan-job exited x size 0 bytes 0\n",
+                0,
+                10,
+                "exit status is not a number",
+            ),
             (b"tartan-job exited 256 size 0 bytes 0\n", 0, 10, "out of 0..=255"),
             (b"tartan-job exited -1 size 0 bytes 0\n", 0, 10, "out of 0..=255"),
-            (b"tartan-job exited  size 0 bytes 0\n", 0, 10, "exit status is not a number"),
-            (b"tartan-job exited 1 2 size 0 bytes 0\n", 0, 10, "expected `size S bytes N`"),
+            (
+                b"tartan-job exited  size 0 bytes 0\n",
+                0,
+                10,
+                "exit status is not a number",
+            ),
+            (
+                b"tartan-job exited 1 2 size 0 bytes 0\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
             (b"tartan-job vanished x size 0 bytes 0\n", 0, 10, "pid is not a number"),
             (b"tartan-job sleeping size 0 bytes 0\n", 0, 10, "unknown state"),
             (b"tartan-jab running size 0 bytes 0\n", 0, 10, "unknown state"),
             (b"sh: oops\ntartan-job running size 0 bytes 0\n", 0, 10, "unknown state"),
             (b"tartan-job running size -1 bytes 0\n", 0, 10, "size is not a number"),
-            (b"tartan-job running size 1 bytes 0 extra\n", 0, 10, "expected `size S bytes N`"),
-            (b"tartan-job running bytes 0 size 1\n", 0, 10, "expected `size S bytes N`"),
-            (b"tartan-job running size 1 bytes x\n", 0, 10, "byte count is not a number"),
-            (b"tartan-job running size 10 bytes 5\nabcde", 0, 4, "not the 4 asked for"),
-            (b"tartan-job running size 10 bytes 5\nabcde", 7, 10, "not the 3 asked for"),
-            (b"tartan-job running size 10 bytes 3\nab", 7, 10, "2 bytes follow, not 3"),
-            (b"tartan-job running size 10 bytes 3\nabcd", 7, 10, "4 bytes follow, not 3"),
-            (b"tartan-job running size 10 bytes 3\r\nabc", 7, 10, "byte count is not a number"),
+            (
+                b"tartan-job running size 1 bytes 0 extra\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
+            (
+                b"tartan-job running bytes 0 size 1\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
+            (
+                b"tartan-job running size 1 bytes x\n",
+                0,
+                10,
+                "byte count is not a number",
+            ),
+            (
+                b"tartan-job running size 10 bytes 5\nabcde",
+                0,
+                4,
+                "not the 4 asked for",
+            ),
+            (
+                b"tartan-job running size 10 bytes 5\nabcde",
+                7,
+                10,
+                "not the 3 asked for",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\nab",
+                7,
+                10,
+                "2 bytes follow, not 3",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\nabcd",
+                7,
+                10,
+                "4 bytes follow, not 3",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\r\nabc",
+                7,
+                10,
+                "byte count is not a number",
+            ),
             (b"\xfftartan-job running size 0 bytes 0\n", 0, 10, "not UTF-8"),
         ];
         for (out, from, max, want) in cases {
@@ -1018,7 +1110,10 @@ mod tests {
         assert_eq!(resume(Some(place(7, 30)), "d", 37, 100), (place(7, 30), 37));
         // An append whose sidecar update was lost: cut back, so it does not repeat.
         assert_eq!(resume(Some(place(7, 30)), "d", 60, 100), (place(7, 30), 37));
-        assert_eq!(resume(Some(place(7, 500)), "d", 7 + 100 + note + 9, 100), (place(7, 500), 7 + 100 + note));
+        assert_eq!(
+            resume(Some(place(7, 500)), "d", 7 + 100 + note + 9, 100),
+            (place(7, 500), 7 + 100 + note)
+        );
         // The log lost its end: continue from what it holds.
         assert_eq!(resume(Some(place(7, 30)), "d", 20, 100), (place(7, 13), 20));
         assert_eq!(resume(Some(place(7, 500)), "d", 7 + 100 + 3, 100), (place(7, 100), 107));
