@@ -268,6 +268,16 @@ async fn a_second_start_does_not_run_the_step_again() {
     );
     // The second follower found everything logged: nothing repeats.
     assert_eq!(step.host_log(), b"counted\n");
+    // A guest without the job folder (a new VM under the same name) runs it anew; its output
+    // follows what is logged instead of being taken for what was read already.
+    std::fs::remove_dir_all(step.guest()).unwrap();
+    let fresh = step.run(&cfg()).await.unwrap();
+    assert!(!fresh.attached, "{fresh:?}");
+    assert_eq!(
+        std::fs::read_to_string(rig.vm_dir("mb-once").join("counter")).unwrap(),
+        "2\n"
+    );
+    assert_eq!(step.host_log(), b"counted\ncounted\n");
 }
 
 #[tokio::test]
