@@ -491,6 +491,24 @@ fn the_poll_script_tells_every_state_and_slices_the_log() {
     child.wait().unwrap();
     std::fs::write(abs.join("pid"), format!("{dead}\n")).unwrap();
     assert_eq!(poll(0, 10).state, JobState::Vanished(Some(dead)));
+    // A zombie (exited, not yet reaped: an orphan under an init that does not reap) is gone too.
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    let t0 = Instant::now();
+    loop {
+        let stat = std::process::Command::new("ps")
+            .args(["-o", "stat=", "-p", &zpid.to_string()])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&stat.stdout).trim_start().starts_with('Z') {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{zpid} never became a zombie");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(abs.join("pid"), format!("{zpid}\n")).unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Vanished(Some(zpid)));
+    zombie.wait().unwrap();
     std::fs::write(abs.join("pid"), "x y\n").unwrap();
     assert_eq!(poll(0, 10).state, JobState::Vanished(None));
     std::fs::write(abs.join("pid"), format!("{}\n", std::process::id())).unwrap();
