@@ -837,6 +837,12 @@ async fn pump(
     Ok(exited.unwrap_or_default())
 }
 
+/// The line a capped log ends with once more than `cap` bytes of output came (one wording for every
+/// log that is capped this way).
+pub fn log_cap_note(cap: u64) -> String {
+    format!("\n[tartan: log cap of {cap} bytes reached; further output is not logged]\n")
+}
+
 /// The exec log: the first `cap` bytes go to the file, the last `tail_cap` bytes stay in memory.
 struct LogSink {
     file: std::fs::File,
@@ -898,9 +904,7 @@ impl LogSink {
         if take < data.len() && !self.truncated {
             self.truncated = true;
             let cap = self.cap;
-            self.file_write(
-                format!("\n[tartan: log cap of {cap} bytes reached; further output is not logged]\n").as_bytes(),
-            );
+            self.file_write(log_cap_note(cap).as_bytes());
         }
     }
 

@@ -22,6 +22,7 @@ pub use discovery::{
 };
 pub use driver::{
     ARGV_LOG_MAX, ExecOptions, ExecOutcome, RunExit, RunOptions, RunningVm, SetOptions, Tart, Timeouts, argv_for_log,
+    log_cap_note,
 };
 pub use error::TartError;
 pub use lock::LockProbe;

@@ -29,6 +29,7 @@
 
 pub mod artifacts;
 pub mod executor;
+pub mod guest_job;
 pub mod junit;
 pub mod logs;
 pub mod steps;

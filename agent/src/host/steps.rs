@@ -72,8 +72,14 @@ pub fn log_dir(state_dir: &Path, vm: &str) -> PathBuf {
 /// leave the folder, and it is cut to [`STEP_LOG_NAME_MAX`] characters so the file name stays
 /// within the file system's 255 bytes (spec step names have at most 63).
 pub fn step_log(state_dir: &Path, vm: &str, step: &str) -> PathBuf {
-    let safe: String = step
-        .chars()
+    log_dir(state_dir, vm).join(format!("{}.log", safe_name(step)))
+}
+
+/// `name` as one harmless path component: characters other than ASCII letters, digits, `-` and
+/// `_` become `_` (so no `/`, no `.`, no `..`), cut to [`STEP_LOG_NAME_MAX`] characters. Used for
+/// the host step logs and the guest job folders ([`super::guest_job::job_dir`]).
+pub fn safe_name(name: &str) -> String {
+    name.chars()
         .take(STEP_LOG_NAME_MAX)
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
@@ -82,8 +88,7 @@ pub fn step_log(state_dir: &Path, vm: &str, step: &str) -> PathBuf {
                 '_'
             }
         })
-        .collect();
-    log_dir(state_dir, vm).join(format!("{safe}.log"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,1163 @@
+//! A build step as a detached job in the guest, so that losing the agent loses nothing.
+//!
+//! A step used to be one long `tart exec VM argv…`: when the agent died, the exec client died and
+//! the guest agent SIGKILLed the step. Here a step is started through one short `tart exec` as a
+//! job detached from that exec (`nohup … &`, all three stdio redirected: the guest agent kills
+//! only the exec's direct child, and a job holding the exec's stdout would keep the exec from
+//! returning). The job writes its pid, its output and its exit status to files in its guest
+//! folder ([`job_dir`]):
+//!
+//! * `pid`: the wrapper shell's pid, written first (through `pid.tmp` and a rename);
+//! * `out.log`: stdout and stderr of the step, whose stdin is `/dev/null`;
+//! * `exit`: the exit status as `sh` reports it (128+N for a death by signal N), written through
+//!   `exit.tmp` and a rename, after `out.log` is complete.
+//!
+//! [`run_or_attach`] follows the job with short `tart exec` polls ([`poll_argv`]) that print one
+//! header line and a slice of `out.log`; it appends the new bytes to the host step log and keeps
+//! its place in a sidecar file next to that log ([`sidecar_path`]), so a new follower (after an
+//! agent restart) continues where the last one stopped. `mkdir` of the job folder is the
+//! "started once" guard: starting an existing job does nothing.
+//!
+//! The guest is macOS: the scripts use POSIX `sh` and tools macOS has. The step's argv (written
+//! by pipeline authors, untrusted) reaches the guest only as positional parameters and is run by
+//! `nohup -- "$@"` (an exec of the program, as `tart exec` would: no shell builtins, no option or
+//! assignment parsing). Guest paths are relative to the exec working directory (the guest user's
+//! home; the VM folder with `tart-double`). The driver's exec log interleaves stdout and stderr,
+//! so the scripts send nothing to stderr.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tartan_tart::{ExecOptions, Tart, TartError, log_cap_note};
+
+use super::steps::safe_name;
+
+/// The guest folder under the exec working directory that holds every job folder.
+pub const GUEST_ROOT: &str = ".tartan";
+
+/// First word of every line the scripts print, so that nothing else is taken for an answer.
+const MAGIC: &str = "tartan-job";
+
+/// The guest folder of step number `index` (0-based, in the order the steps run) named `step`
+/// of VM `vm`: `.tartan/<vm>/<NN>-<step>`, with `vm` and `step` made harmless by
+/// [`safe_name`] (no `/`, no `..`), so the folder never leaves `.tartan/<vm>/`.
+pub fn job_dir(vm: &str, index: usize, step: &str) -> String {
+    format!("{GUEST_ROOT}/{}/{index:02}-{}", safe_name(vm), safe_name(step))
+}
+
+/// One step to run as a job in VM `vm`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// The VM (`tart exec` target).
+    pub vm: String,
+    /// The step's name, for messages.
+    pub step: String,
+    /// The guest folder ([`job_dir`]).
+    pub dir: String,
+    /// The step's argv, run verbatim.
+    pub argv: Vec<String>,
+}
+
+impl Job {
+    /// Step number `index` (0-based, unique within the attempt) named `step`, running `argv`.
+    pub fn new(vm: &str, index: usize, step: &str, argv: Vec<String>) -> Job {
+        Job {
+            vm: vm.to_string(),
+            step: step.to_string(),
+            dir: job_dir(vm, index, step),
+            argv,
+        }
+    }
+}
+
+/// The start script: `$1` is the job folder, the rest the step's argv.
+///
+/// The step runs as an asynchronous list that the wrapper waits for: run in the foreground, a
+/// death by signal would make the shell write `Terminated` into `out.log`. `set -m` (job control)
+/// keeps a non-interactive shell from starting asynchronous lists with SIGINT and SIGQUIT ignored
+/// (macOS's `sh`, bash, honours it without a terminal; dash cannot and leaves them ignored). The
+/// step starts with SIGHUP ignored (nohup).
+const START_SCRIPT: &str = r#"exec 2>/dev/null
+d=$1
+shift
+mkdir -p "${d%/*}"
+if err=$(mkdir "$d" 2>&1); then
+  set -m
+  nohup sh -c 'set -m
+d=$1
+shift
+echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
+nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
+wait $!
+echo $? >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"' tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
+  echo "tartan-job started"
+elif [ -d "$d" ]; then
+  echo "tartan-job exists"
+else
+  echo "tartan-job refused: $err"
+fi
+exit 0
+"#;
+
+/// The argv of the call that starts `job` in the guest unless its folder exists. It prints one
+/// line, read by [`parse_start`]. The step's argv follows as positional parameters, never as
+/// script text.
+pub fn start_argv(job: &Job) -> Vec<String> {
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        START_SCRIPT.to_string(),
+        MAGIC.to_string(),
+        job.dir.clone(),
+    ];
+    argv.extend(job.argv.iter().cloned());
+    argv
+}
+
+/// What the start call found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// The folder was made and the job launched by this call.
+    Now,
+    /// The folder existed: the job was started before (by this call's predecessor).
+    Before,
+    /// The folder could not be made (the guest's reason).
+    Refused(String),
+}
+
+/// Reads the start call's output: exactly one of its three lines.
+pub fn parse_start(out: &[u8]) -> Result<Started, String> {
+    let text = std::str::from_utf8(out).map_err(|_| format!("not UTF-8: {}", show(out)))?;
+    match text {
+        "tartan-job started\n" => Ok(Started::Now),
+        "tartan-job exists\n" => Ok(Started::Before),
+        _ => match text.strip_prefix("tartan-job refused: ") {
+            Some(why) => Ok(Started::Refused(why.trim().to_string())),
+            None => Err(format!(
+                "expected `tartan-job started|exists|refused: …`, got {}",
+                show(out)
+            )),
+        },
+    }
+}
+
+/// The poll script: `$1` the job folder, `$2` the byte offset, `$3` the most bytes to send. The
+/// exit file is read before the log's size, so "exited" means the size is final; a zombie counts
+/// as gone (an orphan's parent may not reap it at once).
+const POLL_SCRIPT: &str = r#"exec 2>/dev/null
+d=$1 from=$2 max=$3
+alive() {
+  kill -0 "$1" || return 1
+  case $(ps -o stat= -p "$1") in Z*) return 1 ;; esac
+}
+if [ -f "$d/exit" ]; then
+  state="exited $(cat "$d/exit")"
+elif [ -f "$d/pid" ]; then
+  pid=$(cat "$d/pid")
+  case $pid in ''|*[!0-9]*) pid=- ;; esac
+  if [ "$pid" != - ] && alive "$pid"; then
+    state=running
+  elif [ -f "$d/exit" ]; then
+    state="exited $(cat "$d/exit")"
+  else
+    state="vanished $pid"
+  fi
+elif [ -d "$d" ]; then
+  state=starting
+else
+  state=absent
+fi
+size=0
+if [ -f "$d/out.log" ]; then size=$(( $(wc -c <"$d/out.log") )); fi
+n=$((size - from))
+if [ "$n" -gt "$max" ]; then n=$max; fi
+if [ "$n" -lt 0 ]; then n=0; fi
+echo "tartan-job $state size $size bytes $n"
+if [ "$n" -gt 0 ]; then tail -c +$((from + 1)) "$d/out.log" | head -c "$n"; fi
+exit 0
+"#;
+
+/// The argv of a poll of the job in folder `dir`: one header line (see [`parse_poll`]), then at
+/// most `max` bytes of `out.log` from byte `from` (never past the size the header states).
+pub fn poll_argv(dir: &str, from: u64, max: u64) -> Vec<String> {
+    vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        POLL_SCRIPT.to_string(),
+        MAGIC.to_string(),
+        dir.to_string(),
+        from.to_string(),
+        max.to_string(),
+    ]
+}
+
+/// The job's state in a poll.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// The exit file holds this status; the log is complete.
+    Exited(i32),
+    /// The pid file names a live process.
+    Running,
+    /// The folder exists but the pid file does not (yet).
+    Starting,
+    /// The pid file names a process that is gone, and there is no exit file; `None` if the pid
+    /// file did not hold a number.
+    Vanished(Option<u32>),
+    /// There is no job folder.
+    Absent,
+}
+
+/// One poll's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PollReply {
+    pub state: JobState,
+    /// Size of `out.log` when it was measured (after the state was read).
+    pub size: u64,
+    /// `out.log` from the requested offset, at most the requested count.
+    pub bytes: Vec<u8>,
+}
+
+/// Reads a poll's output for a request of `max` bytes from `from`: the header line
+/// `tartan-job <state> size <S> bytes <N>` and exactly `N` bytes. Anything else (a missing or
+/// malformed header, a count that disagrees with the request or the size, more or fewer bytes
+/// than announced) is refused with what was seen.
+pub fn parse_poll(out: &[u8], from: u64, max: u64) -> Result<PollReply, String> {
+    let Some(nl) = out.iter().position(|&b| b == b'\n') else {
+        return Err(format!("no header line in {}", show(out)));
+    };
+    let (header, body) = (&out[..nl], &out[nl + 1..]);
+    let header = std::str::from_utf8(header).map_err(|_| format!("header is not UTF-8: {}", show(header)))?;
+    let bad = |why: &str| format!("{why} in header {header:?}");
+    let words: Vec<&str> = header.split(' ').collect();
+    let (state, rest) = match words.as_slice() {
+        [MAGIC, "exited", code, rest @ ..] => {
+            let code: i32 = code.parse().map_err(|_| bad("exit status is not a number"))?;
+            if !(0..=255).contains(&code) {
+                return Err(bad("exit status out of 0..=255"));
+            }
+            (JobState::Exited(code), rest)
+        }
+        [MAGIC, "running", rest @ ..] => (JobState::Running, rest),
+        [MAGIC, "starting", rest @ ..] => (JobState::Starting, rest),
+        [MAGIC, "vanished", pid, rest @ ..] => {
+            let pid = match *pid {
+                "-" => None,
+                p => Some(p.parse().map_err(|_| bad("pid is not a number"))?),
+            };
+            (JobState::Vanished(pid), rest)
+        }
+        [MAGIC, "absent", rest @ ..] => (JobState::Absent, rest),
+        _ => return Err(bad("unknown state")),
+    };
+    let ["size", size, "bytes", count] = rest else {
+        return Err(bad("expected `size S bytes N` after the state"));
+    };
+    let size: u64 = size.parse().map_err(|_| bad("size is not a number"))?;
+    let count: u64 = count.parse().map_err(|_| bad("byte count is not a number"))?;
+    let expected = size.saturating_sub(from).min(max);
+    if count != expected {
+        return Err(bad(&format!(
+            "byte count {count} is not the {expected} asked for (from {from}, at most {max})"
+        )));
+    }
+    if body.len() as u64 != count {
+        return Err(bad(&format!("{} bytes follow, not {count}", body.len())));
+    }
+    Ok(PollReply {
+        state,
+        size,
+        bytes: body.to_vec(),
+    })
+}
+
+/// Some bytes for an error message: lossy, escaped, the first 200 bytes.
+fn show(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(200)];
+    let more = if bytes.len() > 200 { "…" } else { "" };
+    format!("{:?}{more} ({} bytes)", String::from_utf8_lossy(cut), bytes.len())
+}
+
+// ------------------------------------------------------------------------------------------------
+// The host log and its sidecar (pure parts).
+
+/// Where a follower of the job keeps its place: the job's folder, the host log's length before
+/// the job's first byte (`base`: the log may hold earlier commands, as the two checkout commands
+/// share one), and how many bytes of the guest log were consumed (`offset`: written, or skipped
+/// past the cap).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub dir: String,
+    pub base: u64,
+    pub offset: u64,
+}
+
+/// The sidecar of `host_log`: `<host_log>.follow`.
+pub fn sidecar_path(host_log: &Path) -> PathBuf {
+    with_suffix(host_log, ".follow")
+}
+
+/// The scratch file one poll's output goes through: `<host_log>.poll`.
+fn scratch_path(host_log: &Path) -> PathBuf {
+    with_suffix(host_log, ".poll")
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+impl Place {
+    /// The sidecar's text: one line.
+    pub fn render(&self) -> String {
+        format!("tartan-follow {} {} {}\n", self.dir, self.base, self.offset)
+    }
+
+    /// Reads [`render`](Self::render)'s line; `None` for anything else (the sidecar is then ignored).
+    pub fn parse(text: &str) -> Option<Place> {
+        let line = text.strip_suffix('\n')?;
+        let ["tartan-follow", dir, base, offset] = line.split(' ').collect::<Vec<_>>()[..] else {
+            return None;
+        };
+        Some(Place {
+            dir: dir.to_string(),
+            base: base.parse().ok()?,
+            offset: offset.parse().ok()?,
+        })
+    }
+}
+
+/// How long the host log should be at guest offset `offset` under cap `cap`, counted from the
+/// job's base: the first `cap` bytes, then the cap note once more than `cap` came.
+pub fn logged_len(offset: u64, cap: u64) -> u64 {
+    offset.min(cap)
+        + if offset > cap {
+            log_cap_note(cap).len() as u64
+        } else {
+            0
+        }
+}
+
+/// Where a follower of the job in `dir` starts, given the sidecar's place (if any) and the host
+/// log's length now. Returns the place and the length to cut the host log to.
+///
+/// A place of another job (or none) starts a new one at the log's end. A log longer than the
+/// place says (a crash between an append and the sidecar's update) is cut back to it, so nothing
+/// repeats. A shorter one (its end was lost, e.g. not on disk at a power loss) continues from what
+/// it holds: up to the cap the log holds the guest's bytes one for one.
+pub fn resume(saved: Option<Place>, dir: &str, host_len: u64, cap: u64) -> (Place, u64) {
+    let fresh = Place {
+        dir: dir.to_string(),
+        base: host_len,
+        offset: 0,
+    };
+    let Some(place) = saved.filter(|p| p.dir == dir) else {
+        return (fresh, host_len);
+    };
+    if host_len < place.base {
+        return (fresh, host_len);
+    }
+    let expected = place.base + logged_len(place.offset, cap);
+    if host_len >= expected {
+        return (place, expected);
+    }
+    let keep = (host_len - place.base).min(cap);
+    let base = place.base;
+    (Place { offset: keep, ..place }, base + keep)
+}
+
+/// What to do with `chunk` (the guest bytes from `offset`; the guest log has `size` bytes):
+/// returns how many of its bytes go to the host log, whether the cap note follows them, and the
+/// new offset. Once the cap is reached nothing more is written and the offset skips to `size`
+/// (no need to fetch what is not kept).
+pub fn advance(offset: u64, chunk_len: u64, size: u64, cap: u64) -> (u64, bool, u64) {
+    let room = cap.saturating_sub(offset);
+    let write = chunk_len.min(room);
+    let mut next = offset + chunk_len;
+    if next >= cap {
+        next = next.max(size);
+    }
+    let note = offset <= cap && next > cap;
+    (write, note, next)
+}
+
+/// How many bytes to ask for at `offset`: a chunk, but never past the cap (0 once there).
+pub fn request(offset: u64, chunk: u64, cap: u64) -> u64 {
+    chunk.min(cap.saturating_sub(offset))
+}
+
+// ------------------------------------------------------------------------------------------------
+// The follower.
+
+/// Limits of [`run_or_attach`]. Defaults suit a real Mac.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowConfig {
+    /// Pause between polls of a running job (none while a poll brings a full chunk).
+    pub poll_interval: Duration,
+    /// Limit of each `tart exec` (start or poll); it must be well below `unresponsive_limit`
+    /// and the caller's own limits. On expiry that `tart exec` is killed, never the job.
+    pub exec_timeout: Duration,
+    /// How long the guest may fail to answer (timeouts, guest agent unavailable, tart failing)
+    /// before [`JobError::Unresponsive`].
+    pub unresponsive_limit: Duration,
+    /// How long a job folder may lack its pid file before [`JobError::Vanished`] (the start was
+    /// interrupted between `mkdir` and the launch).
+    pub no_pid_limit: Duration,
+    /// Most bytes of output one poll brings.
+    pub chunk_bytes: u64,
+    /// Most bytes of the job's output written to the host log; then [`log_cap_note`].
+    pub log_cap: u64,
+    /// Bytes of the end of the output returned in [`JobEnd::tail`].
+    pub tail_bytes: u64,
+}
+
+impl Default for FollowConfig {
+    fn default() -> Self {
+        FollowConfig {
+            poll_interval: Duration::from_secs(1),
+            exec_timeout: Duration::from_secs(20),
+            unresponsive_limit: Duration::from_secs(60),
+            no_pid_limit: Duration::from_secs(15),
+            chunk_bytes: 1 << 20,
+            log_cap: 64 << 20,
+            tail_bytes: 16 << 10,
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEnd {
+    /// The step's exit status as the guest's `sh` reports it (128+N for a death by signal N).
+    pub exit_code: i32,
+    /// The last [`FollowConfig::tail_bytes`] of the step's output (lossy UTF-8), read from the
+    /// guest log's end (right after a restart and past the cap too).
+    pub tail: String,
+    /// Size of the step's output in the guest.
+    pub output_bytes: u64,
+    /// True if the host log was capped.
+    pub truncated: bool,
+    /// True if the job had been started before this call (a re-attach).
+    pub attached: bool,
+    /// Time this call took.
+    pub elapsed: Duration,
+}
+
+/// Why [`run_or_attach`] did not bring the job's end. Each names the VM, the step and what
+/// happens next; the caller maps them differently.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The VM is not running or does not exist (`source` says which): the step cannot go on.
+    #[error("step {step:?} in {vm}: {source}; the step's job ended with the VM")]
+    VmGone {
+        vm: String,
+        step: String,
+        #[source]
+        source: TartError,
+    },
+    /// The guest has not answered for `silent` (each `tart exec` timed out or failed).
+    #[error(
+        "step {step:?} in {vm}: the guest has not answered for {silent:?} (last failure: {last}); \
+         stopped following job {dir}, which may still run in the guest"
+    )]
+    Unresponsive {
+        vm: String,
+        step: String,
+        dir: String,
+        silent: Duration,
+        last: String,
+    },
+    /// The job is gone without an exit status: its process died without writing one, it never
+    /// wrote its pid, or its folder disappeared.
+    #[error("step {step:?} in {vm}: job {dir} vanished ({detail}); its exit status is unknown")]
+    Vanished {
+        vm: String,
+        step: String,
+        dir: String,
+        detail: String,
+    },
+    /// The guest or tart refused to start the job (no command, a folder that cannot be made,
+    /// arguments tart cannot pass): the step did not run.
+    #[error("step {step:?} in {vm}: job {dir} could not be started: {detail}; the step did not run")]
+    StartRefused {
+        vm: String,
+        step: String,
+        dir: String,
+        detail: String,
+    },
+    /// The guest answered something the scripts never print, or tart failed in a way retrying
+    /// cannot mend.
+    #[error("step {step:?} in {vm}: the {what} of job {dir} failed: {detail}; stopped following it")]
+    Protocol {
+        vm: String,
+        step: String,
+        dir: String,
+        what: &'static str,
+        detail: String,
+    },
+    /// The host log, its sidecar or the poll scratch file could not be written or read.
+    #[error("step {step:?} in {vm}: {action} {}: {source}; stopped following the job, which may still run", path.display())]
+    HostIo {
+        vm: String,
+        step: String,
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs `job` to its end, or follows it if it was started before, appending its output to
+/// `host_log` (created if missing) under [`FollowConfig::log_cap`].
+///
+/// The start is idempotent (the job folder's `mkdir`), so calling this again for the same job,
+/// in this process or after a restart, re-attaches: the sidecar ([`sidecar_path`]) says how far
+/// the host log got, and the host log ends up holding the guest's output exactly once.
+///
+/// Cancel-safe: dropping the future kills at most the `tart exec` in flight (a start or a poll),
+/// never the job; the host log and sidecar are updated together without an await between them.
+/// Dropping it during the very first start call may leave a folder without a job (killed between
+/// its `mkdir` and the launch); the next follower reports that as [`JobError::Vanished`] after
+/// [`FollowConfig::no_pid_limit`].
+pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
+    let mut f = Follower {
+        tart,
+        job,
+        cfg,
+        scratch: scratch_path(host_log),
+        last_answer: Instant::now(),
+        last_failure: String::new(),
+    };
+    let result = follow(&mut f, host_log).await;
+    // Only a dropped follower leaves the scratch file behind (the next one empties it).
+    let _ = std::fs::remove_file(&f.scratch);
+    result
+}
+
+async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobError> {
+    let (job, cfg) = (f.job, f.cfg);
+    let started_at = Instant::now();
+    if job.argv.is_empty() {
+        return Err(f.start_refused("the step has no command".to_string()));
+    }
+    let mut log =
+        HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
+    let start = f.call("start", &start_argv(job), 4096).await?;
+    let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
+        Started::Now => {
+            tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
+            if log.place.offset > 0 {
+                // The sidecar remembers a job of this folder that the guest no longer has (a
+                // new VM under the same name): its output starts again after what is logged.
+                log.restart().map_err(|(a, p, s)| f.io(a, p, s))?;
+            }
+            false
+        }
+        Started::Before => {
+            tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
+            true
+        }
+        Started::Refused(why) => return Err(f.start_refused(format!("the guest could not make its folder: {why}"))),
+    };
+    let mut starting_since: Option<Instant> = None;
+    let (code, size) = loop {
+        let from = log.place.offset;
+        let max = request(from, cfg.chunk_bytes, cfg.log_cap);
+        let reply = f.poll(from, max).await?;
+        let (write, note, next) = advance(from, reply.bytes.len() as u64, reply.size, cfg.log_cap);
+        if next != from || note {
+            log.append(&reply.bytes[..write as usize], note, next)
+                .map_err(|(a, p, s)| f.io(a, p, s))?;
+        }
+        let pending = log.place.offset < reply.size;
+        match reply.state {
+            JobState::Exited(code) if !pending => break (code, reply.size),
+            JobState::Exited(_) => continue,
+            JobState::Running => starting_since = None,
+            JobState::Starting => {
+                let since = *starting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= cfg.no_pid_limit {
+                    return Err(f.vanished(format!(
+                        "its folder has had no pid file for {:?}: the start was interrupted before the launch",
+                        since.elapsed()
+                    )));
+                }
+            }
+            JobState::Vanished(_) if pending => continue,
+            JobState::Vanished(pid) => {
+                let pid = pid.map_or("an unreadable pid".to_string(), |p| format!("pid {p}"));
+                return Err(f.vanished(format!(
+                    "{pid} is gone and left no exit status; its {} bytes of output are in the log",
+                    reply.size
+                )));
+            }
+            JobState::Absent => {
+                return Err(f.vanished("its folder is gone".to_string()));
+            }
+        }
+        if !pending {
+            tokio::time::sleep(cfg.poll_interval).await;
+        }
+    };
+    let tail_from = size.saturating_sub(cfg.tail_bytes);
+    let tail = f.poll(tail_from, cfg.tail_bytes).await?;
+    if tail.state != JobState::Exited(code) || tail.size != size {
+        return Err(f.protocol(
+            "tail read",
+            format!(
+                "the job had exited {code} with {size} bytes of output, now it reads {:?} with {}",
+                tail.state, tail.size
+            ),
+        ));
+    }
+    tracing::info!(vm = %job.vm, step = %job.step, code, bytes = size, "step job exited");
+    Ok(JobEnd {
+        exit_code: code,
+        tail: String::from_utf8_lossy(&tail.bytes).into_owned(),
+        output_bytes: size,
+        truncated: size > cfg.log_cap,
+        attached,
+        elapsed: started_at.elapsed(),
+    })
+}
+
+type IoFail = (&'static str, PathBuf, std::io::Error);
+
+/// The host log of one job, with its place kept in the sidecar.
+struct HostLog {
+    file: std::fs::File,
+    path: PathBuf,
+    sidecar: PathBuf,
+    cap: u64,
+    place: Place,
+}
+
+impl HostLog {
+    /// Opens (creates) the log, reads the sidecar and cuts the log to where it says.
+    fn open(path: &Path, dir: &str, cap: u64) -> Result<HostLog, IoFail> {
+        let sidecar = sidecar_path(path);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| ("could not open the step log", path.to_path_buf(), e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ("could not read the size of the step log", path.to_path_buf(), e))?
+            .len();
+        let saved = match std::fs::read_to_string(&sidecar) {
+            Ok(text) => Place::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(("could not read the step log's sidecar", sidecar, e)),
+        };
+        let (place, cut) = resume(saved.clone(), dir, len, cap);
+        if cut < len {
+            tracing::info!(log = %path.display(), from = len, to = cut, "step log cut back to its sidecar's place");
+            file.set_len(cut)
+                .map_err(|e| ("could not cut back the step log", path.to_path_buf(), e))?;
+        }
+        let mut log = HostLog {
+            file,
+            path: path.to_path_buf(),
+            sidecar,
+            cap,
+            place,
+        };
+        if saved.as_ref() != Some(&log.place) {
+            log.save()?;
+        }
+        Ok(log)
+    }
+
+    /// Starts the job's output over at the log's end.
+    fn restart(&mut self) -> Result<(), IoFail> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| ("could not read the size of the step log", self.path.clone(), e))?
+            .len();
+        self.place.base = len;
+        self.place.offset = 0;
+        self.save()
+    }
+
+    /// Appends `bytes` (and the cap note), then records `offset`: no await between the two, so a
+    /// dropped follower never leaves them apart; a crash between them is mended by [`resume`].
+    fn append(&mut self, bytes: &[u8], note: bool, offset: u64) -> Result<(), IoFail> {
+        let fail = |e| ("could not append to the step log", self.path.clone(), e);
+        self.file.write_all(bytes).map_err(fail)?;
+        if note {
+            self.file.write_all(log_cap_note(self.cap).as_bytes()).map_err(fail)?;
+        }
+        self.place.offset = offset;
+        self.save()
+    }
+
+    /// Writes the sidecar through a temporary file and a rename (never half a line).
+    fn save(&mut self) -> Result<(), IoFail> {
+        let tmp = with_suffix(&self.sidecar, ".tmp");
+        std::fs::write(&tmp, self.place.render())
+            .map_err(|e| ("could not write the step log's sidecar", tmp.clone(), e))?;
+        std::fs::rename(&tmp, &self.sidecar)
+            .map_err(|e| ("could not replace the step log's sidecar", self.sidecar.clone(), e))
+    }
+}
+
+/// What one guest call brought.
+enum Call {
+    Output(Vec<u8>),
+    Retry(String),
+    Garbage(String),
+}
+
+struct Follower<'a> {
+    tart: &'a Tart,
+    job: &'a Job,
+    cfg: &'a FollowConfig,
+    scratch: PathBuf,
+    /// When the guest last answered (or the follower started).
+    last_answer: Instant,
+    last_failure: String,
+}
+
+impl Follower<'_> {
+    /// One poll, retried until the guest answers.
+    async fn poll(&mut self, from: u64, max: u64) -> Result<PollReply, JobError> {
+        let out = self
+            .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
+            .await?;
+        parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
+    }
+
+    /// Runs `argv` in the guest (a script that exits 0 and writes only to stdout) and returns its
+    /// output; retries transient failures until the guest has been silent for the limit.
+    async fn call(&mut self, what: &'static str, argv: &[String], max_out: u64) -> Result<Vec<u8>, JobError> {
+        loop {
+            let failure = match self.call_once(argv, max_out).await {
+                Ok(Call::Output(out)) => {
+                    self.last_answer = Instant::now();
+                    return Ok(out);
+                }
+                Ok(Call::Retry(failure)) => failure,
+                Ok(Call::Garbage(detail)) => return Err(self.protocol(what, detail)),
+                Err(TartError::Io { action, path, source }) => return Err(self.io(action, path, source)),
+                Err(e @ (TartError::VmNotRunning { .. } | TartError::VmDoesNotExist { .. })) => {
+                    return Err(JobError::VmGone {
+                        vm: self.job.vm.clone(),
+                        step: self.job.step.clone(),
+                        source: e,
+                    });
+                }
+                Err(
+                    e @ (TartError::ExecTimeout { .. }
+                    | TartError::Timeout { .. }
+                    | TartError::GuestAgentUnavailable { .. }
+                    | TartError::Killed { .. }
+                    | TartError::Failed { .. }
+                    | TartError::UnexpectedOutput { .. }),
+                ) => e.to_string(),
+                Err(e) if what == "start" => return Err(self.start_refused(e.to_string())),
+                Err(e) => return Err(self.protocol(what, e.to_string())),
+            };
+            let silent = self.last_answer.elapsed();
+            tracing::warn!(vm = %self.job.vm, step = %self.job.step, what, ?silent, %failure, "guest call failed; retrying");
+            self.last_failure = failure;
+            if silent >= self.cfg.unresponsive_limit {
+                return Err(JobError::Unresponsive {
+                    vm: self.job.vm.clone(),
+                    step: self.job.step.clone(),
+                    dir: self.job.dir.clone(),
+                    silent,
+                    last: self.last_failure.clone(),
+                });
+            }
+            tokio::time::sleep(self.cfg.poll_interval).await;
+        }
+    }
+
+    /// One call: its output, a failure worth retrying, or output the scripts never make; `Err`
+    /// for tart's typed errors.
+    async fn call_once(&mut self, argv: &[String], max_out: u64) -> Result<Call, TartError> {
+        // The driver appends; each call starts from an empty file.
+        std::fs::File::create(&self.scratch).map_err(|source| TartError::Io {
+            action: "could not empty the poll scratch file",
+            path: self.scratch.clone(),
+            source,
+        })?;
+        let options = ExecOptions {
+            log_path: self.scratch.clone(),
+            log_cap: max_out,
+            tail_bytes: 2048,
+            timeout: self.cfg.exec_timeout,
+        };
+        let outcome = self.tart.exec(&self.job.vm, argv, &options).await?;
+        if outcome.exit_code != 0 {
+            // The scripts exit 0: this is tart or the guest agent failing.
+            return Ok(Call::Retry(format!(
+                "tart exec exited {}: {}",
+                outcome.exit_code,
+                outcome.tail.trim()
+            )));
+        }
+        if outcome.truncated {
+            return Ok(Call::Garbage(format!(
+                "the guest sent {} bytes, more than the {max_out} a reply can have",
+                outcome.output_bytes
+            )));
+        }
+        std::fs::read(&self.scratch)
+            .map(Call::Output)
+            .map_err(|source| TartError::Io {
+                action: "could not read the poll scratch file",
+                path: self.scratch.clone(),
+                source,
+            })
+    }
+
+    fn io(&self, action: &'static str, path: PathBuf, source: std::io::Error) -> JobError {
+        JobError::HostIo {
+            vm: self.job.vm.clone(),
+            step: self.job.step.clone(),
+            action,
+            path,
+            source,
+        }
+    }
+
+    fn protocol(&self, what: &'static str, detail: String) -> JobError {
+        JobError::Protocol {
+            vm: self.job.vm.clone(),
+            step: self.job.step.clone(),
+            dir: self.job.dir.clone(),
+            what,
+            detail,
+        }
+    }
+
+    fn vanished(&self, detail: String) -> JobError {
+        JobError::Vanished {
+            vm: self.job.vm.clone(),
+            step: self.job.step.clone(),
+            dir: self.job.dir.clone(),
+            detail,
+        }
+    }
+
+    fn start_refused(&self, detail: String) -> JobError {
+        JobError::StartRefused {
+            vm: self.job.vm.clone(),
+            step: self.job.step.clone(),
+            dir: self.job.dir.clone(),
+            detail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_folders_stay_under_the_vms_folder() {
+        assert_eq!(job_dir("mb-x", 3, "build"), ".tartan/mb-x/03-build");
+        assert_eq!(job_dir("mb-x", 123, "_checkout"), ".tartan/mb-x/123-_checkout");
+        assert_eq!(job_dir("mb-x", 0, "../../etc"), ".tartan/mb-x/00-______etc");
+        assert_eq!(job_dir("../x", 0, "a"), ".tartan/___x/00-a");
+        for hostile in ["..", "/", "a/../../b", "a b", "a\nb", "\0", "", ".", "\u{202e}x"] {
+            let dir = job_dir("mb-x", 1, hostile);
+            let (parent, name) = dir.rsplit_once('/').unwrap();
+            assert_eq!(parent, ".tartan/mb-x", "{hostile:?}");
+            assert!(name.starts_with("01-"), "{hostile:?}: {name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{hostile:?}: {name}"
+            );
+        }
+        // The same cut as the host logs' (one sanitizer for both).
+        let long = job_dir("mb-x", 1, &"s".repeat(1000));
+        assert_eq!(
+            long.len(),
+            ".tartan/mb-x/01-".len() + super::super::steps::STEP_LOG_NAME_MAX
+        );
+    }
+
+    #[test]
+    fn the_step_argv_is_passed_as_parameters_never_as_script_text() {
+        let argv: Vec<String> = ["printf", "%s", "$(touch pwned)", "'\"", "a\nb", "--"]
+            .map(String::from)
+            .to_vec();
+        let job = Job::new("mb-x", 2, "build", argv.clone());
+        let start = start_argv(&job);
+        assert_eq!(start[..2], ["sh", "-c"]);
+        assert_eq!(start[2], START_SCRIPT);
+        assert_eq!(start[3], "tartan-job");
+        assert_eq!(start[4], ".tartan/mb-x/02-build");
+        assert_eq!(start[5..], argv[..]);
+        assert_eq!(
+            poll_argv(".tartan/mb-x/02-build", 10, 4096),
+            [
+                "sh",
+                "-c",
+                POLL_SCRIPT,
+                "tartan-job",
+                ".tartan/mb-x/02-build",
+                "10",
+                "4096"
+            ]
+        );
+        // Neither script writes to stderr (the exec log mixes it into what is parsed).
+        for script in [START_SCRIPT, POLL_SCRIPT] {
+            assert!(script.starts_with("exec 2>/dev/null\n"), "{script}");
+        }
+    }
+
+    #[test]
+    fn start_replies_are_exactly_the_three_lines() {
+        assert_eq!(parse_start(b"tartan-job started\n"), Ok(Started::Now));
+        assert_eq!(parse_start(b"tartan-job exists\n"), Ok(Started::Before));
+        assert_eq!(
+            parse_start(b"tartan-job refused: mkdir: x: Permission denied\n"),
+            Ok(Started::Refused("mkdir: x: Permission denied".into()))
+        );
+        for bad in [
+            &b""[..],
+            b"tartan-job started",
+            b"tartan-job started\nmore\n",
+            b"started\n",
+            b"sh: warning\ntartan-job started\n",
+            b"tartan-job exists\n\n",
+            b"\xff\n",
+        ] {
+            let e = parse_start(bad).unwrap_err();
+            assert!(e.contains("bytes)"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn poll_replies_parse_every_state() {
+        let r = parse_poll(b"tartan-job exited 3 size 10 bytes 4\nabcd", 6, 100).unwrap();
+        assert_eq!(
+            r,
+            PollReply {
+                state: JobState::Exited(3),
+                size: 10,
+                bytes: b"abcd".to_vec()
+            }
+        );
+        let r = parse_poll(b"tartan-job running size 10 bytes 2\n\n\n", 0, 2).unwrap();
+        assert_eq!((r.state, r.bytes), (JobState::Running, b"\n\n".to_vec()));
+        let r = parse_poll(b"tartan-job starting size 0 bytes 0\n", 0, 2).unwrap();
+        assert_eq!(r.state, JobState::Starting);
+        let r = parse_poll(b"tartan-job vanished 4242 size 1 bytes 0\n", 1, 2).unwrap();
+        assert_eq!(r.state, JobState::Vanished(Some(4242)));
+        let r = parse_poll(b"tartan-job vanished - size 0 bytes 0\n", 0, 2).unwrap();
+        assert_eq!(r.state, JobState::Vanished(None));
+        let r = parse_poll(b"tartan-job absent size 0 bytes 0\n", 0, 2).unwrap();
+        assert_eq!(r.state, JobState::Absent);
+        // An offset past the end (the log was read to it) brings nothing.
+        let r = parse_poll(b"tartan-job exited 0 size 5 bytes 0\n", 9, 2).unwrap();
+        assert_eq!((r.state, r.size, r.bytes.len()), (JobState::Exited(0), 5, 0));
+        // The body is the job's output: a line in it that looks like a header is data.
+        let body = b"tartan-job exited 0 size 0 bytes 0\n";
+        let mut out = format!("tartan-job running size 90 bytes {}\n", body.len()).into_bytes();
+        out.extend(body);
+        let r = parse_poll(&out, 0, body.len() as u64).unwrap();
+        assert_eq!((r.state, r.bytes), (JobState::Running, body.to_vec()));
+    }
+
+    #[test]
+    fn poll_replies_refuse_anything_unexpected() {
+        let cases: &[(&[u8], u64, u64, &str)] = &[
+            (b"", 0, 10, "no header line"),
+            (b"tartan-job running size 1 bytes 1", 0, 10, "no header line"),
+            (
+                b"tartan-job exited x size 0 bytes 0\n",
+                0,
+                10,
+                "exit status is not a number",
+            ),
+            (b"tartan-job exited 256 size 0 bytes 0\n", 0, 10, "out of 0..=255"),
+            (b"tartan-job exited -1 size 0 bytes 0\n", 0, 10, "out of 0..=255"),
+            (
+                b"tartan-job exited  size 0 bytes 0\n",
+                0,
+                10,
+                "exit status is not a number",
+            ),
+            (
+                b"tartan-job exited 1 2 size 0 bytes 0\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
+            (b"tartan-job vanished x size 0 bytes 0\n", 0, 10, "pid is not a number"),
+            (b"tartan-job sleeping size 0 bytes 0\n", 0, 10, "unknown state"),
+            (b"tartan-jab running size 0 bytes 0\n", 0, 10, "unknown state"),
+            (b"sh: oops\ntartan-job running size 0 bytes 0\n", 0, 10, "unknown state"),
+            (b"tartan-job running size -1 bytes 0\n", 0, 10, "size is not a number"),
+            (
+                b"tartan-job running size 1 bytes 0 extra\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
+            (
+                b"tartan-job running bytes 0 size 1\n",
+                0,
+                10,
+                "expected `size S bytes N`",
+            ),
+            (
+                b"tartan-job running size 1 bytes x\n",
+                0,
+                10,
+                "byte count is not a number",
+            ),
+            (
+                b"tartan-job running size 10 bytes 5\nabcde",
+                0,
+                4,
+                "not the 4 asked for",
+            ),
+            (
+                b"tartan-job running size 10 bytes 5\nabcde",
+                7,
+                10,
+                "not the 3 asked for",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\nab",
+                7,
+                10,
+                "2 bytes follow, not 3",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\nabcd",
+                7,
+                10,
+                "4 bytes follow, not 3",
+            ),
+            (
+                b"tartan-job running size 10 bytes 3\r\nabc",
+                7,
+                10,
+                "byte count is not a number",
+            ),
+            (b"\xfftartan-job running size 0 bytes 0\n", 0, 10, "not UTF-8"),
+        ];
+        for (out, from, max, want) in cases {
+            let e = parse_poll(out, *from, *max).unwrap_err();
+            assert!(e.contains(want), "{:?}: {e}", String::from_utf8_lossy(out));
+        }
+    }
+
+    #[test]
+    fn the_sidecar_line_round_trips_and_rejects_damage() {
+        let p = Place {
+            dir: ".tartan/mb-x/01-build".into(),
+            base: 12,
+            offset: 3456,
+        };
+        assert_eq!(p.render(), "tartan-follow .tartan/mb-x/01-build 12 3456\n");
+        assert_eq!(Place::parse(&p.render()), Some(p.clone()));
+        for bad in [
+            "",
+            "tartan-follow .tartan/mb-x/01-build 12 3456",
+            "tartan-follow .tartan/mb-x/01-build 12\n",
+            "tartan-follow .tartan/mb-x/01-build 12 x\n",
+            "tartan-follow .tartan/mb-x/01-build -1 3\n",
+            "other .tartan/mb-x/01-build 12 3456\n",
+            "tartan-follow a 1 2 3\n",
+        ] {
+            assert_eq!(Place::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            sidecar_path(Path::new("/s/logs/mb-x/build.log")),
+            PathBuf::from("/s/logs/mb-x/build.log.follow")
+        );
+        assert_eq!(
+            scratch_path(Path::new("/s/logs/mb-x/build.log")),
+            PathBuf::from("/s/logs/mb-x/build.log.poll")
+        );
+    }
+
+    fn place(base: u64, offset: u64) -> Place {
+        Place {
+            dir: "d".into(),
+            base,
+            offset,
+        }
+    }
+
+    #[test]
+    fn resuming_cuts_repeats_and_refetches_what_was_lost() {
+        let note = log_cap_note(100).len() as u64;
+        assert_eq!(logged_len(0, 100), 0);
+        assert_eq!(logged_len(100, 100), 100);
+        assert_eq!(logged_len(101, 100), 100 + note);
+        assert_eq!(logged_len(5000, 100), 100 + note);
+        // No sidecar, or another job's: a new job at the log's end (the checkout's two commands
+        // share one log).
+        assert_eq!(resume(None, "d", 7, 100), (place(7, 0), 7));
+        let other = Place {
+            dir: "e".into(),
+            ..place(0, 50)
+        };
+        assert_eq!(resume(Some(other), "d", 57, 100), (place(57, 0), 57));
+        // As saved.
+        assert_eq!(resume(Some(place(7, 30)), "d", 37, 100), (place(7, 30), 37));
+        // An append whose sidecar update was lost: cut back, so it does not repeat.
+        assert_eq!(resume(Some(place(7, 30)), "d", 60, 100), (place(7, 30), 37));
+        assert_eq!(
+            resume(Some(place(7, 500)), "d", 7 + 100 + note + 9, 100),
+            (place(7, 500), 7 + 100 + note)
+        );
+        // The log lost its end: continue from what it holds.
+        assert_eq!(resume(Some(place(7, 30)), "d", 20, 100), (place(7, 13), 20));
+        assert_eq!(resume(Some(place(7, 500)), "d", 7 + 100 + 3, 100), (place(7, 100), 107));
+        assert_eq!(resume(Some(place(7, 500)), "d", 50, 100), (place(7, 43), 50));
+        // Shorter than the base: the sidecar cannot be right; start at the end.
+        assert_eq!(resume(Some(place(70, 5)), "d", 20, 100), (place(20, 0), 20));
+    }
+
+    #[test]
+    fn advancing_writes_up_to_the_cap_then_notes_once_and_skips() {
+        // (offset, chunk, size, cap) -> (write, note, next)
+        assert_eq!(advance(0, 10, 50, 100), (10, false, 10));
+        assert_eq!(advance(0, 0, 0, 100), (0, false, 0));
+        assert_eq!(advance(90, 10, 100, 100), (10, false, 100));
+        // Exactly at the cap and nothing more: no note (as the driver's exec logs).
+        assert_eq!(advance(100, 0, 100, 100), (0, false, 100));
+        // More than the cap came: the note, once, and skip to the end.
+        assert_eq!(advance(90, 10, 150, 100), (10, true, 150));
+        assert_eq!(advance(100, 0, 101, 100), (0, true, 101));
+        assert_eq!(advance(150, 0, 400, 100), (0, false, 400));
+        // A chunk that crosses the cap (a caller asking for more than `request` gives).
+        assert_eq!(advance(95, 10, 105, 100), (5, true, 105));
+        assert_eq!(request(0, 64, 100), 64);
+        assert_eq!(request(90, 64, 100), 10);
+        assert_eq!(request(100, 64, 100), 0);
+        assert_eq!(request(150, 64, 100), 0);
+        // Walking a 250-byte output in 64-byte chunks under a cap of 100 writes 100 bytes and one note.
+        let (mut offset, mut written, mut notes) = (0, 0, 0);
+        while offset < 250 {
+            let chunk = request(offset, 64, 100).min(250 - offset);
+            let (w, n, next) = advance(offset, chunk, 250, 100);
+            written += w;
+            notes += u64::from(n);
+            assert!(next > offset, "stuck at {offset}");
+            offset = next;
+        }
+        assert_eq!((written, notes, offset), (100, 1, 250));
+    }
+
+    #[test]
+    fn default_limits_keep_each_exec_well_inside_the_silence_limit() {
+        let c = FollowConfig::default();
+        assert!(c.exec_timeout * 2 < c.unresponsive_limit);
+        assert_eq!(c.poll_interval, Duration::from_secs(1));
+        assert!(c.chunk_bytes > 0 && c.tail_bytes <= c.log_cap);
+    }
+}

@@ -1,0 +1,559 @@
+//! Steps as detached guest jobs ([`tartan_agent::host::guest_job`]), for real against
+//! `tart-double` (whose "guest" is the VM folder on this host), and the guest scripts run by `sh`.
+
+mod host_common;
+
+use host_common::{IMAGE, Rig};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tartan_agent::host::guest_job::{
+    FollowConfig, Job, JobEnd, JobError, JobState, parse_poll, parse_start, poll_argv, run_or_attach, sidecar_path,
+    start_argv,
+};
+use tartan_tart::double::{Fault, Faults};
+use tartan_tart::{RunOptions, RunningVm, log_cap_note};
+
+fn cfg() -> FollowConfig {
+    FollowConfig {
+        poll_interval: Duration::from_millis(50),
+        exec_timeout: Duration::from_secs(10),
+        unresponsive_limit: Duration::from_secs(30),
+        no_pid_limit: Duration::from_secs(2),
+        chunk_bytes: 1 << 20,
+        log_cap: 1 << 20,
+        tail_bytes: 4096,
+    }
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+/// Waits (polling every 20 ms) until `cond` holds; panics naming `what` after `within`.
+async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A cloned, running VM of the double; the rig's drop kills its `tart run`.
+async fn vm(rig: &Rig, name: &str) -> RunningVm {
+    rig.tart.clone_vm(IMAGE, name).await.unwrap();
+    let mut run = rig.tart.run(name, &RunOptions::default()).unwrap();
+    run.wait_until_running(Duration::from_secs(30)).await.unwrap();
+    run
+}
+
+/// Kills on drop the processes whose pids the given files hold (steps left running in the guest).
+struct Reaper(Vec<PathBuf>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            if let Some(pid) = std::fs::read_to_string(f)
+                .ok()
+                .and_then(|t| t.trim().parse::<i32>().ok())
+            {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+struct Step<'a> {
+    rig: &'a Rig,
+    job: Job,
+    log: PathBuf,
+}
+
+impl Step<'_> {
+    fn new<'a>(rig: &'a Rig, vm: &str, index: usize, name: &str, argv: Vec<String>) -> Step<'a> {
+        let log = rig.state.path().join("logs").join(vm).join(format!("{index}.log"));
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        Step {
+            rig,
+            job: Job::new(vm, index, name, argv),
+            log,
+        }
+    }
+
+    /// The job's folder in the "guest" (the VM folder).
+    fn guest(&self) -> PathBuf {
+        self.rig.vm_dir(&self.job.vm).join(&self.job.dir)
+    }
+
+    fn guest_log(&self) -> Vec<u8> {
+        std::fs::read(self.guest().join("out.log")).unwrap()
+    }
+
+    fn host_log(&self) -> Vec<u8> {
+        std::fs::read(&self.log).unwrap()
+    }
+
+    async fn run(&self, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
+        run_or_attach(&self.rig.tart, &self.job, &self.log, cfg).await
+    }
+}
+
+#[tokio::test]
+async fn output_and_exit_codes_come_through_even_before_the_guest_answers() {
+    let rig = Rig::new();
+    // The guest agent answers only after a second: the first start calls fail and are retried.
+    let mut faults = Faults::default();
+    faults.vms.insert(
+        "mb-codes".into(),
+        Fault {
+            boot_delay_secs: Some(1.0),
+            ..Fault::default()
+        },
+    );
+    rig.set_faults(&faults);
+    let _run = vm(&rig, "mb-codes").await;
+    let cases: [(&str, i32, &str); 3] = [
+        ("echo out; echo err >&2; printf 'no newline'", 0, "out\nerr\nno newline"),
+        ("echo failing; exit 3", 3, "failing\n"),
+        ("echo dying; kill -TERM $$", 128 + 15, "dying\n"),
+    ];
+    for (i, (script, code, output)) in cases.into_iter().enumerate() {
+        let step = Step::new(&rig, "mb-codes", i, "build", sh(script));
+        let end = step.run(&cfg()).await.unwrap();
+        assert_eq!(end.exit_code, code, "{script}");
+        assert_eq!(end.tail, output, "{script}");
+        assert_eq!(end.output_bytes, output.len() as u64);
+        assert!(!end.truncated && !end.attached, "{end:?}");
+        assert_eq!(step.host_log(), output.as_bytes(), "{script}");
+        assert_eq!(step.guest_log(), output.as_bytes(), "{script}");
+        assert_eq!(
+            std::fs::read_to_string(step.guest().join("exit")).unwrap(),
+            format!("{code}\n")
+        );
+    }
+}
+
+#[tokio::test]
+async fn hostile_argv_runs_verbatim_and_writes_nothing_outside() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-hostile").await;
+    let words = [
+        "$(touch pwned)",
+        "`touch pwned`",
+        "'\"",
+        "a\nb",
+        "--",
+        "; touch pwned &&",
+        "$HOME",
+        "*",
+        "-a",
+        "",
+    ];
+    let mut argv = vec!["printf".to_string(), "[%s]".to_string()];
+    argv.extend(words.iter().map(|w| w.to_string()));
+    let before: Vec<_> = std::fs::read_dir(rig.home.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let step = Step::new(&rig, "mb-hostile", 0, "../../escape me", argv);
+    let end = step.run(&cfg()).await.unwrap();
+    let expected: String = words.iter().map(|w| format!("[{w}]")).collect();
+    assert_eq!((end.exit_code, end.tail.as_str()), (0, expected.as_str()));
+    assert_eq!(step.host_log(), expected.as_bytes());
+    // The job folder is where job_dir says, inside the VM's .tartan folder.
+    assert_eq!(step.job.dir, ".tartan/mb-hostile/00-______escape_me");
+    assert!(step.guest().join("exit").is_file());
+    // Nothing was touched: no `pwned` anywhere in the VM folder or the home, no new home entry.
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                walk(&e.path(), found);
+            }
+            found.push(e.path());
+        }
+    }
+    let mut all = Vec::new();
+    walk(rig.home.path(), &mut all);
+    assert!(!all.iter().any(|p| p.to_string_lossy().contains("pwned")), "{all:?}");
+    let after: Vec<_> = std::fs::read_dir(rig.home.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(before, after);
+    let tartan: Vec<_> = std::fs::read_dir(rig.vm_dir("mb-hostile").join(".tartan/mb-hostile"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(tartan, ["00-______escape_me"]);
+
+    // A program name that a shell would take for a builtin, an option or an assignment is looked
+    // up as a program, as tart exec would: not found.
+    for (i, argv0) in ["exit", "--", "-a", "A=b", "exec"].into_iter().enumerate() {
+        let step = Step::new(&rig, "mb-hostile", i + 1, "odd", vec![argv0.into(), "3".into()]);
+        let end = step.run(&cfg()).await.unwrap();
+        assert_eq!(end.exit_code, 127, "{argv0}: {end:?}");
+        assert!(end.tail.contains(argv0), "{argv0}: {end:?}");
+    }
+    let mut all = Vec::new();
+    walk(rig.home.path(), &mut all);
+    assert!(!all.iter().any(|p| p.to_string_lossy().contains("pwned")), "{all:?}");
+}
+
+#[tokio::test]
+async fn a_dropped_follower_loses_nothing_and_a_new_one_continues_at_the_saved_offset() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-reattach").await;
+    // 2000 lines, then wait for `go` (made by the test once the first follower is dropped), then more.
+    let script = "i=0; while [ $i -lt 2000 ]; do echo \"line $i\"; i=$((i+1)); done
+        while [ ! -f go ]; do sleep 0.02; done
+        i=0; while [ $i -lt 500 ]; do echo \"after $i\"; i=$((i+1)); done; exit 4";
+    let step = Step::new(&rig, "mb-reattach", 0, "long", sh(script));
+    let small = FollowConfig {
+        chunk_bytes: 1000,
+        ..cfg()
+    };
+    {
+        let follower = step.run(&small);
+        tokio::pin!(follower);
+        let log = step.log.clone();
+        let seen = async {
+            wait_for("the host log to grow past 5000 bytes", Duration::from_secs(30), || {
+                std::fs::metadata(&log).is_ok_and(|m| m.len() > 5000)
+            })
+            .await
+        };
+        tokio::select! {
+            r = &mut follower => panic!("the follower ended before it was dropped: {r:?}"),
+            () = seen => {}
+        }
+        // Dropped here, mid-step (possibly mid-poll).
+    }
+    let sidecar = std::fs::read_to_string(sidecar_path(&step.log)).unwrap();
+    let saved: u64 = sidecar.split(' ').nth(3).unwrap().trim().parse().unwrap();
+    assert!(saved > 5000, "{sidecar}");
+    assert_eq!(std::fs::metadata(&step.log).unwrap().len(), saved, "{sidecar}");
+    // The job went on without a follower.
+    std::fs::write(rig.vm_dir("mb-reattach").join("go"), "").unwrap();
+    let end = step.run(&small).await.unwrap();
+    assert!(end.attached, "{end:?}");
+    assert_eq!(end.exit_code, 4);
+    let guest = step.guest_log();
+    assert!(guest.ends_with(b"after 499\n"));
+    assert_eq!(step.host_log(), guest, "host log differs from the guest log");
+    assert_eq!(end.output_bytes, guest.len() as u64);
+    assert_eq!(end.tail.as_bytes(), &guest[guest.len() - 4096..]);
+}
+
+#[tokio::test]
+async fn a_second_start_does_not_run_the_step_again() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-once").await;
+    let step = Step::new(
+        &rig,
+        "mb-once",
+        0,
+        "count",
+        sh("n=$(cat counter 2>/dev/null || echo 0); echo $((n+1)) > counter; echo counted"),
+    );
+    let first = step.run(&cfg()).await.unwrap();
+    assert!(!first.attached);
+    let again = step.run(&cfg()).await.unwrap();
+    assert!(again.attached, "{again:?}");
+    assert_eq!((again.exit_code, again.tail.as_str()), (0, "counted\n"));
+    assert_eq!(
+        std::fs::read_to_string(rig.vm_dir("mb-once").join("counter")).unwrap(),
+        "1\n"
+    );
+    // The second follower found everything logged: nothing repeats.
+    assert_eq!(step.host_log(), b"counted\n");
+    // A guest without the job folder (a new VM under the same name) runs it anew; its output
+    // follows what is logged instead of being taken for what was read already.
+    std::fs::remove_dir_all(step.guest()).unwrap();
+    let fresh = step.run(&cfg()).await.unwrap();
+    assert!(!fresh.attached, "{fresh:?}");
+    assert_eq!(
+        std::fs::read_to_string(rig.vm_dir("mb-once").join("counter")).unwrap(),
+        "2\n"
+    );
+    assert_eq!(step.host_log(), b"counted\ncounted\n");
+}
+
+#[tokio::test]
+async fn output_beyond_the_cap_is_capped_on_the_host_with_the_right_tail() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-cap").await;
+    let step = Step::new(
+        &rig,
+        "mb-cap",
+        0,
+        "loud",
+        sh("i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done"),
+    );
+    let capped = FollowConfig {
+        log_cap: 1000,
+        chunk_bytes: 300,
+        tail_bytes: 200,
+        ..cfg()
+    };
+    // Something already in the log (the checkout's two commands share one) stays in front.
+    std::fs::write(&step.log, "earlier\n").unwrap();
+    let end = step.run(&capped).await.unwrap();
+    let guest = step.guest_log();
+    assert!(guest.len() > 20_000);
+    assert!(end.truncated && end.exit_code == 0, "{end:?}");
+    assert_eq!(end.output_bytes, guest.len() as u64);
+    assert_eq!(end.tail.as_bytes(), &guest[guest.len() - 200..]);
+    let mut expected = b"earlier\n".to_vec();
+    expected.extend(&guest[..1000]);
+    expected.extend(log_cap_note(1000).as_bytes());
+    assert_eq!(
+        String::from_utf8(step.host_log()).unwrap(),
+        String::from_utf8(expected).unwrap()
+    );
+    // A re-attach after the end changes nothing.
+    let again = step.run(&capped).await.unwrap();
+    assert!(again.attached && again.truncated && again.tail == end.tail, "{again:?}");
+    assert_eq!(step.host_log().len(), 8 + 1000 + log_cap_note(1000).len());
+}
+
+#[tokio::test]
+async fn a_killed_job_is_reported_as_vanished() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-vanish").await;
+    let step = Step::new(
+        &rig,
+        "mb-vanish",
+        0,
+        "victim",
+        sh("echo $$ > step.pid; echo started; exec sleep 60"),
+    );
+    let _reaper = Reaper(vec![rig.vm_dir("mb-vanish").join("step.pid")]);
+    let config = cfg();
+    let follower = step.run(&config);
+    tokio::pin!(follower);
+    let pid_file = step.guest().join("pid");
+    let log = step.log.clone();
+    let started = async {
+        wait_for("the job to start and log", Duration::from_secs(30), || {
+            pid_file.is_file() && std::fs::read(&log).is_ok_and(|b| b == b"started\n")
+        })
+        .await
+    };
+    tokio::select! {
+        r = &mut follower => panic!("the follower ended early: {r:?}"),
+        () = started => {}
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .expect("the follower noticed")
+        .unwrap_err();
+    assert!(matches!(err, JobError::Vanished { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("mb-vanish") && msg.contains("\"victim\"") && msg.contains(&format!("pid {pid} is gone")),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_folder_without_a_pid_is_vanished_after_the_bound() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-nopid").await;
+    let step = Step::new(&rig, "mb-nopid", 0, "never", sh("echo never"));
+    // As if the start was killed between its mkdir and the launch.
+    std::fs::create_dir_all(step.guest()).unwrap();
+    let t0 = Instant::now();
+    let err = step.run(&cfg()).await.unwrap_err();
+    assert!(matches!(err, JobError::Vanished { .. }), "{err}");
+    assert!(err.to_string().contains("no pid file"), "{err}");
+    assert!(t0.elapsed() >= cfg().no_pid_limit, "{:?}", t0.elapsed());
+    assert!(!step.guest().join("out.log").exists());
+}
+
+#[tokio::test]
+async fn a_vm_stopped_mid_step_gives_the_not_running_error() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-stop").await;
+    let step_pid = rig.vm_dir("mb-stop").join("step.pid");
+    let _reaper = Reaper(vec![step_pid.clone()]);
+    let step = Step::new(&rig, "mb-stop", 0, "long", sh("echo $$ > step.pid; exec sleep 60"));
+    let config = cfg();
+    let follower = step.run(&config);
+    tokio::pin!(follower);
+    let started = wait_for("the step to start", Duration::from_secs(30), || step_pid.is_file());
+    tokio::select! {
+        r = &mut follower => panic!("the follower ended early: {r:?}"),
+        () = started => {}
+    }
+    rig.tart.stop("mb-stop", Duration::from_secs(5)).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .expect("the follower noticed")
+        .unwrap_err();
+    match &err {
+        JobError::VmGone { vm, step, source } => {
+            assert_eq!((vm.as_str(), step.as_str()), ("mb-stop", "long"));
+            assert!(source.is_not_running(), "{source}");
+        }
+        other => panic!("expected VmGone, got {other}"),
+    }
+    // A VM that does not exist says so as well.
+    let ghost = Step::new(&rig, "mb-ghost", 0, "x", sh("true"));
+    match ghost.run(&cfg()).await.unwrap_err() {
+        JobError::VmGone { source, .. } => assert!(source.is_vm_missing(), "{source}"),
+        other => panic!("expected VmGone, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_guest_that_stops_answering_is_given_up_after_the_limit_and_the_job_survives() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-hang").await;
+    let go = rig.vm_dir("mb-hang").join("go");
+    let step = Step::new(
+        &rig,
+        "mb-hang",
+        0,
+        "patient",
+        sh("echo waiting; while [ ! -f go ]; do sleep 0.02; done; echo done"),
+    );
+    let quick = FollowConfig {
+        exec_timeout: Duration::from_secs(1),
+        unresponsive_limit: Duration::from_secs(3),
+        ..cfg()
+    };
+    let follower = step.run(&quick);
+    tokio::pin!(follower);
+    let log = step.log.clone();
+    let waiting = wait_for("the step's first line", Duration::from_secs(30), || {
+        std::fs::read(&log).is_ok_and(|b| b == b"waiting\n")
+    });
+    tokio::select! {
+        r = &mut follower => panic!("the follower ended early: {r:?}"),
+        () = waiting => {}
+    }
+    let mut hang = Faults::default();
+    hang.vms.insert(
+        "mb-hang".into(),
+        Fault {
+            exec_hangs: Some(true),
+            ..Fault::default()
+        },
+    );
+    rig.set_faults(&hang);
+    let t0 = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .expect("the follower gave up")
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, JobError::Unresponsive { .. }), "{msg}");
+    assert!(
+        msg.contains("mb-hang") && msg.contains("\"patient\"") && msg.contains("did not finish within 1s"),
+        "{msg}"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The guest answers again: the job was never touched, a new follower sees it through.
+    rig.set_faults(&Faults::default());
+    std::fs::write(&go, "").unwrap();
+    let end = step.run(&quick).await.unwrap();
+    assert!(end.attached && end.exit_code == 0, "{end:?}");
+    assert_eq!(step.host_log(), b"waiting\ndone\n");
+}
+
+/// The scripts alone, run by this host's `sh` in a folder standing for the guest's home.
+#[test]
+fn the_poll_script_tells_every_state_and_slices_the_log() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |argv: Vec<String>| -> Vec<u8> {
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(home.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+        out.stdout
+    };
+    let dir = ".tartan/mb-x/00-s";
+    let poll = |from: u64, max: u64| parse_poll(&run(poll_argv(dir, from, max)), from, max).unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Absent);
+    let abs = home.path().join(dir);
+    std::fs::create_dir_all(&abs).unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Starting);
+    // A pid that names no process (a finished child of ours, reaped), then garbage.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    std::fs::write(abs.join("pid"), format!("{dead}\n")).unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Vanished(Some(dead)));
+    // A zombie (exited, not yet reaped: an orphan under an init that does not reap) is gone too.
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    let t0 = Instant::now();
+    loop {
+        let stat = std::process::Command::new("ps")
+            .args(["-o", "stat=", "-p", &zpid.to_string()])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&stat.stdout).trim_start().starts_with('Z') {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{zpid} never became a zombie");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(abs.join("pid"), format!("{zpid}\n")).unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Vanished(Some(zpid)));
+    zombie.wait().unwrap();
+    std::fs::write(abs.join("pid"), "x y\n").unwrap();
+    assert_eq!(poll(0, 10).state, JobState::Vanished(None));
+    std::fs::write(abs.join("pid"), format!("{}\n", std::process::id())).unwrap();
+    std::fs::write(abs.join("out.log"), b"0123456789").unwrap();
+    let r = poll(0, 4);
+    assert_eq!((r.state, r.size, r.bytes), (JobState::Running, 10, b"0123".to_vec()));
+    let r = poll(8, 4);
+    assert_eq!((r.size, r.bytes), (10, b"89".to_vec()));
+    assert_eq!(poll(10, 4).bytes, b"");
+    assert_eq!(poll(20, 4).bytes, b"");
+    assert_eq!(poll(3, 0).bytes, b"");
+    std::fs::write(abs.join("exit"), "7\n").unwrap();
+    let r = poll(5, 100);
+    assert_eq!((r.state, r.bytes), (JobState::Exited(7), b"56789".to_vec()));
+
+    // The start script: the first start launches, the second finds the folder.
+    let job = Job::new("mb-x", 1, "s", sh("echo $0 \"$@\"; printf '%s' \"$HOME\" > /dev/null"));
+    let first = parse_start(&run(start_argv(&job))).unwrap();
+    let second = parse_start(&run(start_argv(&job))).unwrap();
+    assert_eq!(
+        (first, second),
+        (
+            tartan_agent::host::guest_job::Started::Now,
+            tartan_agent::host::guest_job::Started::Before
+        )
+    );
+    let exit = home.path().join(&job.dir).join("exit");
+    let t0 = Instant::now();
+    while !exit.is_file() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the job never wrote its exit file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(&exit).unwrap(), "0\n");
+    assert_eq!(
+        std::fs::read_to_string(home.path().join(&job.dir).join("out.log")).unwrap(),
+        "sh\n"
+    );
+    // A folder that cannot be made is a refusal with the guest's reason.
+    std::fs::write(home.path().join(".tartan/mb-y"), "a file where a folder should be").unwrap();
+    let blocked = Job::new("mb-y", 0, "s", sh("true"));
+    match parse_start(&run(start_argv(&blocked))).unwrap() {
+        tartan_agent::host::guest_job::Started::Refused(why) => assert!(why.contains("mb-y"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
