@@ -610,24 +610,28 @@ impl AttemptExecutor {
             let msg = format!("creating log folder {}: {e}", logs.display());
             return self.step_failed(cmd.name, -1, msg);
         }
-        let options = ExecOptions {
-            log_path: step_log(&self.cfg.state_dir, &vm, &cmd.name),
+        // The step runs as a detached job in the guest (docs/resume.md): a restarted agent
+        // re-attaches to it here, and its guard folder keeps it from starting twice.
+        let follow = super::guest_job::FollowConfig {
+            poll_interval: self.cfg.step_poll,
             log_cap: self.cfg.step_log_cap,
-            tail_bytes: self.cfg.tail_bytes,
-            timeout: self.exec_timeout(),
+            tail_bytes: self.cfg.tail_bytes as u64,
+            ..super::guest_job::FollowConfig::default()
         };
-        tracing::info!(%vm, step = %cmd.name, index, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started");
-        match self.tart.exec(&vm, &cmd.argv, &options).await {
-            Ok(out) => {
-                tracing::info!(%vm, step = %cmd.name, code = out.exit_code, took = ?out.elapsed, "step finished");
-                if out.exit_code != 0 {
-                    let last = last_lines(out.tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
-                    return self.step_failed(cmd.name, out.exit_code, last);
+        let job = super::guest_job::Job::new(&vm, index as usize, &cmd.name, cmd.argv.clone());
+        let host_log = step_log(&self.cfg.state_dir, &vm, &cmd.name);
+        tracing::info!(%vm, step = %cmd.name, index, job = %job.dir, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started or re-attached");
+        match super::guest_job::run_or_attach(&self.tart, &job, &host_log, &follow).await {
+            Ok(end) => {
+                tracing::info!(%vm, step = %cmd.name, code = end.exit_code, took = ?end.elapsed, attached = end.attached, "step finished");
+                if end.exit_code != 0 {
+                    let last = last_lines(end.tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
+                    return self.step_failed(cmd.name, end.exit_code, last);
                 }
-                self.last_step = Some((cmd.name.clone(), out.tail));
+                self.last_step = Some((cmd.name.clone(), end.tail));
             }
             Err(e) => {
-                tracing::warn!(%vm, step = %cmd.name, error = %e, "tart exec of a step failed");
+                tracing::warn!(%vm, step = %cmd.name, error = %e, "the step's guest job failed");
                 return self.step_failed(cmd.name, -1, e.to_string());
             }
         }
