@@ -186,7 +186,7 @@ async fn cancelled_while_the_agent_is_away_the_vm_is_deleted_on_its_return() {
     })
     .await;
     assert!(journal_of(&s, |r| r.reason == Some(Reason::Resumed)).is_empty());
-    s.wait_run("build-1", "False", "Cancelled", Duration::from_secs(30)).await;
+    s.wait_run("build-1", "False", "CustomRunCancelled", Duration::from_secs(30)).await;
     assert!(s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")), "{:?}", s.vms("agent-a"));
     s.finish().await;
 }
