@@ -23,7 +23,7 @@ async fn failed_delete_quarantines_then_resolves() {
     let (vm, _) = s.admitted_vm("agent-a").await;
 
     s.tart_faults("agent-a", json!({"global": {"delete_fails": true}}));
-    s.kill_agent("agent-a", KillMode::Group);
+    s.kill_agent("agent-a", KillMode::GroupAndVms);
     s.open_gate();
     s.start_agent("agent-a").await;
     let q = s
