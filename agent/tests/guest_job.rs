@@ -557,3 +557,34 @@ fn the_poll_script_tells_every_state_and_slices_the_log() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+/// A step that exits 0 but leaves a child behind that keeps writing to the step's output (a log
+/// stream, a daemon): the step ends when its own process does, as `tart exec` did, with the
+/// output written until then. The follower used to chase the growing log until the child
+/// stopped (for ever here) and, when it caught up between two writes, to fail the step with
+/// "now it reads … with N bytes" in the tail read.
+#[tokio::test]
+async fn a_step_whose_background_child_keeps_writing_ends_when_the_step_exits() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-bg").await;
+    let step = Step::new(
+        &rig,
+        "mb-bg",
+        0,
+        "build",
+        // The child starts writing once the step's exit is recorded.
+        sh("(while [ ! -f .tartan/mb-bg/00-build/exit ]; do sleep 0.01; done; \
+            while :; do echo late; sleep 0.02; done) & echo $! > bg.pid; echo main"),
+    );
+    let _reaper = Reaper(vec![rig.vm_dir("mb-bg").join("bg.pid")]);
+    let end = tokio::time::timeout(Duration::from_secs(15), step.run(&cfg()))
+        .await
+        .expect("the follower still chases the child's output 15 s after the step exited")
+        .unwrap();
+    assert_eq!(end.exit_code, 0, "{end:?}");
+    assert_eq!(end.tail, "main\n");
+    assert_eq!(end.output_bytes, 5);
+    assert_eq!(step.host_log(), b"main\n");
+    // The child is still writing: the guest log goes on growing past what the step wrote.
+    wait_for("the child's late output", Duration::from_secs(10), || step.guest_log().len() > 5).await;
+}
