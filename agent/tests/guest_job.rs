@@ -523,6 +523,14 @@ fn the_poll_script_tells_every_state_and_slices_the_log() {
     std::fs::write(abs.join("exit"), "7\n").unwrap();
     let r = poll(5, 100);
     assert_eq!((r.state, r.bytes), (JobState::Exited(7), b"56789".to_vec()));
+    // The size at the step's exit bounds an exited job's output (macOS's wc pads it with blanks);
+    // a damaged size file is ignored.
+    std::fs::write(abs.join("size"), "       6\n").unwrap();
+    let r = poll(2, 100);
+    assert_eq!((r.state, r.size, r.bytes), (JobState::Exited(7), 6, b"2345".to_vec()));
+    assert_eq!(poll(6, 100).bytes, b"");
+    std::fs::write(abs.join("size"), "6 x\n").unwrap();
+    assert_eq!(poll(2, 100).size, 10);
 
     // The start script: the first start launches, the second finds the folder.
     let job = Job::new("mb-x", 1, "s", sh("echo $0 \"$@\"; printf '%s' \"$HOME\" > /dev/null"));

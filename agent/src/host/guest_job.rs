@@ -9,8 +9,14 @@
 //!
 //! * `pid`: the wrapper shell's pid, written first (through `pid.tmp` and a rename);
 //! * `out.log`: stdout and stderr of the step, whose stdin is `/dev/null`;
+//! * `size`: the size of `out.log` when the step's process exited, written before `exit`;
 //! * `exit`: the exit status as `sh` reports it (128+N for a death by signal N), written through
 //!   `exit.tmp` and a rename, after `out.log` is complete.
+//!
+//! The step ends when its own process exits, as a `tart exec` of it did: a child it leaves behind
+//! may go on writing to `out.log`, and what it writes after `size` was taken is not the step's
+//! output (polls of an exited job never report more than `size`; a job started by a wrapper
+//! without `size`, an older agent's, reports the whole file).
 //!
 //! [`run_or_attach`] follows the job with short `tart exec` polls ([`poll_argv`]) that print one
 //! header line and a slice of `out.log`; it appends the new bytes to the host step log and keeps
@@ -90,7 +96,9 @@ shift
 echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
 nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
 wait $!
-echo $? >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"' tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
+c=$?
+wc -c <"$d/out.log" >"$d/size.tmp" && mv "$d/size.tmp" "$d/size"
+echo $c >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"' tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
   echo "tartan-job started"
 elif [ -d "$d" ]; then
   echo "tartan-job exists"
@@ -143,8 +151,9 @@ pub fn parse_start(out: &[u8]) -> Result<Started, String> {
 }
 
 /// The poll script: `$1` the job folder, `$2` the byte offset, `$3` the most bytes to send. The
-/// exit file is read before the log's size, so "exited" means the size is final; a zombie counts
-/// as gone (an orphan's parent may not reap it at once).
+/// exit file is read before the log's size, so "exited" means the size is final: at most what the
+/// `size` file says (a child the step left may still write); a zombie counts as gone (an orphan's
+/// parent may not reap it at once).
 const POLL_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1 from=$2 max=$3
 alive() {
@@ -170,6 +179,11 @@ else
 fi
 size=0
 if [ -f "$d/out.log" ]; then size=$(( $(wc -c <"$d/out.log") )); fi
+case $state in exited*)
+  final=
+  if [ -f "$d/size" ]; then final=$(tr -d ' \n' <"$d/size"); fi
+  case $final in ''|*[!0-9]*) ;; *) if [ "$size" -gt "$final" ]; then size=$final; fi ;; esac
+esac
 n=$((size - from))
 if [ "$n" -gt "$max" ]; then n=$max; fi
 if [ "$n" -lt 0 ]; then n=0; fi
