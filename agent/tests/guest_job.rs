@@ -268,9 +268,12 @@ async fn a_second_start_does_not_run_the_step_again() {
     );
     // The second follower found everything logged: nothing repeats.
     assert_eq!(step.host_log(), b"counted\n");
-    // A guest without the job folder (a new VM under the same name) runs it anew; its output
-    // follows what is logged instead of being taken for what was read already.
+    // An older agent's sidecar (no `started`) and a guest without the job folder: started anew,
+    // its output following what is logged instead of being taken for what was read already.
     std::fs::remove_dir_all(step.guest()).unwrap();
+    let sidecar = sidecar_path(&step.log);
+    let old = std::fs::read_to_string(&sidecar).unwrap().replace(" started\n", "\n");
+    std::fs::write(&sidecar, old).unwrap();
     let fresh = step.run(&cfg()).await.unwrap();
     assert!(!fresh.attached, "{fresh:?}");
     assert_eq!(
@@ -603,13 +606,9 @@ async fn a_step_whose_background_child_keeps_writing_ends_when_the_step_exits() 
 /// A later step that empties the guest's dot-folders (`rm -rf ~/.tartan`, a home clean-up) takes
 /// the earlier steps' guard folders with it. A restarted agent that re-attaches to the step the
 /// journal names (it died after the step exited, before the next step's start was journaled)
-/// then finds no folder, and the start runs the step a second time: "never a step run twice"
-/// rests on a folder the steps themselves can delete. The host cannot tell this apart from a
-/// new VM under the same name (the sidecar in `logs/<vm>/` outlives a deleted MacBuild), which
-/// is why the existing design starts it anew; telling them apart needs the sidecar tied to the
-/// VM instance (e.g. the `tart run` pid, or the step logs cleared when the VM is cloned).
+/// used to find no folder and start the step a second time. The sidecar records the start the
+/// guest confirmed: the job is followed, not started, and reported vanished.
 #[tokio::test]
-#[ignore = "defect: a step that deletes ~/.tartan makes a re-attach run an earlier step again"]
 async fn a_deleted_guard_folder_does_not_run_the_step_again_on_reattach() {
     let rig = Rig::new();
     let _run = vm(&rig, "mb-swept").await;

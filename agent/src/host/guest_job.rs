@@ -297,13 +297,19 @@ fn show(bytes: &[u8]) -> String {
 
 /// Where a follower of the job keeps its place: the job's folder, the host log's length before
 /// the job's first byte (`base`: the log may hold earlier commands, as the two checkout commands
-/// share one), and how many bytes of the guest log were consumed (`offset`: written, or skipped
-/// past the cap).
+/// share one), how many bytes of the guest log were consumed (`offset`: written, or skipped
+/// past the cap), and whether the guest confirmed the job's start (`started`).
+///
+/// `started` makes "never run twice" independent of the guest folder: the VM name carries the
+/// build's uid and the attempt, so the step logs of `logs/<vm>/` belong to this VM alone, and a
+/// job this host saw started is never started again, even when a later step deleted its folder
+/// (it is then vanished). A sidecar without it (an older agent's) leaves that to the folder.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
     pub dir: String,
     pub base: u64,
     pub offset: u64,
+    pub started: bool,
 }
 
 /// The sidecar of `host_log`: `<host_log>.follow`.
@@ -325,19 +331,23 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 impl Place {
     /// The sidecar's text: one line.
     pub fn render(&self) -> String {
-        format!("tartan-follow {} {} {}\n", self.dir, self.base, self.offset)
+        let started = if self.started { " started" } else { "" };
+        format!("tartan-follow {} {} {}{started}\n", self.dir, self.base, self.offset)
     }
 
     /// Reads [`render`](Self::render)'s line; `None` for anything else (the sidecar is then ignored).
     pub fn parse(text: &str) -> Option<Place> {
         let line = text.strip_suffix('\n')?;
-        let ["tartan-follow", dir, base, offset] = line.split(' ').collect::<Vec<_>>()[..] else {
-            return None;
+        let (dir, base, offset, started) = match line.split(' ').collect::<Vec<_>>()[..] {
+            ["tartan-follow", dir, base, offset] => (dir, base, offset, false),
+            ["tartan-follow", dir, base, offset, "started"] => (dir, base, offset, true),
+            _ => return None,
         };
         Some(Place {
             dir: dir.to_string(),
             base: base.parse().ok()?,
             offset: offset.parse().ok()?,
+            started,
         })
     }
 }
@@ -365,6 +375,7 @@ pub fn resume(saved: Option<Place>, dir: &str, host_len: u64, cap: u64) -> (Plac
         dir: dir.to_string(),
         base: host_len,
         offset: 0,
+        started: false,
     };
     let Some(place) = saved.filter(|p| p.dir == dir) else {
         return (fresh, host_len);
@@ -557,22 +568,34 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     }
     let mut log =
         HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
-    let start = f.call("start", &start_argv(job), 4096).await?;
-    let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
-        Started::Now => {
-            tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
-            if log.place.offset > 0 {
-                // The sidecar remembers a job of this folder that the guest no longer has (a
-                // new VM under the same name): its output starts again after what is logged.
-                log.restart().map_err(|(a, p, s)| f.io(a, p, s))?;
+    let attached = if log.place.started {
+        // Started before, as the guest confirmed: followed, never started again (a folder that
+        // is gone now was removed in the guest, and the poll reports the job vanished).
+        tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
+        true
+    } else {
+        let start = f.call("start", &start_argv(job), 4096).await?;
+        let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
+            Started::Now => {
+                tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
+                if log.place.offset > 0 {
+                    // An older agent's sidecar (without `started`) remembers a job of this
+                    // folder that the guest no longer has: its output follows what is logged.
+                    log.restart().map_err(|(a, p, s)| f.io(a, p, s))?;
+                }
+                false
             }
-            false
-        }
-        Started::Before => {
-            tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
-            true
-        }
-        Started::Refused(why) => return Err(f.start_refused(format!("the guest could not make its folder: {why}"))),
+            Started::Before => {
+                tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
+                true
+            }
+            Started::Refused(why) => {
+                return Err(f.start_refused(format!("the guest could not make its folder: {why}")));
+            }
+        };
+        log.place.started = true;
+        log.save().map_err(|(a, p, s)| f.io(a, p, s))?;
+        attached
     };
     let mut starting_since: Option<Instant> = None;
     let (code, size) = loop {
@@ -607,7 +630,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
                 )));
             }
             JobState::Absent => {
-                return Err(f.vanished("its folder is gone".to_string()));
+                return Err(f.vanished(
+                    "its folder is gone (removed in the guest after the job started); not started again".to_string(),
+                ));
             }
         }
         if !pending {
@@ -1073,9 +1098,19 @@ mod tests {
             dir: ".tartan/mb-x/01-build".into(),
             base: 12,
             offset: 3456,
+            started: false,
         };
         assert_eq!(p.render(), "tartan-follow .tartan/mb-x/01-build 12 3456\n");
         assert_eq!(Place::parse(&p.render()), Some(p.clone()));
+        let started = Place {
+            started: true,
+            ..p.clone()
+        };
+        assert_eq!(
+            started.render(),
+            "tartan-follow .tartan/mb-x/01-build 12 3456 started\n"
+        );
+        assert_eq!(Place::parse(&started.render()), Some(started));
         for bad in [
             "",
             "tartan-follow .tartan/mb-x/01-build 12 3456",
@@ -1084,6 +1119,8 @@ mod tests {
             "tartan-follow .tartan/mb-x/01-build -1 3\n",
             "other .tartan/mb-x/01-build 12 3456\n",
             "tartan-follow a 1 2 3\n",
+            "tartan-follow a 1 2 started x\n",
+            "tartan-follow a 1 2 Started\n",
         ] {
             assert_eq!(Place::parse(bad), None, "{bad:?}");
         }
@@ -1102,6 +1139,7 @@ mod tests {
             dir: "d".into(),
             base,
             offset,
+            started: false,
         }
     }
 
