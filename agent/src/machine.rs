@@ -271,8 +271,10 @@ pub enum Event {
     /// The agent is stopping (SIGTERM) and leaves the attempt running in its VM.
     Detach,
     /// A restarted agent found the VM running and the guest answering, `after` the agent
-    /// started: follow the same attempt again from where the journal says it was.
-    Resume { after: SignedDuration },
+    /// started: follow the same attempt again from where the journal says it was. With
+    /// `clone_again` (`Booting` only) the VM does not exist: the previous agent stopped before
+    /// its clone finished (an image pull can take minutes), so the boot starts over with the clone.
+    Resume { after: SignedDuration, clone_again: bool },
     /// Every step exited 0.
     StepsSucceeded { steps: u32 },
     /// A step exited non-zero (`exit_code` -1: it could not be run). `output` says why: the end
@@ -781,7 +783,33 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             ),
             vec![],
         )),
-        (S::Booting | S::Running | S::Collecting, Event::Resume { after }) => {
+        (
+            S::Booting,
+            Event::Resume {
+                after,
+                clone_again: true,
+            },
+        ) => Ok(t(
+            state,
+            Some(Reason::Resumed),
+            format!(
+                "{vm} was not cloned yet when the agent stopped; cloning and starting it again {} after the agent started",
+                secs2(after)
+            ),
+            vec![
+                Action::CloneVm { vm: vm.clone() },
+                Action::SetVm { vm: vm.clone() },
+                Action::StartVm { vm: vm.clone() },
+                Action::ProbeReady { vm },
+            ],
+        )),
+        (
+            S::Booting | S::Running | S::Collecting,
+            Event::Resume {
+                after,
+                clone_again: false,
+            },
+        ) => {
             let actions = match state {
                 S::Booting => vec![Action::ProbeReady { vm: vm.clone() }],
                 S::Running => vec![Action::RunStep {

@@ -247,11 +247,14 @@ pub enum RecoveryAction {
     /// The attempt's VM still runs and the cluster says the build is ours and wanted: ask the
     /// guest whether it answers (bounded); if it does, step `Resume` and follow the attempt from
     /// where the journal left it; if not, kill the VM's tart processes and step `AgentRestarted`
-    /// (as [`RecoveryAction::KillVmProcesses`] would).
+    /// (as [`RecoveryAction::KillVmProcesses`] would). With `clone_again` (found `Booting`, the
+    /// VM absent: the clone never finished) the guest is not asked: a clone the previous agent
+    /// left running is killed, and if the VM is still absent the boot starts over with its clone.
     Resume {
         attempt: AttemptKey,
         found: AttemptState,
         vm: String,
+        clone_again: bool,
     },
     /// Step this event now; no I/O is needed first.
     Step { attempt: AttemptKey, event: Event },
@@ -384,9 +387,23 @@ impl fmt::Display for RecoveryAction {
                     "{attempt} found {found} at agent start; killing tart processes of {vm} ({then:?})"
                 )
             }
-            RecoveryAction::Resume { attempt, found, vm } => write!(
+            RecoveryAction::Resume {
+                attempt,
+                found,
+                vm,
+                clone_again: false,
+            } => write!(
                 f,
                 "{attempt} found {found} at agent start with {vm} running; resuming it if the guest answers"
+            ),
+            RecoveryAction::Resume {
+                attempt,
+                found,
+                vm,
+                clone_again: true,
+            } => write!(
+                f,
+                "{attempt} found {found} at agent start before {vm} was cloned; cloning it again once the Lease is live"
             ),
             RecoveryAction::Step { attempt, event } => write!(f, "{attempt}: {}", event.kind()),
             RecoveryAction::DeleteVm { attempt, vm, .. } => write!(f, "{attempt}: finishing the deletion of {vm}"),
@@ -503,12 +520,16 @@ pub fn plan(
                     .and_then(|b| b.claim.as_ref())
                     .is_some_and(|c| is_mine(c, me, a.number));
                 let vm_running = ours.iter().any(|v| v.name == a.vm && v.running);
+                // A boot whose clone never finished (stopped mid-pull): nothing exists to lose,
+                // and the clone is made again within the same attempt.
+                let clone_again = a.state == AttemptState::Booting && !present(&a.vm);
                 // Resume only on the cluster's word that the build is still ours and wanted, and
-                // only what got as far as a running VM (an Admitted attempt never started one).
+                // only what got as far as a running VM or has no VM yet past its admission (an
+                // Admitted attempt is interrupted as before).
                 let resumable = cfg.resume_after_restart
                     && !cluster.assumed
                     && vm_existed
-                    && vm_running
+                    && (vm_running || clone_again)
                     && claim_mine
                     && withdrawal.is_none()
                     && overdue.is_none();
@@ -517,6 +538,7 @@ pub fn plan(
                         attempt: key,
                         found: a.state,
                         vm: a.vm.clone(),
+                        clone_again,
                     });
                     continue;
                 }

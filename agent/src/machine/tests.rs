@@ -90,7 +90,10 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             previous: "_checkout".into(),
         },
         EventKind::Detach => Event::Detach,
-        EventKind::Resume => Event::Resume { after: secs(3) },
+        EventKind::Resume => Event::Resume {
+            after: secs(3),
+            clone_again: false,
+        },
         EventKind::StepsSucceeded => Event::StepsSucceeded { steps: 2 },
         EventKind::StepFailed => Event::StepFailed {
             step: "build".into(),
@@ -1078,7 +1081,16 @@ fn each_step_is_started_once_and_in_order() {
     let detach = step(&a, Event::Detach, now, &Config::default()).unwrap();
     a.observe(&a.record(&detach, 10));
     assert_eq!(a.current_step(), 1);
-    let resume = step(&a, Event::Resume { after: secs(4) }, now, &Config::default()).unwrap();
+    let resume = step(
+        &a,
+        Event::Resume {
+            after: secs(4),
+            clone_again: false,
+        },
+        now,
+        &Config::default(),
+    )
+    .unwrap();
     assert_eq!(resume.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
     assert_eq!(
         (resume.from, resume.to, resume.reason),
@@ -1088,4 +1100,30 @@ fn each_step_is_started_once_and_in_order() {
         resume.actions.iter().all(|x| *x != Action::DeliverStatus),
         "a resume writes no status before the step"
     );
+}
+
+#[test]
+fn a_boot_stopped_before_its_clone_finished_resumes_with_the_clone() {
+    let now = ts("2026-02-01T10:20:00Z");
+    let again = |clone_again| Event::Resume {
+        after: secs(1),
+        clone_again,
+    };
+    let t = step(&mk_attempt(1, S::Booting), again(true), now, &Config::default()).unwrap();
+    assert_eq!(
+        t.actions,
+        vec![
+            Action::CloneVm { vm: vm() },
+            Action::SetVm { vm: vm() },
+            Action::StartVm { vm: vm() },
+            Action::ProbeReady { vm: vm() },
+        ]
+    );
+    assert_eq!((t.to, t.reason, t.outcome), (S::Booting, Some(Reason::Resumed), None));
+    assert!(t.detail.contains("not cloned yet"), "{}", t.detail);
+    // Past the boot the VM exists: nothing there is cloned again.
+    for state in [S::Running, S::Collecting, S::Admitted] {
+        let r = step(&mk_attempt(1, state), again(true), now, &Config::default());
+        assert!(matches!(r, Err(Refusal::NotAllowed { .. })), "{state}: {r:?}");
+    }
 }

@@ -334,10 +334,32 @@ impl Runtime {
                     self.log.push(format!("kill tart processes of {vm}: {killed}"));
                     self.step(attempt, then.event(killed));
                 }
+                RecoveryAction::Resume {
+                    attempt,
+                    vm,
+                    clone_again: true,
+                    ..
+                } => {
+                    let killed = self.world.procs.remove(vm).unwrap_or(0);
+                    self.log.push(format!("kill tart processes of {vm}: {killed}"));
+                    self.step(
+                        attempt,
+                        Event::Resume {
+                            after: secs(2),
+                            clone_again: true,
+                        },
+                    );
+                }
                 RecoveryAction::Resume { attempt, vm, .. } => {
                     if self.world.guest_answers && self.world.running.contains(vm) {
                         self.log.push(format!("guest of {vm} answers"));
-                        self.step(attempt, Event::Resume { after: secs(2) });
+                        self.step(
+                            attempt,
+                            Event::Resume {
+                                after: secs(2),
+                                clone_again: false,
+                            },
+                        );
                     } else {
                         self.log.push(format!("guest of {vm} does not answer"));
                         let killed = self.world.procs.remove(vm).unwrap_or(0);
@@ -1415,7 +1437,8 @@ fn a_running_vm_whose_guest_answers_is_resumed_as_the_same_attempt() {
             vec![RecoveryAction::Resume {
                 attempt: key(1),
                 found,
-                vm: vm_of(1)
+                vm: vm_of(1),
+                clone_again: false,
             }],
             "{found}"
         );
@@ -1613,4 +1636,71 @@ fn a_detached_attempt_is_resumed_like_a_running_one() {
     let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, t0() + secs(310));
     assert!(matches!(plan[..], [RecoveryAction::Resume { .. }]));
     assert_eq!(log[2], "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }");
+}
+
+#[test]
+fn a_boot_stopped_before_its_clone_finished_is_resumed_with_the_clone() {
+    let now = t0() + secs(700);
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Booting);
+    j.go(1, Event::Detach, t0() + secs(60));
+    let (p, log) = recover(&j, mk_cluster(vec![mk_view(1, 3)]), world(&[]), now);
+    assert_eq!(
+        p,
+        vec![RecoveryAction::Resume {
+            attempt: key(1),
+            found: S::Booting,
+            vm: vm_of(1),
+            clone_again: true,
+        }]
+    );
+    assert_eq!(
+        p[0].to_string(),
+        "ci/build-42-mac-build a1 found Booting at agent start before mb-ci-build-42-mac-build-a1 was cloned; \
+         cloning it again once the Lease is live"
+    );
+    assert!(log[1].contains("a1 Booting -> Booting (Resumed)"), "{log:?}");
+    assert_eq!(log[2], "CloneVm { vm: \"mb-ci-build-42-mac-build-a1\" }");
+    assert!(
+        !log.iter().any(|l| l.contains("Retiring") || l.contains("a2")),
+        "{log:?}"
+    );
+    // Not without the cluster's word, not in restart mode, not past the deadline, and not with
+    // a VM that exists but is stopped (it may be half set up): interrupted as before.
+    let kill = |p: Vec<RecoveryAction>| matches!(p[..], [RecoveryAction::KillVmProcesses { .. }]);
+    let assumed = ClusterView {
+        assumed: true,
+        ..mk_cluster(vec![mk_view(1, 3)])
+    };
+    let cfg = Config::default();
+    let restart = Config {
+        resume_after_restart: false,
+        ..Config::default()
+    };
+    assert!(kill(plan(&j.recs, &[], &assumed, &me(), now, &cfg)));
+    assert!(kill(plan(
+        &j.recs,
+        &[],
+        &mk_cluster(vec![mk_view(1, 3)]),
+        &me(),
+        now,
+        &restart
+    )));
+    assert!(kill(plan(
+        &j.recs,
+        &[],
+        &mk_cluster(vec![mk_view(1, 3)]),
+        &me(),
+        deadline(),
+        &cfg
+    )));
+    let stopped = observed(&world(&[&vm_of(1)]));
+    assert!(kill(plan(
+        &j.recs,
+        &stopped,
+        &mk_cluster(vec![mk_view(1, 3)]),
+        &me(),
+        now,
+        &cfg
+    )));
 }

@@ -594,7 +594,7 @@ pub async fn drive(
     let mut exec = executor_for(shared, &a, spec, cancel);
     // Running or later, or resumed with its VM running: the clone was made.
     if matches!(a.state, AttemptState::Running | AttemptState::Collecting)
-        || matches!(start, Start::Event(Event::Resume { .. }))
+        || matches!(start, Start::Event(Event::Resume { clone_again: false, .. }))
     {
         exec.vm_was_created();
     }

@@ -290,9 +290,28 @@ async fn kill_then_drive(
 
 /// Whether a still-running VM's attempt can be followed again: within `timing.resume_probe`, the
 /// guest answers `tart exec VM true` and the Lease is live (no status is written before it is).
-async fn resumable(shared: &Shared, vm: &str) -> Result<(), String> {
+/// For a boot stopped before its clone finished (`clone_again`) there is no guest to ask: a
+/// clone the previous agent left running (a `kill -9` spares its children) is killed, and the VM
+/// must still be absent, so the clone made again is the only one.
+async fn resumable(shared: &Shared, vm: &str, clone_again: bool) -> Result<(), String> {
     let limit = shared.config.timing.resume_probe;
     let until = tokio::time::Instant::now() + limit;
+    if clone_again {
+        let killed = shared
+            .tart
+            .kill_vm_processes(vm)
+            .await
+            .map_err(|e| format!("the previous agent's clone of {vm} could not be killed: {e}"))?;
+        let dir = shared.tart.vm_dir(vm).map_err(|e| e.to_string())?;
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            return Err(format!(
+                "{} appeared while the previous agent's clone was stopped ({} tart process(es) killed)",
+                dir.display(),
+                killed.count()
+            ));
+        }
+        return lease_live(shared, until, limit).await;
+    }
     let log = crate::host::steps::step_log(&shared.config.state_dir, vm, "_probe");
     if let Some(dir) = log.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -316,6 +335,11 @@ async fn resumable(shared: &Shared, vm: &str) -> Result<(), String> {
         }
         tokio::time::sleep(std::time::Duration::from_millis(500).min(left)).await;
     }
+    lease_live(shared, until, limit).await
+}
+
+/// Waits until `until` for the Lease to be live; `limit` is what the wait was given, for the message.
+async fn lease_live(shared: &Shared, until: tokio::time::Instant, limit: std::time::Duration) -> Result<(), String> {
     let mut lease = shared.lease.clone();
     let live = tokio::time::timeout_at(until, async {
         lease
@@ -349,15 +373,20 @@ async fn run_actions(
             RecoveryAction::KillVmProcesses { attempt, vm, then, .. } => {
                 kill_then_drive(shared, &mb, &attempt, &vm, then, generation, cancel).await
             }
-            RecoveryAction::Resume { attempt, vm, .. } => match resumable(shared, &vm).await {
+            RecoveryAction::Resume {
+                attempt,
+                vm,
+                clone_again,
+                ..
+            } => match resumable(shared, &vm, clone_again).await {
                 Ok(()) => {
                     let after = shared.started.elapsed().try_into().unwrap_or_default();
-                    tracing::info!(target: "recovery", attempt = %attempt, %vm, ?after, "guest answers and the Lease is live; resuming");
+                    tracing::info!(target: "recovery", attempt = %attempt, %vm, ?after, clone_again, "guest answers (or the clone is made again) and the Lease is live; resuming");
                     drive(
                         shared,
                         &mb,
                         &attempt,
-                        Start::Event(Event::Resume { after }),
+                        Start::Event(Event::Resume { after, clone_again }),
                         generation,
                         cancel,
                     )

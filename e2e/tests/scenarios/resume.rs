@@ -247,6 +247,50 @@ async fn away_past_the_deadline_the_watchdog_deletes_and_nothing_resumes() {
     s.finish().await;
 }
 
+/// `kill -9`ed alone while the image is still being cloned: its `tart clone` lives on. The next
+/// agent kills it before cloning again, so there is one clone and one VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
+    let mut s = Stack::new("agent-killed-mid-clone").await;
+    s.add_agent("agent-a", AgentOptions::default());
+    s.start_controller(ControllerOptions::default());
+    s.tart_faults("agent-a", json!({"global": {"clone_delay_secs": 30.0}}));
+    s.start_agent("agent-a").await;
+    let mut params = s.build_params(false);
+    params.push(("max-attempts", json!("1")));
+    s.create_run("build-1", &params, None).await;
+    s.wait_journal("agent-a", "Booting", Duration::from_secs(30), |r| {
+        r.to == AttemptState::Booting
+    })
+    .await;
+    wait_for("the clone to run", Duration::from_secs(30), || {
+        (!s.tart_pids("agent-a").is_empty())
+            .then_some(())
+            .ok_or("no tart process".to_string())
+    })
+    .await;
+    s.kill_agent("agent-a", KillMode::Alone);
+    assert!(!s.tart_pids("agent-a").is_empty(), "the clone outlives its agent");
+    s.tart_faults("agent-a", json!({}));
+    s.start_agent("agent-a").await;
+    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
+    assert_eq!(
+        run["status"]["conditions"][0]["reason"],
+        "TestsPassed",
+        "{}\n{}",
+        tartan_e2e::stack::condition_text(&run),
+        s.journal_text("agent-a")
+    );
+    assert_eq!(result(&run, "attempt"), Some("build-1#1"));
+    assert_eq!(s.builds_started(), 1);
+    assert!(
+        s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")),
+        "{:?}",
+        s.vms("agent-a")
+    );
+    s.finish().await;
+}
+
 /// Stopped while the image is still being cloned (a pull can take minutes): the `Detached`
 /// record says the boot "is resumed at the next start", and the next agent must keep that
 /// promise: clone again within the same attempt rather than interrupt it, which costs an
