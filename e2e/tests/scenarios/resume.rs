@@ -247,6 +247,52 @@ async fn away_past_the_deadline_the_watchdog_deletes_and_nothing_resumes() {
     s.finish().await;
 }
 
+/// Stopped while a slow guest boots (macOS may take a minute; `boot_timeout` allows 180 s): the
+/// VM runs, its guest does not answer yet. The resumed boot's own probe waits for the guest
+/// under the boot limit; the resume must not give up on a booting guest after
+/// `timing.resume_probe` (30 s), interrupt the attempt and delete a VM that was about to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
+    let mut s = Stack::new("agent-upgrade-mid-boot").await;
+    s.add_agent(
+        "agent-a",
+        AgentOptions {
+            boot_delay_secs: 12.0,
+            resume_probe: "3s",
+            ..AgentOptions::default()
+        },
+    );
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let mut params = s.build_params(false);
+    params.push(("max-attempts", json!("1")));
+    s.create_run("build-1", &params, None).await;
+    wait_for("tart run of the booting VM", Duration::from_secs(30), || {
+        let booting = journal_of(&s, |r| r.to == AttemptState::Booting).len() == 1;
+        (booting && !s.tart_pids("agent-a").is_empty())
+            .then_some(())
+            .ok_or("not booting yet".to_string())
+    })
+    .await;
+    s.stop_agent("agent-a", EXIT_TIME_OUT);
+    s.start_agent("agent-a").await;
+    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
+    assert_eq!(
+        run["status"]["conditions"][0]["reason"],
+        "TestsPassed",
+        "{}\n{}",
+        tartan_e2e::stack::condition_text(&run),
+        s.journal_text("agent-a")
+    );
+    assert_eq!(result(&run, "attempt"), Some("build-1#1"));
+    assert!(
+        journal_of(&s, |r| r.reason == Some(Reason::AgentRestarted)).is_empty(),
+        "nothing interrupted:\n{}",
+        s.journal_text("agent-a")
+    );
+    s.finish().await;
+}
+
 /// `kill -9`ed alone while the image is still being cloned: its `tart clone` lives on. The next
 /// agent kills it before cloning again, so there is one clone and one VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
