@@ -821,11 +821,17 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                     Action::UploadArtifacts { vm: vm.clone() },
                 ],
             };
+            // A boot is resumed without asking the guest: its own readiness probe waits for it.
+            let answering = if state == S::Booting {
+                ""
+            } else {
+                " and its guest answering"
+            };
             Ok(t(
                 state,
                 Some(Reason::Resumed),
                 format!(
-                    "{vm} running and its guest answering {} after the agent started; following {} again",
+                    "{vm} running{answering} {} after the agent started; following {} again",
                     secs2(after),
                     doing(a)
                 ),

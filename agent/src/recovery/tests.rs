@@ -350,8 +350,10 @@ impl Runtime {
                         },
                     );
                 }
-                RecoveryAction::Resume { attempt, vm, .. } => {
-                    if self.world.guest_answers && self.world.running.contains(vm) {
+                RecoveryAction::Resume { attempt, vm, found, .. } => {
+                    // A boot's guest is not asked: the resumed boot's readiness probe waits for it.
+                    let answers = self.world.guest_answers || *found == S::Booting;
+                    if answers && self.world.running.contains(vm) {
                         self.log.push(format!("guest of {vm} answers"));
                         self.step(
                             attempt,
@@ -1494,6 +1496,23 @@ fn a_resumed_running_attempt_goes_on_with_the_step_the_journal_started() {
             "#7 a1 Running -> Running (Resumed) mb-ci-build-42-mac-build-a1 running and its guest answering 2.00s \
              after the agent started; following step 3 again",
             "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 2 }",
+        ],
+    );
+}
+
+#[test]
+fn a_booting_vm_is_resumed_without_asking_its_guest() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Booting);
+    let w = running_world(&vm_of(1), false);
+    let (_, log) = recover(&j, mk_cluster(vec![mk_view(1, 3)]), w, t0() + secs(100));
+    assert_lines(
+        &log,
+        &[
+            "guest of mb-ci-build-42-mac-build-a1 answers",
+            "#4 a1 Booting -> Booting (Resumed) mb-ci-build-42-mac-build-a1 running 2.00s after the agent started; \
+             following the boot again",
+            "ProbeReady { vm: \"mb-ci-build-42-mac-build-a1\" }",
         ],
     );
 }

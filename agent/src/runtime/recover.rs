@@ -11,7 +11,7 @@ use crate::recovery::{self, AgentId, BuildView, ClaimView, ClusterView, Ending, 
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tartan_api::{FINALIZER, MacBuild, VM_PREFIX};
+use tartan_api::{AttemptState, FINALIZER, MacBuild, VM_PREFIX};
 use tartan_tart::TartError;
 
 /// What the cluster says of one MacBuild, for the planner.
@@ -292,8 +292,10 @@ async fn kill_then_drive(
 /// guest answers `tart exec VM true` and the Lease is live (no status is written before it is).
 /// For a boot stopped before its clone finished (`clone_again`) there is no guest to ask: a
 /// clone the previous agent left running (a `kill -9` spares its children) is killed, and the VM
-/// must still be absent, so the clone made again is the only one.
-async fn resumable(shared: &Shared, vm: &str, clone_again: bool) -> Result<(), String> {
+/// must still be absent, so the clone made again is the only one. A boot (`found` `Booting`) is
+/// not asked either: its guest may take longer than the probe to come up, and the resumed boot's
+/// own readiness probe waits for it within `boot_timeout`.
+async fn resumable(shared: &Shared, vm: &str, found: AttemptState, clone_again: bool) -> Result<(), String> {
     let limit = shared.config.timing.resume_probe;
     let until = tokio::time::Instant::now() + limit;
     if clone_again {
@@ -310,6 +312,9 @@ async fn resumable(shared: &Shared, vm: &str, clone_again: bool) -> Result<(), S
                 killed.count()
             ));
         }
+        return lease_live(shared, until, limit).await;
+    }
+    if found == AttemptState::Booting {
         return lease_live(shared, until, limit).await;
     }
     let log = crate::host::steps::step_log(&shared.config.state_dir, vm, "_probe");
@@ -376,9 +381,9 @@ async fn run_actions(
             RecoveryAction::Resume {
                 attempt,
                 vm,
+                found,
                 clone_again,
-                ..
-            } => match resumable(shared, &vm, clone_again).await {
+            } => match resumable(shared, &vm, found, clone_again).await {
                 Ok(()) => {
                     let after = shared.started.elapsed().try_into().unwrap_or_default();
                     tracing::info!(target: "recovery", attempt = %attempt, %vm, ?after, clone_again, "guest answers (or the clone is made again) and the Lease is live; resuming");
