@@ -132,6 +132,34 @@ async fn agent_upgrade_mid_step_resumes_the_same_attempt() {
     s.finish().await;
 }
 
+/// Two upgrades in a row: the second agent is stopped again at once, while it starts and
+/// recovers (before or during its resume probe). The third resumes the same attempt; the step
+/// ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_quick_restarts_mid_step_resume_the_same_attempt() {
+    let mut s = in_the_long_step("two-quick-restarts", AgentOptions::default()).await;
+    s.stop_agent("agent-a", EXIT_TIME_OUT);
+    s.spawn_agent("agent-a");
+    s.stop_agent("agent-a", EXIT_TIME_OUT);
+    s.spawn_agent("agent-a");
+    wait_for("the second agent's recovery", Duration::from_secs(30), || {
+        let log = std::fs::read_to_string(s.dir.join("agent-a/agent-3.log")).unwrap_or_default();
+        log.contains("recovery planned")
+            .then_some(())
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    s.stop_agent("agent-a", EXIT_TIME_OUT);
+    s.start_agent("agent-a").await;
+    assert_resumed_and_passed(&s).await;
+    assert!(
+        s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")),
+        "{:?}",
+        s.vms("agent-a")
+    );
+    s.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_alone_mid_step_resumes_the_same_attempt() {
     let mut s = in_the_long_step("agent-killed-resume", AgentOptions::default()).await;
