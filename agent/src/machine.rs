@@ -783,6 +783,25 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             ),
             vec![],
         )),
+        // Stopped between the admission and the boot: the boot follows the deadline file.
+        (
+            S::Admitted,
+            Event::Resume {
+                after,
+                clone_again: true,
+            },
+        ) => {
+            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
+            Ok(t(
+                state,
+                Some(Reason::Resumed),
+                format!(
+                    "{vm} was not booted yet when the agent stopped; booting it {} after the agent started",
+                    secs2(after)
+                ),
+                vec![Action::WriteDeadlineFile { vm, deadline }],
+            ))
+        }
         (
             S::Booting,
             Event::Resume {

@@ -247,9 +247,10 @@ pub enum RecoveryAction {
     /// The attempt's VM still runs and the cluster says the build is ours and wanted: ask the
     /// guest whether it answers (bounded); if it does, step `Resume` and follow the attempt from
     /// where the journal left it; if not, kill the VM's tart processes and step `AgentRestarted`
-    /// (as [`RecoveryAction::KillVmProcesses`] would). With `clone_again` (found `Booting`, the
-    /// VM absent: the clone never finished) the guest is not asked: a clone the previous agent
-    /// left running is killed, and if the VM is still absent the boot starts over with its clone.
+    /// (as [`RecoveryAction::KillVmProcesses`] would). With `clone_again` (found `Admitted` or
+    /// `Booting`, the VM absent: the clone never finished) the guest is not asked: a clone the
+    /// previous agent left running is killed, and if the VM is still absent the boot starts
+    /// (over) with its clone.
     Resume {
         attempt: AttemptKey,
         found: AttemptState,
@@ -403,7 +404,7 @@ impl fmt::Display for RecoveryAction {
                 clone_again: true,
             } => write!(
                 f,
-                "{attempt} found {found} at agent start before {vm} was cloned; cloning it again once the Lease is live"
+                "{attempt} found {found} at agent start before {vm} was cloned; cloning it once the Lease is live"
             ),
             RecoveryAction::Step { attempt, event } => write!(f, "{attempt}: {}", event.kind()),
             RecoveryAction::DeleteVm { attempt, vm, .. } => write!(f, "{attempt}: finishing the deletion of {vm}"),
@@ -520,16 +521,14 @@ pub fn plan(
                     .and_then(|b| b.claim.as_ref())
                     .is_some_and(|c| is_mine(c, me, a.number));
                 let vm_running = ours.iter().any(|v| v.name == a.vm && v.running);
-                // A boot whose clone never finished (stopped mid-pull): nothing exists to lose,
-                // and the clone is made again within the same attempt.
-                let clone_again = a.state == AttemptState::Booting && !present(&a.vm);
+                // Admitted, or a boot whose clone never finished (stopped mid-pull): nothing
+                // exists to lose, and the boot is made (again) within the same attempt.
+                let clone_again = matches!(a.state, AttemptState::Admitted | AttemptState::Booting) && !present(&a.vm);
                 // Resume only on the cluster's word that the build is still ours and wanted, and
-                // only what got as far as a running VM or has no VM yet past its admission (an
-                // Admitted attempt is interrupted as before).
+                // only what got as far as a running VM, or has no VM yet.
                 let resumable = cfg.resume_after_restart
                     && !cluster.assumed
-                    && vm_existed
-                    && (vm_running || clone_again)
+                    && ((vm_existed && vm_running) || clone_again)
                     && claim_mine
                     && withdrawal.is_none()
                     && overdue.is_none();

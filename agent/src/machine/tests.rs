@@ -1121,8 +1121,20 @@ fn a_boot_stopped_before_its_clone_finished_resumes_with_the_clone() {
     );
     assert_eq!((t.to, t.reason, t.outcome), (S::Booting, Some(Reason::Resumed), None));
     assert!(t.detail.contains("not cloned yet"), "{}", t.detail);
+    // Admitted: the deadline file again, then (the drive loop's) Boot.
+    let mut admitted = mk_attempt(1, S::Admitted);
+    admitted.deadline = Some(ts("2026-02-01T11:00:00Z"));
+    let t = step(&admitted, again(true), now, &Config::default()).unwrap();
+    assert_eq!(
+        t.actions,
+        vec![Action::WriteDeadlineFile {
+            vm: vm(),
+            deadline: ts("2026-02-01T11:00:00Z")
+        }]
+    );
+    assert_eq!((t.to, t.reason), (S::Admitted, Some(Reason::Resumed)));
     // Past the boot the VM exists: nothing there is cloned again.
-    for state in [S::Running, S::Collecting, S::Admitted] {
+    for state in [S::Running, S::Collecting] {
         let r = step(&mk_attempt(1, state), again(true), now, &Config::default());
         assert!(matches!(r, Err(Refusal::NotAllowed { .. })), "{state}: {r:?}");
     }

@@ -486,9 +486,14 @@ fn surviving_tart_processes_are_killed_and_counted_before_the_retry() {
 fn admitted_attempt_found_at_start_gets_the_same_cleanup() {
     let mut j = Journal::new(1);
     j.run_to(1, S::Admitted);
-    let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 2)]), world(&[]), t0() + secs(30));
+    let restart = Config {
+        resume_after_restart: false,
+        ..Config::default()
+    };
+    let cluster = mk_cluster(vec![mk_view(1, 2)]);
+    let p = plan(&j.recs, &[], &cluster, &me(), t0() + secs(30), &restart);
     assert_eq!(
-        plan,
+        p,
         vec![RecoveryAction::KillVmProcesses {
             attempt: key(1),
             found: S::Admitted,
@@ -496,7 +501,27 @@ fn admitted_attempt_found_at_start_gets_the_same_cleanup() {
             then: Ending::AgentRestarted
         }]
     );
-    assert!(log.contains(&"#4 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start".into()));
+    let mut rt = Runtime::new(&j, cluster.clone(), world(&[]), t0() + secs(30));
+    rt.cfg = restart;
+    rt.perform(&p);
+    assert!(
+        rt.log
+            .contains(&"#4 a1 Retiring -> Retired (VMDeleted) deleted (or already absent) at agent start".into())
+    );
+    // Resuming, nothing was cloned yet: the same attempt boots (its deadline file first).
+    let (p, log) = recover(&j, cluster, world(&[]), t0() + secs(30));
+    assert_eq!(
+        p,
+        vec![RecoveryAction::Resume {
+            attempt: key(1),
+            found: S::Admitted,
+            vm: vm_of(1),
+            clone_again: true,
+        }]
+    );
+    assert!(log[1].starts_with("#3 a1 Admitted -> Admitted (Resumed) "), "{log:?}");
+    assert_eq!(log[2], "write deadline file of mb-ci-build-42-mac-build-a1");
+    assert!(!log.iter().any(|l| l.contains("Retiring")), "{log:?}");
 }
 
 #[test]
@@ -1676,7 +1701,7 @@ fn a_boot_stopped_before_its_clone_finished_is_resumed_with_the_clone() {
     assert_eq!(
         p[0].to_string(),
         "ci/build-42-mac-build a1 found Booting at agent start before mb-ci-build-42-mac-build-a1 was cloned; \
-         cloning it again once the Lease is live"
+         cloning it once the Lease is live"
     );
     assert!(log[1].contains("a1 Booting -> Booting (Resumed)"), "{log:?}");
     assert_eq!(log[2], "CloneVm { vm: \"mb-ci-build-42-mac-build-a1\" }");
