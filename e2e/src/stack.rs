@@ -537,6 +537,8 @@ resume_probe = "{resume_probe}"
         let a = self.agent_mut(id);
         let mut p = a.proc.take().unwrap_or_else(|| panic!("agent {id} not running"));
         let started = std::time::Instant::now();
+        // A frozen agent would only see the SIGTERM once continued.
+        p.signal(Signal::SIGCONT);
         p.signal(Signal::SIGTERM);
         while p.alive() {
             assert!(
