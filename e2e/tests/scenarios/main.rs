@@ -7,6 +7,7 @@ mod api_down_at_start;
 mod cancel;
 mod controller_restart;
 mod finalizer_outage;
+mod frozen_cancel;
 mod happy_path;
 mod harness;
 mod image_local_vm;
