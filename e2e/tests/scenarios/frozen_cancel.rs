@@ -50,9 +50,18 @@ async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
     );
     // Ending the run deleted nothing: the VM is still there, the MacBuild holds the request and
     // the finalizer, and nothing was journaled (the agent is frozen).
-    assert!(s.vms("agent-a").contains(&vm), "VM {vm} still exists while the agent is frozen");
-    let mb = s.macbuild("build-1").await.expect("the MacBuild stays while its finalizer holds it");
-    assert_eq!(mb["spec"]["cancelRequested"], true, "the cancel request waits on the MacBuild");
+    assert!(
+        s.vms("agent-a").contains(&vm),
+        "VM {vm} still exists while the agent is frozen"
+    );
+    let mb = s
+        .macbuild("build-1")
+        .await
+        .expect("the MacBuild stays while its finalizer holds it");
+    assert_eq!(
+        mb["spec"]["cancelRequested"], true,
+        "the cancel request waits on the MacBuild"
+    );
     assert!(
         mb["metadata"]["finalizers"]
             .as_array()
@@ -73,7 +82,10 @@ async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
             r.to == AttemptState::Retired
         })
         .await;
-    eprintln!("[e2e] {:.1}s after SIGCONT: {retired}", thawed_at.elapsed().as_secs_f64());
+    eprintln!(
+        "[e2e] {:.1}s after SIGCONT: {retired}",
+        thawed_at.elapsed().as_secs_f64()
+    );
     let j = s.journal("agent-a");
     assert!(
         j.iter()
@@ -100,7 +112,10 @@ async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
     // The ended run is never reopened, and says what it said at the end.
     let run = s.customrun("build-1").await.expect("CustomRun");
     assert_eq!(condition_text(&run), ended, "the ended CustomRun is not rewritten");
-    assert!(j.iter().all(|r| r.attempt.is_none_or(|n| n == 1)), "no retry after a cancel");
+    assert!(
+        j.iter().all(|r| r.attempt.is_none_or(|n| n == 1)),
+        "no retry after a cancel"
+    );
     assert_eq!(s.builds_started(), 1);
     s.finish().await;
 }
