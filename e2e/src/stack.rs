@@ -317,6 +317,20 @@ impl Stack {
         self.cluster.api_up();
     }
 
+    /// The agents cannot reach the API (their requests and watches get no answer) while the
+    /// controller and the harness can, until [`Stack::heal_partition`]. Emulator only.
+    pub fn partition_agents(&self) {
+        self.cluster
+            .partition(&self.ns, Some(crate::cluster::AGENT_SERVICE_ACCOUNT));
+        eprintln!("[e2e] the agents are partitioned from the API");
+    }
+
+    /// Ends [`Stack::partition_agents`].
+    pub fn heal_partition(&self) {
+        self.cluster.partition(&self.ns, None);
+        eprintln!("[e2e] the partition is healed");
+    }
+
     // ---- controller ----
 
     pub fn start_controller(&mut self, opts: ControllerOptions) {

@@ -13,6 +13,7 @@ mod harness;
 mod image_local_vm;
 mod journal_blip;
 mod old_journal_max_attempts;
+mod partition;
 mod quarantine;
 mod recovery_faults;
 mod redelivery;
