@@ -20,6 +20,7 @@ mod redelivery;
 mod refused_past_deadline;
 mod resume;
 mod retiring_kept;
+mod stale_writer;
 mod task_fault;
 mod two_agents;
 mod watchdog;
