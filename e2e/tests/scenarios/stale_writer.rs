@@ -14,7 +14,7 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use tartan_api::{AttemptState, FINALIZER, Outcome};
 use tartan_e2e::invariants::result;
-use tartan_e2e::stack::{condition_text, IMAGE};
+use tartan_e2e::stack::{IMAGE, condition_text};
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
 fn holder(mb: &serde_json::Value) -> &str {
@@ -64,7 +64,10 @@ async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
     let frozen_at = Instant::now();
     s.freeze_agent("agent-a");
     s.wait_host_unreachable("build-1", Duration::from_secs(30)).await;
-    eprintln!("[e2e] {:.1}s after SIGSTOP: A's lease expired", frozen_at.elapsed().as_secs_f64());
+    eprintln!(
+        "[e2e] {:.1}s after SIGSTOP: A's lease expired",
+        frozen_at.elapsed().as_secs_f64()
+    );
 
     // The operator's hand-over: the claim is removed, fenced on A still holding it.
     let reset = json!([
@@ -124,7 +127,11 @@ async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
     eprintln!("[e2e] A's log: {fenced}");
     let mb = s.macbuild("build-1").await.expect("MacBuild");
     assert_eq!(mb["status"]["claim"], claim_b, "B's claim stands: {}", mb["status"]);
-    assert_ne!(mb["status"]["phase"], "Succeeded", "A's result was not written: {}", mb["status"]);
+    assert_ne!(
+        mb["status"]["phase"], "Succeeded",
+        "A's result was not written: {}",
+        mb["status"]
+    );
     let seq = mb["status"]["journalSeq"].as_u64();
     assert!(
         s.journal("agent-b").iter().any(|r| Some(r.seq) == seq),
