@@ -317,6 +317,20 @@ impl Stack {
         self.cluster.api_up();
     }
 
+    /// The agents cannot reach the API (their requests and watches get no answer) while the
+    /// controller and the harness can, until [`Stack::heal_partition`]. Emulator only.
+    pub fn partition_agents(&self) {
+        self.cluster
+            .partition(&self.ns, Some(crate::cluster::AGENT_SERVICE_ACCOUNT));
+        eprintln!("[e2e] the agents are partitioned from the API");
+    }
+
+    /// Ends [`Stack::partition_agents`].
+    pub fn heal_partition(&self) {
+        self.cluster.partition(&self.ns, None);
+        eprintln!("[e2e] the partition is healed");
+    }
+
     // ---- controller ----
 
     pub fn start_controller(&mut self, opts: ControllerOptions) {
@@ -1016,6 +1030,25 @@ resume_probe = "{resume_probe}"
         .await
     }
 
+    /// Waits until the CustomRun shows `HostUnreachable=True` after a `Succeeded` condition
+    /// (Tekton reads `conditions[0]`); returns the run.
+    pub async fn wait_host_unreachable(&self, name: &str, limit: Duration) -> Value {
+        wait_for_async(
+            &format!("HostUnreachable=True after Succeeded on CustomRun {name}"),
+            limit,
+            || async {
+                let run = self.customrun(name).await.ok_or("no CustomRun")?;
+                let first = &run["status"]["conditions"][0];
+                let unreachable = condition_of(&run, "HostUnreachable");
+                match unreachable {
+                    Some((i, c)) if i > 0 && c["status"] == "True" && first["type"] == "Succeeded" => Ok(run),
+                    other => Err(format!("conditions[0] {first}; HostUnreachable {other:?}")),
+                }
+            },
+        )
+        .await
+    }
+
     pub async fn lease(&self, id: &str) -> Option<Lease> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         leases.get_opt(&format!("tartan-agent-{id}")).await.expect("get Lease")
@@ -1197,6 +1230,15 @@ pub fn condition_text(run: &Value) -> String {
         c["reason"].as_str().unwrap_or("?"),
         c["message"].as_str().unwrap_or("")
     )
+}
+
+/// The condition of `type_` on a CustomRun (or MacBuild), with its index in `conditions`.
+pub fn condition_of<'a>(object: &'a Value, type_: &str) -> Option<(usize, &'a Value)> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c["type"] == type_)
 }
 
 /// Whether `path` exists (for artifact checks).
