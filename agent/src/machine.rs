@@ -471,7 +471,9 @@ pub enum Refusal {
     },
     #[error("{event} refused in state {state}: the attempt has no host execution deadline")]
     NoDeadline { state: AttemptState, event: EventKind },
-    #[error("{event} refused in state {state}: step {index} is not the one after step {current}; a step is never started twice")]
+    #[error(
+        "{event} refused in state {state}: step {index} is not the one after step {current}; a step is never started twice"
+    )]
     StepNotNext {
         state: AttemptState,
         event: EventKind,
@@ -773,7 +775,10 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
         (S::Booting | S::Running | S::Collecting, Event::Detach) => Ok(t(
             state,
             Some(Reason::Detached),
-            format!("agent stopping; {} runs on in {vm} and is resumed at the next start", doing(a)),
+            format!(
+                "agent stopping; {} runs on in {vm} and is resumed at the next start",
+                doing(a)
+            ),
             vec![],
         )),
         (S::Booting | S::Running | S::Collecting, Event::Resume { after }) => {

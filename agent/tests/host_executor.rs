@@ -270,9 +270,9 @@ async fn a_step_whose_argv_the_os_refuses_fails_with_that_cause() {
         retiring.detail
     );
     assert!(
-        retiring.detail.contains(
-            "bytes in all, are more than the operating system accepts (Argument list too long); nothing ran"
-        ),
+        retiring
+            .detail
+            .contains("bytes in all, are more than the operating system accepts (Argument list too long); nothing ran"),
         "{}",
         retiring.detail
     );

@@ -303,7 +303,20 @@ fn attempts(world: &World, v: &mut Vec<Violation>) {
                 message: format!("{name}: attempt {top} admitted, maxAttempts is {max}"),
             });
         }
+        let admitted_by = |n: u32| -> BTreeSet<&str> {
+            records
+                .iter()
+                .filter(|(_, r)| r.to == AttemptState::Admitted && r.attempt == Some(n))
+                .map(|(agent, _)| *agent)
+                .collect()
+        };
         for &n in admitted.iter().filter(|&&n| n > 1) {
+            // A hand-over (the claim reset, another host claiming anew) is not a retry: the
+            // attempt before ran on another host, and may even still run there.
+            let before = admitted_by(n - 1);
+            if !before.is_empty() && before.is_disjoint(&admitted_by(n)) {
+                continue;
+            }
             match outcome_of(&records, n - 1) {
                 Some((Outcome::Interrupted, _)) => {}
                 Some((o, r)) => v.push(Violation {

@@ -46,6 +46,9 @@ pub enum NotClaimable {
     Cancelled,
     /// It already finished.
     Finished(Phase),
+    /// Its status lists `attempts` attempts (its claim was reset to hand it on) and `maxAttempts`
+    /// allows no further one.
+    AttemptsUsed { attempts: u32, max: u32 },
 }
 
 /// Whether an agent with `host_labels`, serving `namespaces` (empty = all), may make the first
@@ -91,7 +94,23 @@ fn open_for_first_claim(mb: &MacBuild) -> Result<(), NotClaimable> {
     {
         return Err(NotClaimable::Finished(phase));
     }
+    let next = first_attempt_number(mb);
+    if next > mb.spec.max_attempts {
+        return Err(NotClaimable::AttemptsUsed {
+            attempts: next - 1,
+            max: mb.spec.max_attempts,
+        });
+    }
     Ok(())
+}
+
+/// The attempt number a first claim on `mb` makes: 1, or one past the highest attempt its status
+/// lists when an earlier holder's claim was reset to hand the build on. The earlier attempt may
+/// still run on its (unreachable) host, so its number and VM name are never reused, and it counts
+/// against `maxAttempts`.
+pub fn first_attempt_number(mb: &MacBuild) -> u32 {
+    let listed = mb.status.as_ref().map(|s| s.attempts.as_slice()).unwrap_or_default();
+    listed.iter().map(|a| a.number).max().map_or(1, |n| n.saturating_add(1))
 }
 
 /// The claim `holder` makes for attempt `attempt` of `mb`: epoch 1 for attempt 1, else one more
@@ -289,7 +308,14 @@ pub async fn claim(
     let mut current = if is_ours(mb, &wanted) {
         mb.clone()
     } else {
-        let patch = if attempt <= 1 {
+        let unclaimed = mb
+            .status
+            .as_ref()
+            .and_then(|s| s.claim.as_ref())
+            .is_none_or(|c| c.holder.is_empty());
+        // A first claim (attempt 1, or the first after a hand-over) needs an unclaimed build; a
+        // retry follows our own claim of the attempt before.
+        let patch = if attempt <= 1 || unclaimed {
             // The caller matched labels and namespaces; here only the build's own state matters.
             if let Err(why) = open_for_first_claim(mb) {
                 return lost(format!("not claimable: {why:?}"));
@@ -518,6 +544,42 @@ mod tests {
             ..Default::default()
         }));
         assert_eq!(claimable(&done, &host, &[]), Err(NotClaimable::Finished(Phase::Failed)));
+    }
+
+    #[test]
+    fn a_claim_reset_to_hand_the_build_on_continues_the_attempt_numbers() {
+        let host = labels(&[("xcode", "16")]);
+        let listed = |numbers: &[u32]| {
+            mb(Some(MacBuildStatus {
+                attempts: numbers
+                    .iter()
+                    .map(|&n| tartan_api::AttemptRecord {
+                        number: n,
+                        id: format!("b#{n}"),
+                        vm: format!("mb-ci-b-a{n}"),
+                        host: "mac-mini-01".into(),
+                        outcome: None,
+                        reason: None,
+                        started_at: None,
+                        finished_at: None,
+                        message: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            }))
+        };
+        assert_eq!(first_attempt_number(&mb(None)), 1);
+        assert_eq!(first_attempt_number(&listed(&[])), 1);
+        // The unreachable holder's attempt 1 may still run: its number and VM are not reused.
+        let handed_on = listed(&[1]);
+        assert_eq!(first_attempt_number(&handed_on), 2);
+        assert_eq!(claimable(&handed_on, &host, &[]), Ok(()));
+        assert_eq!(claim_for(&handed_on, "mac-mini-07", 2), claim("mac-mini-07", "b#2", 2));
+        // And it counts against maxAttempts (2 by default).
+        assert_eq!(
+            claimable(&listed(&[1, 2]), &host, &[]),
+            Err(NotClaimable::AttemptsUsed { attempts: 2, max: 2 })
+        );
     }
 
     #[test]

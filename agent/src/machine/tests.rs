@@ -266,7 +266,10 @@ fn a_build_runs_end_to_end_with_the_sources_journal_lines_and_actions() {
         },
         t0 + secs(15),
     );
-    assert_eq!(ready, vec![Action::DeliverStatus, Action::RunStep { vm: vm(), index: 0 }]);
+    assert_eq!(
+        ready,
+        vec![Action::DeliverStatus, Action::RunStep { vm: vm(), index: 0 }]
+    );
     let collect = d.go(Event::StepsSucceeded { steps: 2 }, t0 + secs(300));
     assert_eq!(
         collect,
@@ -1067,13 +1070,22 @@ fn each_step_is_started_once_and_in_order() {
     a.observe(&r);
     // The same step again (a replayed event after a crash) is refused: it never runs twice.
     let again = step(&a, starting(1), now, &Config::default()).unwrap_err();
-    assert_eq!(again.to_string(), "StepStarting refused in state Running: step 1 is not the one after step 1; a step is never started twice");
+    assert_eq!(
+        again.to_string(),
+        "StepStarting refused in state Running: step 1 is not the one after step 1; a step is never started twice"
+    );
     // A later record without a step keeps the one the journal started.
     let detach = step(&a, Event::Detach, now, &Config::default()).unwrap();
     a.observe(&a.record(&detach, 10));
     assert_eq!(a.current_step(), 1);
     let resume = step(&a, Event::Resume { after: secs(4) }, now, &Config::default()).unwrap();
     assert_eq!(resume.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
-    assert_eq!((resume.from, resume.to, resume.reason), (Some(S::Running), S::Running, Some(Reason::Resumed)));
-    assert!(resume.actions.iter().all(|x| *x != Action::DeliverStatus), "a resume writes no status before the step");
+    assert_eq!(
+        (resume.from, resume.to, resume.reason),
+        (Some(S::Running), S::Running, Some(Reason::Resumed))
+    );
+    assert!(
+        resume.actions.iter().all(|x| *x != Action::DeliverStatus),
+        "a resume writes no status before the step"
+    );
 }

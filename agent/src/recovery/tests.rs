@@ -1402,10 +1402,7 @@ fn running_world(vm: &str, guest_answers: bool) -> World {
 fn a_running_vm_whose_guest_answers_is_resumed_as_the_same_attempt() {
     for (found, follow) in [
         (S::Booting, "ProbeReady { vm: \"mb-ci-build-42-mac-build-a1\" }"),
-        (
-            S::Running,
-            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }",
-        ),
+        (S::Running, "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }"),
         (S::Collecting, "CollectResults { vm: \"mb-ci-build-42-mac-build-a1\" }"),
     ] {
         let mut j = Journal::new(1);
@@ -1423,11 +1420,15 @@ fn a_running_vm_whose_guest_answers_is_resumed_as_the_same_attempt() {
             "{found}"
         );
         assert_eq!(log[0], "guest of mb-ci-build-42-mac-build-a1 answers");
-        assert!(log[1].starts_with(&format!("#{} a1 {found} -> {found} (Resumed) ", j.seq)), "{log:?}");
+        assert!(
+            log[1].starts_with(&format!("#{} a1 {found} -> {found} (Resumed) ", j.seq)),
+            "{log:?}"
+        );
         assert_eq!(log[2], follow, "{found}: {log:?}");
         // Nothing retired, nothing deleted, no attempt 2.
         assert!(
-            !log.iter().any(|l| l.contains("Retiring") || l.contains("stop+delete") || l.contains("a2")),
+            !log.iter()
+                .any(|l| l.contains("Retiring") || l.contains("stop+delete") || l.contains("a2")),
             "{log:?}"
         );
     }
@@ -1531,7 +1532,10 @@ fn resume_needs_the_clusters_word_a_running_vm_time_left_and_the_resume_mode() {
         ..mk_view(1, 4)
     };
     assert_eq!(run(other, false, now, &cfg), kill(Ending::AgentRestarted));
-    assert_eq!(run(mk_view(1, 4), false, deadline(), &cfg), kill(Ending::DeadlinePassed));
+    assert_eq!(
+        run(mk_view(1, 4), false, deadline(), &cfg),
+        kill(Ending::DeadlinePassed)
+    );
     // The cluster could not be read: never resumed on the journal's assumption.
     assert_eq!(run(mk_view(1, 4), true, now, &cfg), kill(Ending::AgentRestarted));
     let restart = Config {
@@ -1555,8 +1559,24 @@ fn an_admitted_attempt_or_a_stopped_vm_is_never_resumed() {
     let mut j = Journal::new(1);
     j.run_to(1, S::Admitted);
     let w = running_world(&vm_of(1), true);
-    let p = plan(&j.recs, &observed(&w), &mk_cluster(vec![mk_view(1, 2)]), &me(), now, &Config::default());
-    assert!(matches!(p[..], [RecoveryAction::KillVmProcesses { then: Ending::AgentRestarted, .. }]), "{p:?}");
+    let p = plan(
+        &j.recs,
+        &observed(&w),
+        &mk_cluster(vec![mk_view(1, 2)]),
+        &me(),
+        now,
+        &Config::default(),
+    );
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::AgentRestarted,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
     let mut j = Journal::new(1);
     j.run_to(1, S::Running);
     let p = plan(
@@ -1567,7 +1587,16 @@ fn an_admitted_attempt_or_a_stopped_vm_is_never_resumed() {
         now,
         &Config::default(),
     );
-    assert!(matches!(p[..], [RecoveryAction::KillVmProcesses { then: Ending::AgentRestarted, .. }]), "{p:?}");
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::AgentRestarted,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
 }
 
 #[test]

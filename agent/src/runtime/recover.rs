@@ -277,7 +277,15 @@ async fn kill_then_drive(
         }
     };
     let killed = u32::try_from(killed).unwrap_or(u32::MAX);
-    drive(shared, mb, attempt, Start::Event(then.event(killed)), generation, cancel).await
+    drive(
+        shared,
+        mb,
+        attempt,
+        Start::Event(then.event(killed)),
+        generation,
+        cancel,
+    )
+    .await
 }
 
 /// Whether a still-running VM's attempt can be followed again: within `timing.resume_probe`, the
@@ -293,7 +301,9 @@ async fn resumable(shared: &Shared, vm: &str) -> Result<(), String> {
     loop {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
-            return Err(format!("the guest did not answer tart exec {vm} true within {limit:?} (last: {last})"));
+            return Err(format!(
+                "the guest did not answer tart exec {vm} true within {limit:?} (last: {last})"
+            ));
         }
         let mut options = tartan_tart::ExecOptions::new(&log, left.min(std::time::Duration::from_secs(10)));
         options.log_cap = 64 << 10;
@@ -343,7 +353,15 @@ async fn run_actions(
                 Ok(()) => {
                     let after = shared.started.elapsed().try_into().unwrap_or_default();
                     tracing::info!(target: "recovery", attempt = %attempt, %vm, ?after, "guest answers and the Lease is live; resuming");
-                    drive(shared, &mb, &attempt, Start::Event(Event::Resume { after }), generation, cancel).await
+                    drive(
+                        shared,
+                        &mb,
+                        &attempt,
+                        Start::Event(Event::Resume { after }),
+                        generation,
+                        cancel,
+                    )
+                    .await
                 }
                 Err(why) => {
                     tracing::warn!(target: "recovery", attempt = %attempt, %vm, "not resumed: {why}; interrupting it and deleting the VM");

@@ -129,7 +129,12 @@ impl fmt::Display for Fault {
                 host,
                 kill: Kill::Term,
                 down,
-            } => write!(f, "SIGTERM agent {} (launchd stop), restart after {}", h(host), secs(*down)),
+            } => write!(
+                f,
+                "SIGTERM agent {} (launchd stop), restart after {}",
+                h(host),
+                secs(*down)
+            ),
             Fault::KillAgent { host, kill, down } => {
                 write!(f, "kill -9 agent {} ({kill:?}), restart after {}", h(host), secs(*down))
             }

@@ -26,10 +26,14 @@ async fn a_journal_without_max_attempts_never_runs_more_attempts_than_the_macbui
     s.create_run("build-1", &params, None).await;
     s.wait_builds_started(1, Duration::from_secs(60)).await;
     s.kill_agent("agent-a", KillMode::GroupAndVms);
-    wait_for("tart processes gone with the agent and its VMs", Duration::from_secs(5), || {
-        let pids = s.tart_pids("agent-a");
-        pids.is_empty().then_some(()).ok_or(format!("tart pids {pids:?}"))
-    })
+    wait_for(
+        "tart processes gone with the agent and its VMs",
+        Duration::from_secs(5),
+        || {
+            let pids = s.tart_pids("agent-a");
+            pids.is_empty().then_some(()).ok_or(format!("tart pids {pids:?}"))
+        },
+    )
     .await;
 
     // The same journal as the previous release wrote it: no `max_attempts` on `Requested`.

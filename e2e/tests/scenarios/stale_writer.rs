@@ -149,7 +149,9 @@ async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
         .wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60))
         .await;
     eprintln!("[e2e] {}", condition_text(&run));
-    assert_eq!(result(&run, "attempt"), Some("build-1#1"));
+    // B's claim continues the numbering: A's attempt 1 (still running when B claimed) is never
+    // reused, nor its VM name.
+    assert_eq!(result(&run, "attempt"), Some("build-1#2"));
     assert_eq!(result(&run, "vmRetirement"), Some("deleted"));
     let mb = s.macbuild("build-1").await.expect("MacBuild");
     assert_eq!(holder(&mb), "agent-b");

@@ -20,10 +20,14 @@ async fn a_panic_while_a_retry_is_requested_does_not_hold_the_slot_for_ever() {
     s.create_run("build-1", &params, None).await;
     s.wait_builds_started(1, Duration::from_secs(60)).await;
     s.kill_agent("agent-a", KillMode::GroupAndVms);
-    wait_for("tart processes gone with the agent and its VMs", Duration::from_secs(5), || {
-        let pids = s.tart_pids("agent-a");
-        pids.is_empty().then_some(()).ok_or(format!("tart pids {pids:?}"))
-    })
+    wait_for(
+        "tart processes gone with the agent and its VMs",
+        Duration::from_secs(5),
+        || {
+            let pids = s.tart_pids("agent-a");
+            pids.is_empty().then_some(()).ok_or(format!("tart pids {pids:?}"))
+        },
+    )
     .await;
     // The API answers an absurd claim epoch (garbage from the API, issue 10's adversarial class).
     let patch = json!({"status": {"claim": {"epoch": i64::MAX}}});
