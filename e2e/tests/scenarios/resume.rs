@@ -63,14 +63,23 @@ fn journal_of(s: &Stack, pred: impl Fn(&Record) -> bool) -> Vec<Record> {
 /// The attempt resumed, ended `True/TestsPassed` as `#1`, ran its long step once, and no attempt 2 exists.
 async fn assert_resumed_and_passed(s: &Stack) -> Record {
     let resumed = s
-        .wait_journal("agent-a", "Running -> Running (Resumed)", Duration::from_secs(30), |r| {
-            r.reason == Some(Reason::Resumed) && r.to == AttemptState::Running
-        })
+        .wait_journal(
+            "agent-a",
+            "Running -> Running (Resumed)",
+            Duration::from_secs(30),
+            |r| r.reason == Some(Reason::Resumed) && r.to == AttemptState::Running,
+        )
         .await;
     assert_eq!(resumed.attempt, Some(1), "{resumed}");
     s.open_gate();
-    let run = s.wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60)).await;
-    assert_eq!(result(&run, "attempt"), Some("build-1#1"), "the same attempt ends the build");
+    let run = s
+        .wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        result(&run, "attempt"),
+        Some("build-1#1"),
+        "the same attempt ends the build"
+    );
     assert_eq!(long_step_runs(s), 1, "the long step ran once");
     assert_eq!(s.builds_started(), 1, "the first step ran once");
     assert!(
@@ -158,7 +167,9 @@ async fn agent_killed_with_its_vms_retries_as_attempt_2() {
         })
         .await;
     assert_eq!(r.outcome, Some(Outcome::Interrupted));
-    let run = s.wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60)).await;
+    let run = s
+        .wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
     assert_eq!(result(&run, "attempt"), Some("build-1#2"));
     assert!(journal_of(&s, |r| r.reason == Some(Reason::Resumed)).is_empty());
     assert_eq!(long_step_runs(&s), 2, "the long step ran in each attempt");
@@ -186,8 +197,13 @@ async fn cancelled_while_the_agent_is_away_the_vm_is_deleted_on_its_return() {
     })
     .await;
     assert!(journal_of(&s, |r| r.reason == Some(Reason::Resumed)).is_empty());
-    s.wait_run("build-1", "False", "CustomRunCancelled", Duration::from_secs(30)).await;
-    assert!(s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")), "{:?}", s.vms("agent-a"));
+    s.wait_run("build-1", "False", "CustomRunCancelled", Duration::from_secs(30))
+        .await;
+    assert!(
+        s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")),
+        "{:?}",
+        s.vms("agent-a")
+    );
     s.finish().await;
 }
 
