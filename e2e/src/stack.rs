@@ -691,6 +691,93 @@ resume_probe = "{resume_probe}"
         a.dead.push(p);
     }
 
+    // ---- the whole host ----
+
+    /// Pids of every live process of agent `id`'s Mac: the agent, its watchdog, the tart-double
+    /// processes and the guest processes of its VMs (all of them carry the host's TART_HOME).
+    pub fn host_pids(&self, id: &str) -> Vec<i32> {
+        crate::process::pids_with_env("TART_HOME", &self.agent(id).tart_home.to_string_lossy())
+    }
+
+    /// A reboot of agent `id`'s Mac: the agent and its group, the watchdog, every tart process
+    /// (`tart run` too) and every guest process SIGKILLed; the VM folders, deadline files and the
+    /// journal stay on disk. Waits until nothing of the host is left.
+    pub fn reboot_host(&mut self, id: &str) {
+        self.kill_agent(id, KillMode::GroupAndVms);
+        if self.agent(id).watchdog.is_some() {
+            self.kill_watchdog(id);
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let left = self.host_pids(id);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "processes of {id}'s host survived SIGKILL for 10 s: {left:?}"
+            );
+            for pid in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "[e2e] host {id} rebooted: every process killed, VMs left: {:?}",
+            self.vms(id)
+        );
+    }
+
+    /// The Mac of agent `id` goes to sleep: SIGSTOP to every process of the host ([`Stack::host_pids`]),
+    /// scanning again until no new one appears (a process may fork between scans), then waiting
+    /// until each is stopped. Returns the pids, for [`Stack::wake_host`].
+    pub fn sleep_host(&mut self, id: &str) -> Vec<i32> {
+        let mut stopped: Vec<i32> = vec![];
+        loop {
+            let fresh: Vec<i32> = self
+                .host_pids(id)
+                .into_iter()
+                .filter(|p| !stopped.contains(p))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in fresh {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGSTOP);
+                stopped.push(pid);
+            }
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let running: Vec<i32> = stopped
+                .iter()
+                .copied()
+                .filter(|p| crate::process::is_running(*p))
+                .collect();
+            if running.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "processes of {id}'s host still run 10 s after SIGSTOP: {running:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "[e2e] host {id} asleep: SIGSTOP to {} process(es) {stopped:?}",
+            stopped.len()
+        );
+        stopped
+    }
+
+    /// The Mac wakes: SIGCONT to the processes [`Stack::sleep_host`] stopped.
+    pub fn wake_host(&mut self, id: &str, pids: &[i32]) {
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
+        }
+        eprintln!("[e2e] host {id} awake: SIGCONT to {} process(es)", pids.len());
+    }
+
     // ---- tart ----
 
     /// Runs tart-double with the agent's TART_HOME.
