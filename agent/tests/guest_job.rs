@@ -367,7 +367,7 @@ async fn a_folder_without_a_pid_is_vanished_after_the_bound() {
     let rig = Rig::new();
     let _run = vm(&rig, "mb-nopid").await;
     let step = Step::new(&rig, "mb-nopid", 0, "never", sh("echo never"));
-    // As if the start was killed between its mkdir and the launch.
+    // As if the guest died between the start's mkdir and the launch.
     std::fs::create_dir_all(step.guest()).unwrap();
     let t0 = Instant::now();
     let err = step.run(&cfg()).await.unwrap_err();
@@ -621,4 +621,66 @@ async fn a_deleted_guard_folder_does_not_run_the_step_again_on_reattach() {
     let runs = std::fs::read_to_string(rig.vm_dir("mb-swept").join("runs")).unwrap();
     assert_eq!(runs, "run\n", "the step ran again: {again:?}");
     assert!(matches!(again, Err(JobError::Vanished { .. })), "{again:?}");
+}
+
+/// The guest agent SIGKILLs the exec's direct child when the `tart exec` client dies (the agent
+/// killed mid-start). Once the job folder exists, that kill must not keep the job from launching:
+/// a resumed agent finds the folder, never starts the step again, and would otherwise wait for a
+/// pid that never comes and fail the step as vanished. A `mkdir` on PATH stands for the moment:
+/// it makes the folder, then SIGKILLs the start script (the process running `START_SCRIPT`, whose
+/// first line it finds in the ancestors' argv).
+#[test]
+fn a_start_killed_right_after_making_its_folder_still_launches_the_job() {
+    let home = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let wrapper = bin.path().join("mkdir");
+    std::fs::write(
+        &wrapper,
+        r#"#!/bin/sh
+PATH=${PATH#*:} mkdir "$@" || exit $?
+[ "$1" = -p ] && exit 0
+p=$PPID
+while [ "$p" -gt 1 ]; do
+  if tr '\0' '\n' </proc/$p/cmdline | grep -qx 'exec 2>/dev/null'; then kill -9 "$p"; exit 0; fi
+  p=$(sed 's/.*) . \([0-9]*\) .*/\1/' /proc/$p/stat)
+done
+echo "no start script among the ancestors of $$" >&2
+exit 1
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let job = Job::new("mb-killed-start", 0, "s", sh("echo launched"));
+    let argv = start_argv(&job);
+    let status = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(home.path())
+        .env(
+            "PATH",
+            format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap()),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the wrapper killed the start script: {status:?}"
+    );
+    let dir = home.path().join(&job.dir);
+    assert!(dir.is_dir(), "the folder was made before the kill");
+    let t0 = Instant::now();
+    while !dir.join("exit").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the job never ran: {:?}",
+            std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("out.log")).unwrap(), "launched\n");
+    assert_eq!(std::fs::read_to_string(dir.join("exit")).unwrap(), "0\n");
+    assert!(dir.join("pid").exists());
 }

@@ -437,7 +437,7 @@ async fn the_finalizer_holds_deletion_until_released() {
     builds(&emu).delete("fin", &DeleteParams::default()).await.unwrap();
     let deleting = get(&emu, "fin").await;
     assert!(deleting.metadata.deletion_timestamp.is_some(), "held by the finalizer");
-    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb), "mac-a")
         .await
         .unwrap();
     eventually("MacBuild gone after release", Duration::from_secs(5), || async {
@@ -445,9 +445,42 @@ async fn the_finalizer_holds_deletion_until_released() {
     })
     .await;
     // Releasing again is a no-op.
-    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb), "mac-a")
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn release_leaves_the_finalizer_of_a_build_handed_on_to_another_holder() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "handed-on").await;
+    let (_, mb) = won(&emu, &mb, "mac-a", 1).await;
+    // An operator hands the build on (mac-a unreachable): the claim is removed, mac-b claims it,
+    // and the finalizer already there now keeps mac-b's VM.
+    let reset: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/status/claim/holder", "value": "mac-a"},
+        {"op": "remove", "path": "/status/claim"},
+    ]))
+    .unwrap();
+    let reset = builds(&emu)
+        .patch_status("handed-on", &PatchParams::default(), &Patch::Json::<()>(reset))
+        .await
+        .unwrap();
+    let (_, by_b) = won(&emu, &reset, "mac-b", 1).await;
+    assert_eq!(by_b.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+    // mac-a comes back, deletes its own VM and releases: the finalizer stays for mac-b.
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb), "mac-a")
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&emu, "handed-on").await.metadata.finalizers,
+        Some(vec![FINALIZER.to_string()]),
+        "mac-b's build keeps its finalizer"
+    );
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb), "mac-b")
+        .await
+        .unwrap();
+    assert_eq!(get(&emu, "handed-on").await.metadata.finalizers, None);
 }
 
 #[tokio::test]
@@ -468,7 +501,7 @@ async fn release_removes_only_our_finalizer() {
         mb.metadata.finalizers,
         Some(vec!["example.com/keep".to_string(), FINALIZER.to_string()])
     );
-    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb))
+    claim::release(&emu.client(), API_TIMEOUT, &build_ref(&mb), "mac-a")
         .await
         .unwrap();
     assert_eq!(
@@ -669,7 +702,9 @@ async fn a_forbidden_write_is_retried_and_a_gone_build_stops_delivery() {
     assert!(err.to_string().starts_with("refused:"), "{err}");
     emu.clear_deny_rules();
     // The MacBuild goes away (finalizer released, then deleted).
-    claim::release(&emu.client(), API_TIMEOUT, &build).await.unwrap();
+    claim::release(&emu.client(), API_TIMEOUT, &build, "mac-a")
+        .await
+        .unwrap();
     builds(&emu)
         .delete("forbidden", &DeleteParams::default())
         .await

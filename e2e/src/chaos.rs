@@ -70,10 +70,13 @@ enum Event {
     Lift(usize),
 }
 
-fn mode(k: Kill) -> KillMode {
+/// The harness's kill for `k`; `None` for launchd's stop, which is not a kill.
+fn mode(k: Kill) -> Option<KillMode> {
     match k {
-        Kill::Group => KillMode::Group,
-        Kill::Alone => KillMode::Alone,
+        Kill::Group => Some(KillMode::Group),
+        Kill::Alone => Some(KillMode::Alone),
+        Kill::WithVms => Some(KillMode::GroupAndVms),
+        Kill::Term => None,
     }
 }
 
@@ -287,7 +290,13 @@ async fn strike(
                 return skip(log, "agent already down");
             }
             on.agent_frozen.remove(host);
-            stack.kill_agent(&host_name(*host), mode(*kill));
+            match mode(*kill) {
+                Some(mode) => stack.kill_agent(&host_name(*host), mode),
+                // launchd's ExitTimeOut for the agent.
+                None => {
+                    stack.stop_agent(&host_name(*host), Duration::from_secs(60));
+                }
+            }
             on.agent_down.insert(*host, *kill);
         }
         Fault::FreezeAgent { host, .. } => {

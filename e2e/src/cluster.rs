@@ -150,15 +150,30 @@ impl Cluster {
     }
 
     /// Creates `namespace` (a fresh one per stack) and the credentials its components use: the
-    /// emulator has no authorization (its admin kubeconfig for all); on a real cluster
+    /// emulator has no authorization, but each component presents its own bearer token (its
+    /// ServiceAccount's user name, see [`service_account_user`]) so that a fault can single it
+    /// out ([`Cluster::partition`]); on a real cluster
     /// `deploy/rbac.yaml` is applied rendered into `namespace` and the controller and agents get
     /// kubeconfigs of the `tartan-controller` and `tartan-agent` ServiceAccounts.
     pub async fn prepare_namespace(&self, client: &kube::Client, namespace: &str) -> Credentials {
         create_namespace(client, namespace).await;
         let Cluster::Real(real) = self else {
+            let admin = Kubeconfig::read_from(self.kubeconfig()).expect("the emulator's kubeconfig is readable");
+            let dir = self
+                .kubeconfig()
+                .parent()
+                .expect("the kubeconfig is in the stack's dir");
+            let write = |sa: &str| {
+                let path = dir.join(format!("{sa}.kubeconfig"));
+                let token = service_account_user(namespace, sa);
+                let text = service_account_kubeconfig_text(&admin, namespace, sa, &token)
+                    .unwrap_or_else(|e| panic!("kubeconfig for {sa} from the emulator's: {e}"));
+                std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+                path
+            };
             return Credentials {
-                controller: self.kubeconfig().to_path_buf(),
-                agent: self.kubeconfig().to_path_buf(),
+                controller: write(CONTROLLER_SERVICE_ACCOUNT),
+                agent: write(AGENT_SERVICE_ACCOUNT),
             };
         };
         let text = std::fs::read_to_string(rbac_manifest())
@@ -244,6 +259,15 @@ impl Cluster {
             Cluster::Emulator { control, .. } => emulator_post(control, "/emulator/faults", update),
             Cluster::Real(_) => panic!("API faults {update} need the emulator (unset KUBECONFIG)"),
         }
+    }
+
+    /// Cuts ServiceAccount `sa` of `namespace` off the API while everyone else is served (the
+    /// emulator's `partitioned` fault: its requests and watches get no answer, as in a network
+    /// partition between that component's host and the apiserver); `None` heals it. Emulator
+    /// only: a real cluster cannot be partitioned from one client, so this panics there.
+    pub fn partition(&self, namespace: &str, sa: Option<&str>) {
+        let users: Vec<String> = sa.map(|sa| service_account_user(namespace, sa)).into_iter().collect();
+        self.emulator_faults(&json!({ "partitioned": users }));
     }
 
     /// Drops the emulator's watch history: a watch resumed from an older resourceVersion gets
@@ -525,6 +549,11 @@ pub fn render_rbac(docs: Vec<Value>, namespace: &str) -> Value {
         items.push(doc);
     }
     json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// The user a ServiceAccount's token authenticates as (the emulator takes it as the token).
+pub fn service_account_user(namespace: &str, sa: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{sa}")
 }
 
 /// A kubeconfig (YAML) for ServiceAccount `sa` of `namespace` with `token`, on the cluster of

@@ -173,11 +173,20 @@ pub fn pids_with_env(key: &str, value: &str) -> Vec<i32> {
     pids
 }
 
+/// Whether `pid` exists and is neither stopped, traced nor a zombie (`/proc/<pid>/stat` state).
+pub fn is_running(pid: i32) -> bool {
+    proc_state(pid).is_some_and(|s| !matches!(s, 'T' | 't' | 'Z' | 'X'))
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+    })
+}
+
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(true)
+    proc_state(pid).is_none_or(|s| s == 'Z')
 }
 
 /// SIGKILLs every process whose environment has `KEY=value` (by pid).

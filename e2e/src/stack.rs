@@ -317,6 +317,20 @@ impl Stack {
         self.cluster.api_up();
     }
 
+    /// The agents cannot reach the API (their requests and watches get no answer) while the
+    /// controller and the harness can, until [`Stack::heal_partition`]. Emulator only.
+    pub fn partition_agents(&self) {
+        self.cluster
+            .partition(&self.ns, Some(crate::cluster::AGENT_SERVICE_ACCOUNT));
+        eprintln!("[e2e] the agents are partitioned from the API");
+    }
+
+    /// Ends [`Stack::partition_agents`].
+    pub fn heal_partition(&self) {
+        self.cluster.partition(&self.ns, None);
+        eprintln!("[e2e] the partition is healed");
+    }
+
     // ---- controller ----
 
     pub fn start_controller(&mut self, opts: ControllerOptions) {
@@ -537,6 +551,8 @@ resume_probe = "{resume_probe}"
         let a = self.agent_mut(id);
         let mut p = a.proc.take().unwrap_or_else(|| panic!("agent {id} not running"));
         let started = std::time::Instant::now();
+        // A frozen agent would only see the SIGTERM once continued.
+        p.signal(Signal::SIGCONT);
         p.signal(Signal::SIGTERM);
         while p.alive() {
             assert!(
@@ -673,6 +689,93 @@ resume_probe = "{resume_probe}"
         let mut p = a.watchdog.take().expect("watchdog running");
         p.kill9_group();
         a.dead.push(p);
+    }
+
+    // ---- the whole host ----
+
+    /// Pids of every live process of agent `id`'s Mac: the agent, its watchdog, the tart-double
+    /// processes and the guest processes of its VMs (all of them carry the host's TART_HOME).
+    pub fn host_pids(&self, id: &str) -> Vec<i32> {
+        crate::process::pids_with_env("TART_HOME", &self.agent(id).tart_home.to_string_lossy())
+    }
+
+    /// A reboot of agent `id`'s Mac: the agent and its group, the watchdog, every tart process
+    /// (`tart run` too) and every guest process SIGKILLed; the VM folders, deadline files and the
+    /// journal stay on disk. Waits until nothing of the host is left.
+    pub fn reboot_host(&mut self, id: &str) {
+        self.kill_agent(id, KillMode::GroupAndVms);
+        if self.agent(id).watchdog.is_some() {
+            self.kill_watchdog(id);
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let left = self.host_pids(id);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "processes of {id}'s host survived SIGKILL for 10 s: {left:?}"
+            );
+            for pid in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "[e2e] host {id} rebooted: every process killed, VMs left: {:?}",
+            self.vms(id)
+        );
+    }
+
+    /// The Mac of agent `id` goes to sleep: SIGSTOP to every process of the host ([`Stack::host_pids`]),
+    /// scanning again until no new one appears (a process may fork between scans), then waiting
+    /// until each is stopped. Returns the pids, for [`Stack::wake_host`].
+    pub fn sleep_host(&mut self, id: &str) -> Vec<i32> {
+        let mut stopped: Vec<i32> = vec![];
+        loop {
+            let fresh: Vec<i32> = self
+                .host_pids(id)
+                .into_iter()
+                .filter(|p| !stopped.contains(p))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in fresh {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGSTOP);
+                stopped.push(pid);
+            }
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let running: Vec<i32> = stopped
+                .iter()
+                .copied()
+                .filter(|p| crate::process::is_running(*p))
+                .collect();
+            if running.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "processes of {id}'s host still run 10 s after SIGSTOP: {running:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "[e2e] host {id} asleep: SIGSTOP to {} process(es) {stopped:?}",
+            stopped.len()
+        );
+        stopped
+    }
+
+    /// The Mac wakes: SIGCONT to the processes [`Stack::sleep_host`] stopped.
+    pub fn wake_host(&mut self, id: &str, pids: &[i32]) {
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
+        }
+        eprintln!("[e2e] host {id} awake: SIGCONT to {} process(es)", pids.len());
     }
 
     // ---- tart ----
@@ -1014,6 +1117,25 @@ resume_probe = "{resume_probe}"
         .await
     }
 
+    /// Waits until the CustomRun shows `HostUnreachable=True` after a `Succeeded` condition
+    /// (Tekton reads `conditions[0]`); returns the run.
+    pub async fn wait_host_unreachable(&self, name: &str, limit: Duration) -> Value {
+        wait_for_async(
+            &format!("HostUnreachable=True after Succeeded on CustomRun {name}"),
+            limit,
+            || async {
+                let run = self.customrun(name).await.ok_or("no CustomRun")?;
+                let first = &run["status"]["conditions"][0];
+                let unreachable = condition_of(&run, "HostUnreachable");
+                match unreachable {
+                    Some((i, c)) if i > 0 && c["status"] == "True" && first["type"] == "Succeeded" => Ok(run),
+                    other => Err(format!("conditions[0] {first}; HostUnreachable {other:?}")),
+                }
+            },
+        )
+        .await
+    }
+
     pub async fn lease(&self, id: &str) -> Option<Lease> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         leases.get_opt(&format!("tartan-agent-{id}")).await.expect("get Lease")
@@ -1195,6 +1317,15 @@ pub fn condition_text(run: &Value) -> String {
         c["reason"].as_str().unwrap_or("?"),
         c["message"].as_str().unwrap_or("")
     )
+}
+
+/// The condition of `type_` on a CustomRun (or MacBuild), with its index in `conditions`.
+pub fn condition_of<'a>(object: &'a Value, type_: &str) -> Option<(usize, &'a Value)> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c["type"] == type_)
 }
 
 /// Whether `path` exists (for artifact checks).

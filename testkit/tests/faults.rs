@@ -256,3 +256,56 @@ async fn stalled_watches_deliver_nothing_then_end_and_resume() {
         "the held event comes on the next watch: {event:?}"
     );
 }
+
+/// A client of the emulator presenting bearer token `user`.
+fn client_as(emu: &tartan_testkit::EmulatorHandle, user: &str) -> kube::Client {
+    let mut config = emu.config();
+    config.auth_info.token = Some(user.to_string().into());
+    kube::Client::try_from(config).unwrap()
+}
+
+#[tokio::test]
+async fn a_partitioned_user_gets_no_answer_while_others_are_served() {
+    use futures::StreamExt;
+    use kube::api::WatchParams;
+    let emu = emulator().await;
+    let agent = macbuilds(&client_as(&emu, "tartan-agent"), "default");
+    let controller = macbuilds(&client_as(&emu, "tartan-controller"), "default");
+    let created = controller
+        .create(&PostParams::default(), &macbuild("p", json!({"image": "x"})))
+        .await
+        .unwrap();
+    let rv = created.metadata.resource_version.clone().unwrap();
+    let mut watch = agent.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+
+    reqwest_like_post(&emu, json!({"partitioned": ["tartan-agent"]})).await;
+    assert_eq!(emu.faults().partitioned, vec!["tartan-agent".to_string()]);
+    // No answer at all, not an API status: the connection is dropped.
+    let refused = agent.get("p").await;
+    assert!(
+        matches!(&refused, Err(e) if !matches!(e, kube::Error::Api(_))),
+        "a partitioned request gets no answer: {refused:?}"
+    );
+    // The open watch is cut (kube reads a connection broken mid-body as the watch's end), and
+    // watching again gets no answer either.
+    let cut = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch is cut within 5s");
+    assert!(matches!(cut, None | Some(Err(_))), "the watch breaks: {cut:?}");
+    let again = agent.watch(&WatchParams::default(), &rv).await.map(|_| ());
+    assert!(again.is_err(), "a new watch gets no answer: {again:?}");
+    // The other user, and a client without a token, are served.
+    controller
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"k": "v"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(macbuilds(&emu.client(), "default").get("p").await.is_ok());
+
+    emu.set_partitioned(&[]);
+    let healed = agent.get("p").await.unwrap();
+    assert_eq!(healed.metadata.labels.unwrap()["k"], "v");
+}

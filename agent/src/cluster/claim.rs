@@ -46,6 +46,9 @@ pub enum NotClaimable {
     Cancelled,
     /// It already finished.
     Finished(Phase),
+    /// Its status lists `attempts` attempts (its claim was reset to hand it on) and `maxAttempts`
+    /// allows no further one.
+    AttemptsUsed { attempts: u32, max: u32 },
 }
 
 /// Whether an agent with `host_labels`, serving `namespaces` (empty = all), may make the first
@@ -91,7 +94,23 @@ fn open_for_first_claim(mb: &MacBuild) -> Result<(), NotClaimable> {
     {
         return Err(NotClaimable::Finished(phase));
     }
+    let next = first_attempt_number(mb);
+    if next > mb.spec.max_attempts {
+        return Err(NotClaimable::AttemptsUsed {
+            attempts: next - 1,
+            max: mb.spec.max_attempts,
+        });
+    }
     Ok(())
+}
+
+/// The attempt number a first claim on `mb` makes: 1, or one past the highest attempt its status
+/// lists when an earlier holder's claim was reset to hand the build on. The earlier attempt may
+/// still run on its (unreachable) host, so its number and VM name are never reused, and it counts
+/// against `maxAttempts`.
+pub fn first_attempt_number(mb: &MacBuild) -> u32 {
+    let listed = mb.status.as_ref().map(|s| s.attempts.as_slice()).unwrap_or_default();
+    listed.iter().map(|a| a.number).max().map_or(1, |n| n.saturating_add(1))
 }
 
 /// The claim `holder` makes for attempt `attempt` of `mb`: epoch 1 for attempt 1, else one more
@@ -190,14 +209,28 @@ pub fn finalizer_patch(mb: &MacBuild, claim: &Claim) -> Option<JsonPatch> {
     Some(JsonPatch(ops))
 }
 
-/// Removes our finalizer, testing that it is still at the index we saw; `None` if it is gone.
-pub fn finalizer_removal_patch(mb: &MacBuild) -> Option<JsonPatch> {
+/// Removes `holder`'s finalizer, testing the resourceVersion read (so that a claim made since,
+/// which relies on the same finalizer, fails the patch) and that the finalizer is still at the
+/// index we saw. `None` if the finalizer is gone, or if the MacBuild is claimed by another holder:
+/// the build was handed on, and the finalizer now keeps that holder's VM.
+pub fn finalizer_removal_patch(mb: &MacBuild, holder: &str) -> Option<JsonPatch> {
     let index = mb.metadata.finalizers.as_ref()?.iter().position(|f| f == FINALIZER)?;
+    if claimed_by_another(mb, holder).is_some() {
+        return None;
+    }
     let index = index.to_string();
+    let rv = mb.metadata.resource_version.clone().unwrap_or_default();
     Some(JsonPatch(vec![
+        op_test(&["metadata", "resourceVersion"], json!(rv)),
         op_test(&["metadata", "finalizers", &index], json!(FINALIZER)),
         op_remove(&["metadata", "finalizers", &index]),
     ]))
+}
+
+/// The holder of `mb`'s claim, if it is someone other than `holder`.
+fn claimed_by_another<'a>(mb: &'a MacBuild, holder: &str) -> Option<&'a str> {
+    let claim = mb.status.as_ref()?.claim.as_ref()?;
+    (!claim.holder.is_empty() && claim.holder != holder).then_some(claim.holder.as_str())
 }
 
 /// What a claim came to.
@@ -275,7 +308,14 @@ pub async fn claim(
     let mut current = if is_ours(mb, &wanted) {
         mb.clone()
     } else {
-        let patch = if attempt <= 1 {
+        let unclaimed = mb
+            .status
+            .as_ref()
+            .and_then(|s| s.claim.as_ref())
+            .is_none_or(|c| c.holder.is_empty());
+        // A first claim (attempt 1, or the first after a hand-over) needs an unclaimed build; a
+        // retry follows our own claim of the attempt before.
+        let patch = if attempt <= 1 || unclaimed {
             // The caller matched labels and namespaces; here only the build's own state matters.
             if let Err(why) = open_for_first_claim(mb) {
                 return lost(format!("not claimable: {why:?}"));
@@ -375,9 +415,15 @@ pub async fn claim(
     ))
 }
 
-/// Removes our finalizer from `build` — call it only once the VM is confirmed gone. Done when the
-/// MacBuild, or the finalizer, is already gone (or the name now belongs to a new MacBuild).
-pub async fn release(client: &kube::Client, api_timeout: Duration, build: &BuildRef) -> Result<(), ClaimError> {
+/// Removes `holder`'s finalizer from `build` — call it only once the VM is confirmed gone. Done
+/// when the MacBuild, or the finalizer, is already gone (or the name now belongs to a new
+/// MacBuild), and when another holder claims the build now: the finalizer is then theirs.
+pub async fn release(
+    client: &kube::Client,
+    api_timeout: Duration,
+    build: &BuildRef,
+    holder: &str,
+) -> Result<(), ClaimError> {
     let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
     let err = |detail: String| ClaimError {
         action: "removing the finalizer from",
@@ -393,7 +439,11 @@ pub async fn release(client: &kube::Client, api_timeout: Duration, build: &Build
         if mb.metadata.uid.as_deref() != Some(build.uid.as_str()) {
             return Ok(());
         }
-        let Some(patch) = finalizer_removal_patch(&mb) else {
+        if let Some(other) = claimed_by_another(&mb, holder) {
+            tracing::info!("finalizer of {build} left on: {other} claims it now, and it keeps that holder's VM");
+            return Ok(());
+        }
+        let Some(patch) = finalizer_removal_patch(&mb, holder) else {
             return Ok(());
         };
         match timed(
@@ -404,7 +454,7 @@ pub async fn release(client: &kube::Client, api_timeout: Duration, build: &Build
         {
             Ok(_) => return Ok(()),
             Err(e) if e.is_not_found() => return Ok(()),
-            // The list changed since our read; read again.
+            // The MacBuild changed since our read (perhaps claimed anew); read again.
             Err(e) if e.is_precondition() => tracing::debug!("finalizer of {build}: {e}; reading it again"),
             Err(e) => return Err(err(e.to_string())),
         }
@@ -494,6 +544,42 @@ mod tests {
             ..Default::default()
         }));
         assert_eq!(claimable(&done, &host, &[]), Err(NotClaimable::Finished(Phase::Failed)));
+    }
+
+    #[test]
+    fn a_claim_reset_to_hand_the_build_on_continues_the_attempt_numbers() {
+        let host = labels(&[("xcode", "16")]);
+        let listed = |numbers: &[u32]| {
+            mb(Some(MacBuildStatus {
+                attempts: numbers
+                    .iter()
+                    .map(|&n| tartan_api::AttemptRecord {
+                        number: n,
+                        id: format!("b#{n}"),
+                        vm: format!("mb-ci-b-a{n}"),
+                        host: "mac-mini-01".into(),
+                        outcome: None,
+                        reason: None,
+                        started_at: None,
+                        finished_at: None,
+                        message: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            }))
+        };
+        assert_eq!(first_attempt_number(&mb(None)), 1);
+        assert_eq!(first_attempt_number(&listed(&[])), 1);
+        // The unreachable holder's attempt 1 may still run: its number and VM are not reused.
+        let handed_on = listed(&[1]);
+        assert_eq!(first_attempt_number(&handed_on), 2);
+        assert_eq!(claimable(&handed_on, &host, &[]), Ok(()));
+        assert_eq!(claim_for(&handed_on, "mac-mini-07", 2), claim("mac-mini-07", "b#2", 2));
+        // And it counts against maxAttempts (2 by default).
+        assert_eq!(
+            claimable(&listed(&[1, 2]), &host, &[]),
+            Err(NotClaimable::AttemptsUsed { attempts: 2, max: 2 })
+        );
     }
 
     #[test]
@@ -598,17 +684,35 @@ mod tests {
     }
 
     #[test]
-    fn finalizer_removal_tests_its_index() {
+    fn finalizer_removal_tests_the_version_read_and_its_index() {
         let mut m = mb(None);
-        assert_eq!(finalizer_removal_patch(&m), None);
+        assert_eq!(finalizer_removal_patch(&m, "mac-mini-07"), None);
         m.metadata.finalizers = Some(vec!["other/f".into(), FINALIZER.into()]);
-        let p = serde_json::to_value(finalizer_removal_patch(&m).unwrap()).unwrap();
+        let p = serde_json::to_value(finalizer_removal_patch(&m, "mac-mini-07").unwrap()).unwrap();
         assert_eq!(
             p,
             json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
                 {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
                 {"op": "remove", "path": "/metadata/finalizers/1"},
             ])
         );
+        // Our claim, or none (reset, not claimed again): ours to remove.
+        m.status = Some(MacBuildStatus {
+            claim: Some(claim("mac-mini-07", "b#1", 1)),
+            ..Default::default()
+        });
+        assert!(finalizer_removal_patch(&m, "mac-mini-07").is_some());
+    }
+
+    #[test]
+    fn a_finalizer_of_a_build_handed_on_is_left_to_the_new_holder() {
+        let mut m = mb(Some(MacBuildStatus {
+            claim: Some(claim("mac-mini-08", "b#1", 1)),
+            ..Default::default()
+        }));
+        m.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert_eq!(finalizer_removal_patch(&m, "mac-mini-07"), None);
+        assert!(finalizer_removal_patch(&m, "mac-mini-08").is_some());
     }
 }

@@ -9,10 +9,13 @@
 //! held by nobody) → renewed with the fresh resourceVersion; held by someone else → not ours, the
 //! agent reports it and stops claiming, and keeps checking without writing.
 //!
-//! [`LeaseState::can_claim`] is the agent's own fence on its monotonic clock: it turns false once
-//! no renewal has succeeded for `duration` (counted from the moment the last successful request
-//! was sent, so never later than the API's view of expiry), and true again after the next
-//! successful renewal. **It only gates claiming new MacBuilds: builds already running are never
+//! [`LeaseState::can_claim`] is the agent's own fence: it turns false once no renewal has
+//! succeeded for `duration` (counted from the moment the last successful request was sent, so never
+//! later than the API's view of expiry), and true again after the next successful renewal. It
+//! counts on both clocks: the monotonic one (immune to wall-clock steps) and the wall clock, because
+//! a Mac's monotonic clock stands still while it sleeps, while the Lease's `renewTime` and the
+//! controller that reads it live on wall clocks: after a sleep longer than `duration` the Lease is
+//! expired for the cluster, and the monotonic clock alone would still call it fresh. **It only gates claiming new MacBuilds: builds already running are never
 //! stopped because renewals fail** — an expired Lease proves nothing about the VM, and the
 //! controller handles an unreachable host on its side (HostUnreachable, timeout + grace).
 
@@ -76,6 +79,8 @@ impl LeaseConfig {
 pub struct LeaseState {
     /// When the last successful create/renew request was sent (monotonic clock).
     pub last_renewed: Option<Instant>,
+    /// The same moment on the wall clock (the clock of the Lease's `renewTime`).
+    pub last_renewed_wall: Option<Timestamp>,
     /// The Lease duration the fence uses.
     pub duration: Duration,
     /// A Lease under our name held by someone else: not ours, so no claiming until it is ours again.
@@ -92,6 +97,7 @@ impl LeaseState {
     fn new(duration: Duration) -> LeaseState {
         LeaseState {
             last_renewed: None,
+            last_renewed_wall: None,
             duration,
             held_by_other: None,
             renewals: 0,
@@ -105,10 +111,23 @@ impl LeaseState {
         self.last_renewed.map(|t| t + self.duration)
     }
 
-    /// Whether the agent may claim new MacBuilds at `now`: the Lease is ours and a renewal
-    /// succeeded less than `duration` ago. Running builds are not affected either way.
+    /// Whether the agent may claim new MacBuilds at `now` (and now on the wall clock): see
+    /// [`LeaseState::fresh_at`]. Running builds are not affected either way.
     pub fn can_claim(&self, now: Instant) -> bool {
-        self.held_by_other.is_none() && self.expires_at().is_some_and(|expiry| now < expiry)
+        self.fresh_at(now, Timestamp::now())
+    }
+
+    /// Whether the Lease is ours and a renewal succeeded less than `duration` ago on the monotonic
+    /// clock (`now`) and on the wall clock (`wall`): after the Mac slept, the monotonic clock has
+    /// not counted the sleep, the wall clock has.
+    pub fn fresh_at(&self, now: Instant, wall: Timestamp) -> bool {
+        let duration = k8s_openapi::jiff::SignedDuration::try_from(self.duration)
+            .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+        self.held_by_other.is_none()
+            && self.expires_at().is_some_and(|expiry| now < expiry)
+            && self
+                .last_renewed_wall
+                .is_none_or(|at| at.checked_add(duration).is_ok_and(|expiry| wall < expiry))
     }
 }
 
@@ -220,6 +239,7 @@ async fn run(client: kube::Client, cfg: LeaseConfig, tx: watch::Sender<LeaseStat
     let mut known: Option<Lease> = None;
     loop {
         let started = Instant::now();
+        let started_wall = Timestamp::now();
         // The whole round (at most a few requests) fits in one period.
         let round = tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &mut known, &tx)).await;
         match round {
@@ -230,6 +250,7 @@ async fn run(client: kube::Client, cfg: LeaseConfig, tx: watch::Sender<LeaseStat
                 }
                 tx.send_modify(|s| {
                     s.last_renewed = Some(started);
+                    s.last_renewed_wall = Some(started_wall);
                     s.renewals += 1;
                     s.held_by_other = None;
                     s.last_error = None;
@@ -420,5 +441,24 @@ mod tests {
         // Another holder stops claiming at once, however fresh the last renewal.
         s.held_by_other = Some("intruder".into());
         assert!(!s.can_claim(t0 + Duration::from_secs(25)));
+    }
+
+    #[test]
+    fn a_sleep_the_monotonic_clock_did_not_count_still_expires_the_fence() {
+        let (t0, w0) = (Instant::now(), Timestamp::now());
+        let secs = |n: i64| k8s_openapi::jiff::SignedDuration::from_secs(n);
+        let mut s = LeaseState::new(Duration::from_secs(20));
+        s.last_renewed = Some(t0);
+        s.last_renewed_wall = Some(w0);
+        assert!(s.fresh_at(t0 + Duration::from_secs(19), w0 + secs(19)));
+        // The Mac slept an hour: 1 s passed on the monotonic clock, an hour on the wall clock
+        // (and for the controller, which sees the Lease expired).
+        assert!(!s.fresh_at(t0 + Duration::from_secs(1), w0 + secs(3600)));
+        // A wall clock stepped back does not extend the fence either.
+        assert!(!s.fresh_at(t0 + Duration::from_secs(20), w0 - secs(60)));
+        // The next renewal brings it back.
+        s.last_renewed = Some(t0 + Duration::from_secs(2));
+        s.last_renewed_wall = Some(w0 + secs(3601));
+        assert!(s.fresh_at(t0 + Duration::from_secs(3), w0 + secs(3602)));
     }
 }

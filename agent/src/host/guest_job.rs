@@ -79,6 +79,12 @@ impl Job {
 
 /// The start script: `$1` is the job folder, the rest the step's argv.
 ///
+/// The guard (`mkdir` of the folder) and the launch happen in one shell that is not the exec's
+/// direct child: the guest agent SIGKILLs only that child when the `tart exec` client goes away
+/// (the agent killed mid-start), so once the folder exists the job is launched whatever happens to
+/// the exec. Done by the direct child, a kill between the two left a folder without a job, which a
+/// resumed agent never starts again and fails as vanished.
+///
 /// The step runs as an asynchronous list that the wrapper waits for: run in the foreground, a
 /// death by signal would make the shell write `Terminated` into `out.log`. `set -m` (job control)
 /// keeps a non-interactive shell from starting asynchronous lists with SIGINT and SIGQUIT ignored
@@ -88,9 +94,7 @@ const START_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1
 shift
 mkdir -p "${d%/*}"
-if err=$(mkdir "$d" 2>&1); then
-  set -m
-  nohup sh -c 'set -m
+job='set -m
 d=$1
 shift
 echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
@@ -98,13 +102,20 @@ nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
 wait $!
 c=$?
 wc -c <"$d/out.log" >"$d/size.tmp" && mv "$d/size.tmp" "$d/size"
-echo $c >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"' tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
+echo $c >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"'
+launch='job=$1
+d=$2
+shift 2
+if err=$(mkdir "$d" 2>&1); then
+  set -m
+  nohup sh -c "$job" tartan-job "$d" "$@" </dev/null >/dev/null 2>&1 &
   echo "tartan-job started"
 elif [ -d "$d" ]; then
   echo "tartan-job exists"
 else
   echo "tartan-job refused: $err"
-fi
+fi'
+nohup sh -c "$launch" tartan-start "$job" "$d" "$@" </dev/null
 exit 0
 "#;
 
@@ -426,8 +437,8 @@ pub struct FollowConfig {
     /// How long the guest may fail to answer (timeouts, guest agent unavailable, tart failing)
     /// before [`JobError::Unresponsive`].
     pub unresponsive_limit: Duration,
-    /// How long a job folder may lack its pid file before [`JobError::Vanished`] (the start was
-    /// interrupted between `mkdir` and the launch).
+    /// How long a job folder may lack its pid file before [`JobError::Vanished`] (the launching
+    /// shell died between `mkdir` and the job's pid: the guest rebooted or crashed).
     pub no_pid_limit: Duration,
     /// Most bytes of output one poll brings.
     pub chunk_bytes: u64,
@@ -616,7 +627,7 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
                 let since = *starting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= cfg.no_pid_limit {
                     return Err(f.vanished(format!(
-                        "its folder has had no pid file for {:?}: the start was interrupted before the launch",
+                        "its folder has had no pid file for {:?}: the launch was interrupted in the guest",
                         since.elapsed()
                     )));
                 }

@@ -149,7 +149,14 @@ pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
     let started = std::time::Instant::now();
     let mut wait = Duration::from_millis(500);
     loop {
-        match claim::release(&shared.client, shared.config.timing.api_timeout, build).await {
+        match claim::release(
+            &shared.client,
+            shared.config.timing.api_timeout,
+            build,
+            &shared.config.agent_id,
+        )
+        .await
+        {
             Ok(()) => {
                 shared.core.lock().await.finalizer_owed.remove(&build.uid);
                 return;

@@ -325,7 +325,8 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
         let shared = Arc::clone(shared);
         let cancel = build::register(&shared, &uid).await;
         build::spawn_supervised(shared, BuildRef::of(&mb), cancel, move |shared, cancel| async move {
-            let rest = build::claim_and_run(&shared, &mb, 1, None, slot, &cancel).await;
+            let first = crate::cluster::claim::first_attempt_number(&mb);
+            let rest = build::claim_and_run(&shared, &mb, first, None, slot, &cancel).await;
             build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
         });
     }

@@ -34,6 +34,10 @@ pub struct BuildPlan {
 pub enum Kill {
     Group,
     Alone,
+    /// launchd's stop (SIGTERM, then the group): the agent detaches its builds.
+    Term,
+    /// The group and every tart process of the host: the VMs die with the agent.
+    WithVms,
 }
 
 /// One fault. Those with a duration are lifted after it.
@@ -121,6 +125,16 @@ impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let h = |i: &usize| host_name(*i);
         match self {
+            Fault::KillAgent {
+                host,
+                kill: Kill::Term,
+                down,
+            } => write!(
+                f,
+                "SIGTERM agent {} (launchd stop), restart after {}",
+                h(host),
+                secs(*down)
+            ),
             Fault::KillAgent { host, kill, down } => {
                 write!(f, "kill -9 agent {} ({kill:?}), restart after {}", h(host), secs(*down))
             }
@@ -188,7 +202,7 @@ pub fn build_name(i: usize) -> String {
 }
 
 /// How many kinds [`draw_fault`] draws from.
-pub const FAULT_KINDS: usize = 17;
+pub const FAULT_KINDS: usize = 19;
 
 fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(rng.random_range(lo..=hi))
@@ -206,6 +220,16 @@ fn draw_fault(rng: &mut StdRng, kind: usize, hosts: usize, builds: usize) -> Fau
         1 => Fault::KillAgent {
             host,
             kill: Kill::Alone,
+            down: ms(rng, 500, 8000),
+        },
+        17 => Fault::KillAgent {
+            host,
+            kill: Kill::Term,
+            down: ms(rng, 500, 8000),
+        },
+        18 => Fault::KillAgent {
+            host,
+            kill: Kill::WithVms,
             down: ms(rng, 500, 8000),
         },
         2 => Fault::FreezeAgent {
@@ -348,13 +372,16 @@ mod tests {
             .faults
             {
                 let d = discriminant(&f.fault);
-                let kill = matches!(f.fault, Fault::KillAgent { kill: Kill::Alone, .. });
+                let kill = match f.fault {
+                    Fault::KillAgent { kill, .. } => Some(kill),
+                    _ => None,
+                };
                 if !seen.contains(&(d, kill)) {
                     seen.push((d, kill));
                 }
             }
         }
-        // 16 variants, KillAgent counted once per kill mode.
+        // 16 variants, KillAgent counted once per kill mode (4).
         assert_eq!(seen.len(), FAULT_KINDS, "{seen:?}");
     }
 }

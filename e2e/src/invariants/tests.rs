@@ -375,3 +375,28 @@ fn a_finished_attempt_admitted_again_breaks_9() {
     });
     assert!(invariants_broken(&w).contains(&9));
 }
+
+#[test]
+fn a_stale_holders_fenced_out_result_is_not_owed_to_the_cluster() {
+    // agent-a holds the build (the MacBuild shows its claim and its result); agent-z held it
+    // before a hand-over and ran its copy to the end later: its writes were refused by the fence.
+    let mut w = good();
+    w.macbuilds[0]["status"]["claim"] = json!({"holder": "agent-a", "attempt": "b1#1", "epoch": 1});
+    let mut stale = attempt(20, "u1", 1, V2, Outcome::Succeeded, Reason::TestsPassed);
+    for r in stale.iter_mut().filter(|r| r.status.is_some()) {
+        r.status.as_mut().unwrap()["claim"] = json!({"holder": "agent-z", "attempt": "b1#1", "epoch": 1});
+    }
+    w.agents.push(AgentFacts {
+        id: "agent-z".into(),
+        journal: stale.clone(),
+        watchdog: vec![],
+        vms_left: vec![],
+    });
+    assert!(!invariants_broken(&w).contains(&6), "{:#?}", check(&w));
+    // Without the hand-over (its snapshots claim nothing), the same late result is owed.
+    for r in stale.iter_mut().filter(|r| r.status.is_some()) {
+        r.status.as_mut().unwrap()["claim"] = Value::Null;
+    }
+    w.agents[1].journal = stale;
+    assert_breaks(&w, 6);
+}

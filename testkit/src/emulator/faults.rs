@@ -233,6 +233,19 @@ pub struct Faults {
     /// client watches again from the last version it saw (so it gets the held events then).
     #[serde(default)]
     pub watches_stalled: bool,
+    /// Users cut off from the API while every other client is served, as a network partition
+    /// between one host and the apiserver: each request of theirs gets no answer (its connection
+    /// is closed, which the client sees as a reset), and their open watches are cut the same way.
+    /// The emulator authenticates nobody, so a request's user is its bearer token.
+    #[serde(default)]
+    pub partitioned: Vec<String>,
+}
+
+impl Faults {
+    /// Whether requests carrying `token` are cut off (see [`Faults::partitioned`]).
+    pub fn is_partitioned(&self, token: Option<&str>) -> bool {
+        token.is_some_and(|t| self.partitioned.iter().any(|p| p == t))
+    }
 }
 
 /// Body of `POST /emulator/faults`: any field given replaces that part of the faults.
@@ -245,4 +258,5 @@ pub struct FaultsUpdate {
     pub for_ms: Option<u64>,
     pub latency_ms: Option<u64>,
     pub watches_stalled: Option<bool>,
+    pub partitioned: Option<Vec<String>>,
 }

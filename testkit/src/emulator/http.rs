@@ -1,6 +1,5 @@
 //! HTTP front end: routing, REST verbs, watch streams, discovery, tables, OpenAPI and fault control.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -98,11 +97,25 @@ struct Target {
     sub: Option<String>,
 }
 
+/// A request of a partitioned user ([`super::faults::Faults::partitioned`]): returned to hyper
+/// as the service's error, it closes the connection without an answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the request of {user} is dropped: that user is partitioned from the API")]
+pub struct Partitioned {
+    user: String,
+}
+
+/// The bearer token of `req`: the emulator's notion of its user.
+fn bearer_token(req: &Request<hyper::body::Incoming>) -> Option<String> {
+    let v = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    v.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+}
+
 pub async fn handle(
     inner: Arc<Inner>,
     req: Request<hyper::body::Incoming>,
     control_only: bool,
-) -> Result<Resp, Infallible> {
+) -> Result<Resp, Partitioned> {
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
     let method = req.method().clone();
@@ -112,12 +125,18 @@ pub async fn handle(
     if control_only {
         return Ok(error_response(&ApiError::no_route()));
     }
+    let user = bearer_token(&req);
     let (availability, latency) = {
         let mut st = inner.state.lock().expect("state lock");
         if st.requests.len() >= 20_000 {
             st.requests.drain(..10_000);
         }
         st.requests.push(format!("{method} {}", req.uri()));
+        if st.faults.is_partitioned(user.as_deref()) {
+            return Err(Partitioned {
+                user: user.unwrap_or_default(),
+            });
+        }
         (st.faults.availability, st.faults.latency_ms)
     };
     if latency > 0 {
@@ -142,10 +161,11 @@ pub async fn handle(
         Ok(b) => b,
         Err(e) => return Ok(error_response(&ApiError::bad_request(format!("reading body: {e}")))),
     };
-    let result = route(&inner, &method, &path, &query, &accept, &content_type, body).await;
+    let result = route(&inner, &method, &path, &query, &accept, &content_type, body, user).await;
     Ok(result.unwrap_or_else(|e| error_response(&e)))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn route(
     inner: &Arc<Inner>,
     method: &Method,
@@ -154,6 +174,7 @@ async fn route(
     accept: &str,
     content_type: &str,
     body: Bytes,
+    user: Option<String>,
 ) -> ApiResult<Resp> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
@@ -245,7 +266,7 @@ async fn route(
         return Err(ApiError::no_route());
     }
     match (method, target.name.is_some()) {
-        (&Method::GET, false) if query.flag("watch") => watch(inner, &target, query, accept),
+        (&Method::GET, false) if query.flag("watch") => watch(inner, &target, query, accept, user),
         (&Method::GET, false) => list(inner, &target, query, accept),
         (&Method::POST, false) => create(inner, &target, query, &body),
         (&Method::DELETE, false) => delete_collection(inner, &target, query),
@@ -261,7 +282,7 @@ async fn route(
                     )])
                     .collect(),
             );
-            watch(inner, &Target { name: None, ..target }, &q, accept)
+            watch(inner, &Target { name: None, ..target }, &q, accept, user)
         }
         (&Method::GET, true) => get(inner, &target, accept),
         (&Method::PUT, true) => update(inner, &target, query, &body),
@@ -611,7 +632,7 @@ fn line(v: &Value) -> Bytes {
     Bytes::from(b)
 }
 
-fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResult<Resp> {
+fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str, user: Option<String>) -> ApiResult<Resp> {
     let as_table = accept.contains("as=Table");
     let (labels, fields) = selectors(&t.rt, query)?;
     let filter = WatchFilter {
@@ -694,6 +715,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
     let bookmark_every = inner.bookmark_interval;
     let kind = t.rt.kind.clone();
     let api_version = t.rt.api_version();
+    let cut_check = Arc::clone(inner);
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
         if stalled(&inner, &tx).await {
@@ -780,8 +802,27 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResu
             }
         }
     });
-    let stream = futures::stream::unfold(out, |mut out| async move {
-        out.recv().await.map(|b| (Ok::<_, Infallible>(b), out))
+    // A partition cuts the open watch: the body ends in an error, so hyper drops the connection
+    // (the client sees it broken, not a watch that ended).
+    let stream = futures::stream::unfold((out, false), move |(mut out, cut)| {
+        let inner = Arc::clone(&cut_check);
+        let user = user.clone();
+        async move {
+            if cut {
+                return None;
+            }
+            loop {
+                tokio::select! {
+                    b = out.recv() => return b.map(|b| (Ok(b), (out, false))),
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                        if inner.state.lock().expect("state lock").faults.is_partitioned(user.as_deref()) {
+                            let e = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "partitioned from the API");
+                            return Some((Err(e), (out, true)));
+                        }
+                    }
+                }
+            }
+        }
     });
     Ok(Response::builder()
         .header(header::CONTENT_TYPE, "application/json")

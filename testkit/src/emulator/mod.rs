@@ -111,6 +111,9 @@ impl Inner {
         if let Some(w) = u.watches_stalled {
             st.faults.watches_stalled = w;
         }
+        if let Some(p) = u.partitioned {
+            st.faults.partitioned = p;
+        }
         if let Some(a) = u.availability {
             st.faults.availability = a;
             drop(st);
@@ -222,6 +225,15 @@ impl EmulatorHandle {
     pub fn set_availability(&self, a: Availability) {
         self.inner.update_faults(FaultsUpdate {
             availability: Some(a),
+            ..Default::default()
+        });
+    }
+
+    /// Cuts the clients presenting bearer token `users` off the API (see
+    /// [`Faults::partitioned`]); an empty list heals the partition.
+    pub fn set_partitioned(&self, users: &[&str]) {
+        self.inner.update_faults(FaultsUpdate {
+            partitioned: Some(users.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         });
     }
