@@ -684,3 +684,62 @@ exit 1
     assert_eq!(std::fs::read_to_string(dir.join("exit")).unwrap(), "0\n");
     assert!(dir.join("pid").exists());
 }
+
+/// macOS's `sh` is bash, whose `wait` (with job control, `set -m`) returns when the waited-for
+/// job *stops*, not only when it ends: a step stopped for a while (SIGSTOP from a debugger or a
+/// tool, SIGTSTP) had `128+N` written as its exit status and was reported failed while it was
+/// still there to go on. Run with bash as `sh` (on PATH), the job's status must be the step's own.
+#[test]
+fn a_step_stopped_for_a_while_is_waited_for_to_its_end_under_bash() {
+    let Ok(bash) = which_bash() else {
+        panic!("bash is needed to stand for macOS's sh");
+    };
+    let home = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&bash, bin.path().join("sh")).unwrap();
+    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap());
+    let job = Job::new("mb-stopped", 0, "s", sh("kill -STOP $$; echo after; exit 3"));
+    let argv = start_argv(&job);
+    let out = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(home.path())
+        .env("PATH", &path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"tartan-job started\n");
+    let dir = home.path().join(&job.dir);
+    // The step stops itself; it is continued (once found stopped, by its working directory)
+    // until its exit is written.
+    let stopped_in_home = || -> Vec<i32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let stopped = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with("T "));
+            let here = std::fs::read_link(entry.path().join("cwd")).is_ok_and(|c| c == home.path());
+            if let (true, true, Some(pid)) = (stopped, here, entry.file_name().to_str().and_then(|n| n.parse().ok())) {
+                found.push(pid);
+            }
+        }
+        found
+    };
+    let t0 = Instant::now();
+    while !dir.join("exit").exists() {
+        for pid in stopped_in_home() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGCONT);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the step never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("exit")).unwrap(), "3\n");
+}
+
+fn which_bash() -> Result<PathBuf, ()> {
+    ["/bin/bash", "/usr/bin/bash"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(())
+}
