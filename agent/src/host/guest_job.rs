@@ -89,7 +89,9 @@ impl Job {
 /// death by signal would make the shell write `Terminated` into `out.log`. `set -m` (job control)
 /// keeps a non-interactive shell from starting asynchronous lists with SIGINT and SIGQUIT ignored
 /// (macOS's `sh`, bash, honours it without a terminal; dash cannot and leaves them ignored). The
-/// step starts with SIGHUP ignored (nohup).
+/// step starts with SIGHUP ignored (nohup). With job control bash's `wait` also returns when the
+/// step is stopped (status 128+N): the wrapper waits again while the step is still there, so a
+/// step stopped for a while (a debugger, SIGTSTP) keeps its own exit status.
 const START_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1
 shift
@@ -99,8 +101,10 @@ d=$1
 shift
 echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
 nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
-wait $!
+p=$!
+wait $p
 c=$?
+while [ "$c" -gt 128 ] && kill -0 "$p"; do sleep 1; wait "$p"; c=$?; done
 wc -c <"$d/out.log" >"$d/size.tmp" && mv "$d/size.tmp" "$d/size"
 echo $c >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"'
 launch='job=$1
@@ -162,9 +166,10 @@ pub fn parse_start(out: &[u8]) -> Result<Started, String> {
 }
 
 /// The poll script: `$1` the job folder, `$2` the byte offset, `$3` the most bytes to send. The
-/// exit file is read before the log's size, so "exited" means the size is final: at most what the
-/// `size` file says (a child the step left may still write); a zombie counts as gone (an orphan's
-/// parent may not reap it at once).
+/// exit file is read before the log's size, so "exited" means the size is final. The size is never
+/// more than the `size` file says once it exists, whatever state was read before it (a child the
+/// step left may write on after the step's exit); a zombie counts as gone (an orphan's parent may
+/// not reap it at once).
 const POLL_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1 from=$2 max=$3
 alive() {
@@ -190,11 +195,9 @@ else
 fi
 size=0
 if [ -f "$d/out.log" ]; then size=$(( $(wc -c <"$d/out.log") )); fi
-case $state in exited*)
-  final=
-  if [ -f "$d/size" ]; then final=$(tr -d ' \n' <"$d/size"); fi
-  case $final in ''|*[!0-9]*) ;; *) if [ "$size" -gt "$final" ]; then size=$final; fi ;; esac
-esac
+final=
+if [ -f "$d/size" ]; then final=$(tr -d ' \n' <"$d/size"); fi
+case $final in ''|*[!0-9]*) ;; *) if [ "$size" -gt "$final" ]; then size=$final; fi ;; esac
 n=$((size - from))
 if [ "$n" -gt "$max" ]; then n=$max; fi
 if [ "$n" -lt 0 ]; then n=0; fi
