@@ -587,6 +587,11 @@ resume_probe = "{resume_probe}"
         eprintln!("[e2e] SIGCONT agent {id} pid {}", p.pid());
     }
 
+    /// The pid of agent `id`'s current process, if it runs.
+    pub fn agent_pid(&self, id: &str) -> Option<u32> {
+        self.agent(id).proc.as_ref().map(|p| p.pid())
+    }
+
     /// The ids of the registered agents.
     pub fn agent_ids(&self) -> Vec<String> {
         self.agents.keys().cloned().collect()
