@@ -312,7 +312,10 @@ impl AttemptExecutor {
             Action::RemoveDeadlineFile { .. } => {
                 let dir = self.deadlines_dir();
                 let v = vm.clone();
-                match tokio::task::spawn_blocking(move || remove_deadline_file(&dir, &v)).await {
+                crate::crash_point!("deadline_file.remove.before");
+                let removed = tokio::task::spawn_blocking(move || remove_deadline_file(&dir, &v)).await;
+                crate::crash_point!("deadline_file.remove.after");
+                match removed {
                     Ok(Ok(_)) => {}
                     Ok(Err(error)) => tracing::warn!(%vm, %error, "deadline file not removed"),
                     Err(error) => tracing::warn!(%vm, %error, "deadline file removal task failed"),
@@ -432,7 +435,10 @@ impl AttemptExecutor {
             written_at: Timestamp::now(),
         };
         let dir = self.deadlines_dir();
-        match tokio::task::spawn_blocking(move || write_deadline_file(&dir, &file)).await {
+        crate::crash_point!("deadline_file.write.before");
+        let written = tokio::task::spawn_blocking(move || write_deadline_file(&dir, &file)).await;
+        crate::crash_point!("deadline_file.write.after");
+        match written {
             Ok(Ok(_)) => Performed::Done,
             Ok(Err(e)) => self.fail_start(format!("{e}; nothing was cloned")),
             Err(e) => self.fail_start(format!("deadline file task failed: {e}; nothing was cloned")),
@@ -463,7 +469,10 @@ impl AttemptExecutor {
         let started = Instant::now();
         let mut pause = Duration::from_millis(250);
         for race in 0..=CLONE_TMP_RACE_RETRIES {
-            match self.tart.clone_vm(&image, &vm).await {
+            crate::crash_point!("tart.clone.before");
+            let cloned = self.tart.clone_vm(&image, &vm).await;
+            crate::crash_point!("tart.clone.after");
+            match cloned {
                 Ok(()) => {
                     tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
                     self.vm_created = true;
@@ -493,7 +502,10 @@ impl AttemptExecutor {
             memory_mb: res.memory_mib.map(u64::from),
             random_mac: true,
         };
-        match self.tart.set(&self.attempt.vm, &options).await {
+        crate::crash_point!("tart.set.before");
+        let set = self.tart.set(&self.attempt.vm, &options).await;
+        crate::crash_point!("tart.set.after");
+        match set {
             Ok(()) => Performed::Done,
             Err(e) => self.fail_start(e.to_string()),
         }
@@ -514,10 +526,12 @@ impl AttemptExecutor {
             detached: self.cfg.detach_vm,
         };
         self.boot_started = Some(Instant::now());
+        crate::crash_point!("tart.run.before");
         match self.tart.run(&vm, &options) {
             Ok(run) => self.run = Some(run),
             Err(e) => return self.fail_start(e.to_string()),
         }
+        crate::crash_point!("tart.run.after");
         let timeout = self.cfg.boot_timeout;
         let run = self.run.as_mut().expect("just set");
         match run.wait_until_running(timeout).await {
@@ -765,7 +779,9 @@ impl AttemptExecutor {
                 Ok(n) => n,
                 Err(e) => return failed(format!("artifact {path} could not be read from the guest: {e}")),
             };
+            crate::crash_point!("artifacts.upload.before");
             let result = upload(&dest, &key, &host, &self.cfg.upload, &self.cfg.artifacts).await;
+            crate::crash_point!("artifacts.upload.after");
             let _ = std::fs::remove_file(&host);
             match result {
                 Ok(url) => {
@@ -831,7 +847,10 @@ impl AttemptExecutor {
     /// deleted), then the VM folder must be gone.
     async fn stop_and_delete(&mut self) -> Result<(), String> {
         let vm = self.attempt.vm.clone();
-        match self.tart.stop(&vm, self.cfg.stop_timeout).await {
+        crate::crash_point!("tart.stop.before");
+        let stopped = self.tart.stop(&vm, self.cfg.stop_timeout).await;
+        crate::crash_point!("tart.stop.after");
+        match stopped {
             Ok(()) => {}
             Err(e) if e.is_not_running() || e.is_vm_missing() => {}
             Err(e) => {
@@ -848,7 +867,10 @@ impl AttemptExecutor {
                 let _ = run.kill().await;
             }
         }
-        match self.tart.delete(&vm).await {
+        crate::crash_point!("tart.delete.before");
+        let deleted = self.tart.delete(&vm).await;
+        crate::crash_point!("tart.delete.after");
+        match deleted {
             Ok(()) => {}
             Err(e) if e.is_vm_missing() => {}
             Err(e) => return Err(e.to_string()),

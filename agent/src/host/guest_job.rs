@@ -543,7 +543,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     }
     let mut log =
         HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
+    crate::crash_point!("step.start.before");
     let start = f.call("start", &start_argv(job), 4096).await?;
+    crate::crash_point!("step.start.after");
     let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
         Started::Now => {
             tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
@@ -724,9 +726,11 @@ struct Follower<'a> {
 impl Follower<'_> {
     /// One poll, retried until the guest answers.
     async fn poll(&mut self, from: u64, max: u64) -> Result<PollReply, JobError> {
+        crate::crash_point!("step.poll.before");
         let out = self
             .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
             .await?;
+        crate::crash_point!("step.poll.after");
         parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
     }
 
