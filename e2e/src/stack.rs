@@ -138,6 +138,8 @@ pub struct Agent {
     history: JournalHistory,
     /// The `tartan-agent` program to start; `None` = the workspace's build.
     binary: Option<PathBuf>,
+    /// Extra environment of its next starts (see [`Stack::set_agent_env`]).
+    env: BTreeMap<String, String>,
 }
 
 /// The whole history of one agent's journal. A (re)started agent compacts finished builds away,
@@ -419,6 +421,7 @@ resume_probe = "{resume_probe}"
                 starts: 0,
                 history: JournalHistory::follow(&state_dir_for_history),
                 binary: None,
+                env: BTreeMap::new(),
             },
         );
         &self.agents[id]
@@ -465,7 +468,8 @@ resume_probe = "{resume_probe}"
             .arg(&a.config)
             .env("TART_HOME", &a.tart_home)
             .env("TART_DOUBLE_BOOT_DELAY_SECS", a.opts.boot_delay_secs.to_string())
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(&a.env);
         let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
         a.proc = Some(Proc::spawn(&format!("tartan-agent {id}"), cmd, &log));
     }
@@ -556,6 +560,22 @@ resume_probe = "{resume_probe}"
     /// The program the next start of agent `id` runs (an upgrade: a different binary).
     pub fn set_agent_binary(&mut self, id: &str, binary: &Path) {
         self.agent_mut(id).binary = Some(binary.to_path_buf());
+    }
+
+    /// Sets (`Some`) or unsets (`None`) variable `key` for the next starts of agent `id` (the crash
+    /// sweep's `TARTAN_CRASH_AT`).
+    pub fn set_agent_env(&mut self, id: &str, key: &str, value: Option<&str>) {
+        let env = &mut self.agent_mut(id).env;
+        match value {
+            Some(v) => env.insert(key.to_string(), v.to_string()),
+            None => env.remove(key),
+        };
+    }
+
+    /// The path of agent `id`'s log of its current (or last) run.
+    pub fn agent_log_path(&self, id: &str) -> PathBuf {
+        let a = self.agent(id);
+        a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts))
     }
 
     /// SIGSTOP: the agent freezes (and keeps its lock); its tart children go on.
