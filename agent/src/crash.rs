@@ -11,6 +11,13 @@ pub const ENV: &str = "TARTAN_CRASH_AT";
 /// The line a firing point writes to stderr before the SIGKILL (the sweep looks for it).
 pub const FIRED: &str = "tartan crash point fired:";
 
+/// When set (to anything), every hit of every point writes [`PASSED`] and its name to stderr:
+/// the sweep counts how often a build passes each point.
+pub const TRACE_ENV: &str = "TARTAN_CRASH_TRACE";
+
+/// The line a point writes when traced.
+pub const PASSED: &str = "tartan crash point passed:";
+
 /// Marks a crash point named `"area.action.before"` or `"area.action.after"` (a string literal:
 /// the sweep finds the points by scanning the sources for this macro).
 #[cfg(feature = "crash-points")]
@@ -54,12 +61,20 @@ pub fn parse(value: &str) -> Option<Target> {
 
 #[cfg(feature = "crash-points")]
 mod fire {
-    use super::{ENV, FIRED, Target, parse};
+    use super::{ENV, FIRED, PASSED, TRACE_ENV, Target, parse};
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     static TARGET: OnceLock<Option<Target>> = OnceLock::new();
     static HITS: AtomicU64 = AtomicU64::new(0);
+    static TRACE: OnceLock<bool> = OnceLock::new();
+
+    /// Writes `line` to fd 2 at once. A raw write: std's stderr is unbuffered too, but takes a
+    /// lock another thread may hold when the process is about to die.
+    fn say(line: &str) {
+        // SAFETY: writing a live buffer to fd 2.
+        unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    }
 
     /// Counts a hit of `point` and, on the hit `TARTAN_CRASH_AT` names, says so on stderr and
     /// SIGKILLs this process: no unwinding, no destructor, no buffered write reaches the disk.
@@ -72,14 +87,14 @@ mod fire {
             }
             parsed
         });
+        if *TRACE.get_or_init(|| std::env::var_os(TRACE_ENV).is_some()) {
+            say(&format!("{PASSED} {point}\n"));
+        }
         let Some(target) = target else { return };
         if target.point != point || HITS.fetch_add(1, Ordering::SeqCst) + 1 != target.hit {
             return;
         }
-        let line = format!("{FIRED} {point}#{}\n", target.hit);
-        // A raw write: std's stderr is unbuffered too, but takes a lock another thread may hold.
-        // SAFETY: writing a live buffer to fd 2.
-        unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+        say(&format!("{FIRED} {point}#{}\n", target.hit));
         let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
         // SIGKILL is not delivered asynchronously to ourselves in practice, but never go on.
         loop {
@@ -149,6 +164,21 @@ mod tests {
         assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
         assert!(stdout.contains("survived hit 1") && !stdout.contains("survived hit 2"), "{stdout}");
         assert!(stderr.contains(&format!("{FIRED} test.point.before#2")), "{stderr}");
+    }
+
+    #[cfg(feature = "crash-points")]
+    #[test]
+    fn a_traced_run_names_every_hit() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "crash::tests::crash_child", "--nocapture", "--test-threads=1"])
+            .env("TARTAN_CRASH_CHILD", "1")
+            .env(TRACE_ENV, "1")
+            .env_remove(ENV)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.matches(&format!("{PASSED} test.point.before\n")).count(), 3, "{stderr}");
     }
 
     #[cfg(feature = "crash-points")]

@@ -41,6 +41,8 @@ pub struct AgentOptions {
     pub step_poll: &'static str,
     /// `timing.resume_probe`.
     pub resume_probe: &'static str,
+    /// `timing.compaction_interval`.
+    pub compaction_interval: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -58,6 +60,7 @@ impl Default for AgentOptions {
             on_restart: "resume",
             step_poll: "200ms",
             resume_probe: "10s",
+            compaction_interval: "10m",
         }
     }
 }
@@ -385,6 +388,7 @@ status_retry_max = "{srm}"
 watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
+compaction_interval = "{compaction_interval}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -404,6 +408,7 @@ resume_probe = "{resume_probe}"
             on_restart = opts.on_restart,
             step_poll = opts.step_poll,
             resume_probe = opts.resume_probe,
+            compaction_interval = opts.compaction_interval,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();

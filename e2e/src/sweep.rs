@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tartan_agent::crash::{ENV, FIRED};
+use tartan_agent::crash::{ENV, FIRED, PASSED, TRACE_ENV};
 
 /// The macro the scan looks for.
 const MACRO: &str = "crash_point!";
@@ -174,18 +174,58 @@ const RECOVERY_AREA: &str = "recover.";
 /// Where a recovery row's first start dies.
 pub const LEAD_IN: &str = "tart.clone.before";
 
-/// Every point × style, at `slots`.
+/// Every point × style, at `slots`, each point at its first hit.
 pub fn plan(points: &[Point], styles: &[Style], slots: u8) -> Vec<Row> {
-    points
-        .iter()
-        .flat_map(|p| {
-            styles.iter().map(|&style| Row {
-                point: p.name.clone(),
+    plan_hits(points, &BTreeMap::new(), 1, styles, slots)
+}
+
+/// Every point × hit × style, at `slots`: a point a build passes `n` times (`counts`, from
+/// [`count_hits`]) is crashed at each of its hits up to `max_hits`; a point not counted (one only
+/// a restart passes) at its first.
+pub fn plan_hits(
+    points: &[Point],
+    counts: &BTreeMap<String, u64>,
+    max_hits: u64,
+    styles: &[Style],
+    slots: u8,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for p in points {
+        let hits = counts.get(&p.name).copied().unwrap_or(0).clamp(1, max_hits.max(1));
+        for hit in 1..=hits {
+            let point = if hit == 1 { p.name.clone() } else { format!("{}#{hit}", p.name) };
+            rows.extend(styles.iter().map(|&style| Row {
+                point: point.clone(),
                 style,
                 slots,
-            })
-        })
-        .collect()
+            }));
+        }
+    }
+    rows
+}
+
+/// How many times each point was passed, from an agent log written with `TARTAN_CRASH_TRACE`.
+pub fn count_passes(log: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in log.lines() {
+        if let Some(rest) = line.strip_prefix(PASSED) {
+            *counts.entry(rest.trim().to_string()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Runs the row's builds once without a crash, tracing the points: how often each is passed.
+pub async fn count_hits(binary: PathBuf, slots: u8) -> BTreeMap<String, u64> {
+    let (mut s, names) = row_stack("sweep-count", slots, &binary).await;
+    s.set_agent_env(AGENT, TRACE_ENV, Some("1"));
+    s.spawn_agent(AGENT);
+    match wait_fired(&mut s, &names, "(none)").await {
+        Ok(_) => {}
+        Err(e) => panic!("the counting run failed: {e}"),
+    }
+    let log = std::fs::read_to_string(s.agent_log_path(AGENT)).unwrap_or_default();
+    count_passes(&log)
 }
 
 /// How a row ended.
@@ -254,19 +294,22 @@ fn runs(slots: u8) -> Vec<&'static str> {
     if slots >= 2 { vec!["build-1", "build-2"] } else { vec!["build-1"] }
 }
 
-async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
-    let started = Instant::now();
-    let mut s = Stack::new(&format!("sweep-{index}")).await;
+/// A stack for a row: the agent (crash-points `binary`, `slots`), the controller, and the row's
+/// CustomRuns with their MacBuilds created; the agent is not started.
+async fn row_stack(name: &str, slots: u8, binary: &Path) -> (Stack, Vec<&'static str>) {
+    let mut s = Stack::new(name).await;
     s.add_agent(
         AGENT,
         AgentOptions {
-            slots: row.slots,
+            slots,
+            // Compaction runs soon after a build ended, so that its points are swept too.
+            compaction_interval: "1s",
             ..AgentOptions::default()
         },
     );
-    s.set_agent_binary(AGENT, &binary);
+    s.set_agent_binary(AGENT, binary);
     s.start_controller(ControllerOptions::default());
-    let names = runs(row.slots);
+    let names = runs(slots);
     for (i, name) in names.iter().enumerate() {
         let mut params = s.build_params(i == 1);
         params.push(("timeout-seconds", serde_json::json!("600")));
@@ -276,6 +319,12 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
     for name in &names {
         s.wait_macbuild(name, "created", LIMIT, |_| true).await;
     }
+    (s, names)
+}
+
+async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
+    let started = Instant::now();
+    let (mut s, names) = row_stack(&format!("sweep-{index}"), row.slots, &binary).await;
     let mut failures = Vec::new();
     let name = row.point.split('#').next().unwrap_or_default().to_string();
     if name.starts_with(RECOVERY_AREA) {
@@ -490,6 +539,26 @@ mod tests {
             let pair_exempt = p.starts_with("journal.compact");
             assert!(pair_exempt || names.contains(&other.as_str()), "{p} has no {other}");
         }
+    }
+
+    #[test]
+    fn repeated_points_are_crashed_at_each_hit_up_to_the_limit() {
+        let p = |n: &str| Point {
+            name: n.into(),
+            file: PathBuf::from("x.rs"),
+            line: 1,
+        };
+        let points = [p("a.b.before"), p("c.d.after")];
+        let log = format!("x\n{PASSED} a.b.before\n{PASSED} a.b.before\nnoise\n{PASSED} a.b.before\n");
+        let counts = count_passes(&log);
+        assert_eq!(counts.get("a.b.before"), Some(&3));
+        let names = |rows: Vec<Row>| rows.into_iter().map(|r| r.point).collect::<Vec<_>>();
+        assert_eq!(
+            names(plan_hits(&points, &counts, 2, &[Style::Group], 1)),
+            ["a.b.before", "a.b.before#2", "c.d.after"]
+        );
+        assert_eq!(names(plan_hits(&points, &counts, 5, &[Style::Group], 1)).len(), 4);
+        assert_eq!(plan_hits(&points, &counts, 1, &Style::BOTH, 2), plan(&points, &Style::BOTH, 2));
     }
 
     #[test]

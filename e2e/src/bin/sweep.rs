@@ -25,6 +25,10 @@ struct Args {
     /// The agent's slots: 1 (one build) or 2 (two builds, both in flight at the crash).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     slots: u8,
+    /// Crash each point at every one of its hits in a build, up to this many (a first build,
+    /// traced, counts them); 1: each point at its first hit only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    max_hits: u64,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -42,7 +46,14 @@ async fn main() {
         Styles::Alone => vec![Style::Alone],
         Styles::Both => Style::BOTH.to_vec(),
     };
-    let mut rows = sweep::plan(&points, &styles, args.slots);
+    let binary = tartan_e2e::bins::crash_agent();
+    let mut rows = if args.max_hits > 1 {
+        let counts = sweep::count_hits(binary.clone(), args.slots).await;
+        eprintln!("[sweep] one build passes the points: {counts:?}");
+        sweep::plan_hits(&points, &counts, args.max_hits, &styles, args.slots)
+    } else {
+        sweep::plan(&points, &styles, args.slots)
+    };
     if !args.points.is_empty() {
         let unknown: Vec<&String> = args
             .points
@@ -65,7 +76,6 @@ async fn main() {
             })
             .collect();
     }
-    let binary = tartan_e2e::bins::crash_agent();
     eprintln!("[sweep] {} row(s) with {}", rows.len(), binary.display());
     let mut results: Vec<RowResult> = Vec::new();
     for (i, row) in rows.into_iter().enumerate() {
