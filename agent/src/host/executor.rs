@@ -129,6 +129,9 @@ pub struct ExecutorConfig {
     pub detach_vm: bool,
     /// How often a running step's guest job is polled (`timing.step_poll`).
     pub step_poll: Duration,
+    /// How long a step's guest folder may lack its job's pid before the start counts as cut
+    /// short before the launch ([`super::guest_job::FollowConfig::no_pid_limit`]).
+    pub step_no_pid_limit: Duration,
 }
 
 impl ExecutorConfig {
@@ -149,6 +152,7 @@ impl ExecutorConfig {
             local_images: Vec::new(),
             detach_vm: false,
             step_poll: Duration::from_secs(1),
+            step_no_pid_limit: super::guest_job::FollowConfig::default().no_pid_limit,
         }
     }
 }
@@ -628,6 +632,7 @@ impl AttemptExecutor {
         // re-attaches to it here, and its guard folder keeps it from starting twice.
         let follow = super::guest_job::FollowConfig {
             poll_interval: self.cfg.step_poll,
+            no_pid_limit: self.cfg.step_no_pid_limit,
             log_cap: self.cfg.step_log_cap,
             tail_bytes: self.cfg.tail_bytes as u64,
             ..super::guest_job::FollowConfig::default()
@@ -643,6 +648,11 @@ impl AttemptExecutor {
                     return self.step_failed(cmd.name, end.exit_code, last);
                 }
                 self.last_step = Some((cmd.name.clone(), end.tail));
+            }
+            // Not the step's doing: its start was cut short (an agent death in the start call).
+            Err(e @ super::guest_job::JobError::NeverLaunched { .. }) => {
+                tracing::warn!(%vm, step = %cmd.name, error = %e, "the step's guest job was never launched; the attempt is interrupted");
+                return Performed::Event(Event::AgentFault { message: e.to_string() });
             }
             Err(e) => {
                 tracing::warn!(%vm, step = %cmd.name, error = %e, "the step's guest job failed");

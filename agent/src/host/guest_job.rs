@@ -401,8 +401,8 @@ pub struct FollowConfig {
     /// How long the guest may fail to answer (timeouts, guest agent unavailable, tart failing)
     /// before [`JobError::Unresponsive`].
     pub unresponsive_limit: Duration,
-    /// How long a job folder may lack its pid file before [`JobError::Vanished`] (the start was
-    /// interrupted between `mkdir` and the launch).
+    /// How long a job folder may lack its pid file before [`JobError::NeverLaunched`] (the start
+    /// was interrupted between `mkdir` and the launch).
     pub no_pid_limit: Duration,
     /// Most bytes of output one poll brings.
     pub chunk_bytes: u64,
@@ -468,14 +468,27 @@ pub enum JobError {
         silent: Duration,
         last: String,
     },
-    /// The job is gone without an exit status: its process died without writing one, it never
-    /// wrote its pid, or its folder disappeared.
+    /// The job is gone without an exit status: its process died without writing one, or its
+    /// folder disappeared.
     #[error("step {step:?} in {vm}: job {dir} vanished ({detail}); its exit status is unknown")]
     Vanished {
         vm: String,
         step: String,
         dir: String,
         detail: String,
+    },
+    /// The job's folder has had no pid for `waited`: the start call that made it was cut short
+    /// between its `mkdir` and the launch (its `tart exec` killed, as with the agent's process
+    /// group), so the step never ran; the folder keeps it from being started now.
+    #[error(
+        "step {step:?} in {vm}: job {dir} was never launched (its folder has had no pid file for {waited:?}: \
+         the start that made it was cut short before the launch); the step did not run"
+    )]
+    NeverLaunched {
+        vm: String,
+        step: String,
+        dir: String,
+        waited: Duration,
     },
     /// The guest or tart refused to start the job (no command, a folder that cannot be made,
     /// arguments tart cannot pass): the step did not run.
@@ -518,8 +531,8 @@ pub enum JobError {
 /// Cancel-safe: dropping the future kills at most the `tart exec` in flight (a start or a poll),
 /// never the job; the host log and sidecar are updated together without an await between them.
 /// Dropping it during the very first start call may leave a folder without a job (killed between
-/// its `mkdir` and the launch); the next follower reports that as [`JobError::Vanished`] after
-/// [`FollowConfig::no_pid_limit`].
+/// its `mkdir` and the launch); the next follower reports that as [`JobError::NeverLaunched`]
+/// after [`FollowConfig::no_pid_limit`].
 pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
     let mut f = Follower {
         tart,
@@ -580,10 +593,12 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
             JobState::Starting => {
                 let since = *starting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= cfg.no_pid_limit {
-                    return Err(f.vanished(format!(
-                        "its folder has had no pid file for {:?}: the start was interrupted before the launch",
-                        since.elapsed()
-                    )));
+                    return Err(JobError::NeverLaunched {
+                        vm: job.vm.clone(),
+                        step: job.step.clone(),
+                        dir: job.dir.clone(),
+                        waited: since.elapsed(),
+                    });
                 }
             }
             JobState::Vanished(_) if pending => continue,
