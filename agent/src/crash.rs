@@ -147,7 +147,12 @@ mod tests {
     /// Runs [`crash_child`] in a new process of this test binary with `TARTAN_CRASH_AT=value`.
     fn child(value: &str) -> std::process::Output {
         std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash::tests::crash_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash::tests::crash_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("TARTAN_CRASH_CHILD", "1")
             .env(ENV, value)
             .output()
@@ -162,7 +167,10 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
-        assert!(stdout.contains("survived hit 1") && !stdout.contains("survived hit 2"), "{stdout}");
+        assert!(
+            stdout.contains("survived hit 1") && !stdout.contains("survived hit 2"),
+            "{stdout}"
+        );
         assert!(stderr.contains(&format!("{FIRED} test.point.before#2")), "{stderr}");
     }
 
@@ -170,7 +178,12 @@ mod tests {
     #[test]
     fn a_traced_run_names_every_hit() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash::tests::crash_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash::tests::crash_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("TARTAN_CRASH_CHILD", "1")
             .env(TRACE_ENV, "1")
             .env_remove(ENV)
@@ -178,7 +191,11 @@ mod tests {
             .unwrap();
         assert!(out.status.success(), "{out:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(stderr.matches(&format!("{PASSED} test.point.before\n")).count(), 3, "{stderr}");
+        assert_eq!(
+            stderr.matches(&format!("{PASSED} test.point.before\n")).count(),
+            3,
+            "{stderr}"
+        );
     }
 
     #[cfg(feature = "crash-points")]
@@ -187,7 +204,10 @@ mod tests {
         for value in ["other.point.before", "test.point.before#4"] {
             let out = child(value);
             assert!(out.status.success(), "{value}: {out:?}");
-            assert!(String::from_utf8_lossy(&out.stdout).contains("survived hit 3"), "{value}");
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains("survived hit 3"),
+                "{value}"
+            );
         }
     }
 

@@ -618,7 +618,7 @@ fn requested(
         (Some(_), _) => Event::CancelRequested { at_start: None },
         // A first attempt nobody holds: the agent died before its claim write, which is made
         // now (fenced like any first claim); recording it lost would leave the build unclaimed.
-        (None, Some(b)) if !claim_mine && !(a.number == 1 && b.claim.is_none()) => Event::ClaimLost {
+        (None, Some(b)) if !(claim_mine || a.number == 1 && b.claim.is_none()) => Event::ClaimLost {
             holder: b
                 .claim
                 .as_ref()

@@ -193,7 +193,11 @@ pub fn plan_hits(
     for p in points {
         let hits = counts.get(&p.name).copied().unwrap_or(0).clamp(1, max_hits.max(1));
         for hit in 1..=hits {
-            let point = if hit == 1 { p.name.clone() } else { format!("{}#{hit}", p.name) };
+            let point = if hit == 1 {
+                p.name.clone()
+            } else {
+                format!("{}#{hit}", p.name)
+            };
             rows.extend(styles.iter().map(|&style| Row {
                 point: point.clone(),
                 style,
@@ -291,7 +295,11 @@ pub async fn run_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
 /// The runs of a row: `build-1` plain; with 2 slots also `build-2`, held at a gate in its first
 /// step until the point fired (or build-1 ended), so that both are in flight at the crash.
 fn runs(slots: u8) -> Vec<&'static str> {
-    if slots >= 2 { vec!["build-1", "build-2"] } else { vec!["build-1"] }
+    if slots >= 2 {
+        vec!["build-1", "build-2"]
+    } else {
+        vec!["build-1"]
+    }
 }
 
 /// A stack for a row: the agent (crash-points `binary`, `slots`), the controller, and the row's
@@ -377,7 +385,9 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
             failures.push(format!("{name} ended {}", condition_text(run)));
         }
         if !matches!(attempt.as_str(), "1" | "2") {
-            failures.push(format!("{name} ended as attempt {attempt} (one crash costs at most one)"));
+            failures.push(format!(
+                "{name} ended as attempt {attempt} (one crash costs at most one)"
+            ));
         }
     }
     let world = s.world().await;
@@ -402,7 +412,12 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
     let kept = if failures.is_empty() {
         None
     } else {
-        eprintln!("[sweep] {} {}: journal\n{}", row.point, row.style, s.journal_text(AGENT));
+        eprintln!(
+            "[sweep] {} {}: journal\n{}",
+            row.point,
+            row.style,
+            s.journal_text(AGENT)
+        );
         Some(s.keep_files())
     };
     RowResult {
@@ -419,7 +434,11 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
 
 fn status_reason(run: &Value) -> String {
     let c = &run["status"]["conditions"][0];
-    format!("{}/{}", c["status"].as_str().unwrap_or("?"), c["reason"].as_str().unwrap_or("?"))
+    format!(
+        "{}/{}",
+        c["status"].as_str().unwrap_or("?"),
+        c["reason"].as_str().unwrap_or("?")
+    )
 }
 
 /// Waits until the agent died at `point` (`Ok(true)`), or every run ended and [`AFTER_END`]
@@ -444,9 +463,11 @@ async fn wait_fired(s: &mut Stack, names: &[&str], point: &str) -> Result<bool, 
         }
         let mut ended = 0;
         for name in names {
-            if s.customrun(name).await.as_ref().is_some_and(|r| {
-                matches!(r["status"]["conditions"][0]["status"].as_str(), Some("True" | "False"))
-            }) {
+            if s.customrun(name)
+                .await
+                .as_ref()
+                .is_some_and(|r| matches!(r["status"]["conditions"][0]["status"].as_str(), Some("True" | "False")))
+            {
                 ended += 1;
                 if *name == "build-1" {
                     s.open_gate();
@@ -460,7 +481,9 @@ async fn wait_fired(s: &mut Stack, names: &[&str], point: &str) -> Result<bool, 
             }
         }
         if started.elapsed() >= LIMIT {
-            return Err(format!("within {LIMIT:?} the agent neither died at {point} nor ended the builds"));
+            return Err(format!(
+                "within {LIMIT:?} the agent neither died at {point} nor ended the builds"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -484,7 +507,11 @@ pub fn table(results: &[RowResult]) -> String {
             r.attempts.join(" "),
             r.secs,
             if r.invariants_ok { "ok" } else { "VIOLATED" },
-            if r.passed() { "pass".to_string() } else { format!("FAIL: {}", r.failures.join("; ")) }
+            if r.passed() {
+                "pass".to_string()
+            } else {
+                format!("FAIL: {}", r.failures.join("; "))
+            }
         ));
     }
     out
@@ -498,7 +525,13 @@ mod tests {
     fn names_are_area_action_before_or_after() {
         assert!(well_formed("journal.append.before"));
         assert!(well_formed("claim.finalizer_add.after"));
-        for bad in ["journal.append", "journal.append.during", "Journal.append.before", "a..before", "a.b.c.before"] {
+        for bad in [
+            "journal.append",
+            "journal.append.during",
+            "Journal.append.before",
+            "a..before",
+            "a.b.c.before",
+        ] {
             assert!(!well_formed(bad), "{bad}");
         }
     }
@@ -558,13 +591,20 @@ mod tests {
             ["a.b.before", "a.b.before#2", "c.d.after"]
         );
         assert_eq!(names(plan_hits(&points, &counts, 5, &[Style::Group], 1)).len(), 4);
-        assert_eq!(plan_hits(&points, &counts, 1, &Style::BOTH, 2), plan(&points, &Style::BOTH, 2));
+        assert_eq!(
+            plan_hits(&points, &counts, 1, &Style::BOTH, 2),
+            plan(&points, &Style::BOTH, 2)
+        );
     }
 
     #[test]
     fn duplicates_and_malformed_names_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.rs"), "crash_point!(\"x.y.before\"); crash_point!(\"x.y.before\");").unwrap();
+        std::fs::write(
+            dir.path().join("a.rs"),
+            "crash_point!(\"x.y.before\"); crash_point!(\"x.y.before\");",
+        )
+        .unwrap();
         std::fs::write(dir.path().join("b.rs"), "crash_point!(\"nope\");").unwrap();
         let err = scan(dir.path()).unwrap_err();
         assert!(err.contains("placed twice") && err.contains("\"nope\""), "{err}");

@@ -1226,7 +1226,13 @@ fn a_first_attempt_whose_claim_never_reached_the_cluster_claims_it_now() {
     retry.request(2, Some(deadline()), t0());
     let p = plan_for(&retry.recs, &[], &mk_cluster(vec![unclaimed]), t0() + secs(5));
     assert!(
-        matches!(&p[..], [RecoveryAction::Step { event: Event::ClaimLost { .. }, .. }]),
+        matches!(
+            &p[..],
+            [RecoveryAction::Step {
+                event: Event::ClaimLost { .. },
+                ..
+            }]
+        ),
         "{p:?}"
     );
 }

@@ -80,7 +80,13 @@ async fn main() {
     let mut results: Vec<RowResult> = Vec::new();
     for (i, row) in rows.into_iter().enumerate() {
         let r = sweep::run_row(row, binary.clone(), i).await;
-        eprint!("[sweep] {}", sweep::table(std::slice::from_ref(&r)).lines().nth(1).unwrap_or_default());
+        eprint!(
+            "[sweep] {}",
+            sweep::table(std::slice::from_ref(&r))
+                .lines()
+                .nth(1)
+                .unwrap_or_default()
+        );
         eprintln!();
         if let Some(dir) = &r.kept {
             eprintln!("[sweep]   files kept in {}", dir.display());
