@@ -794,13 +794,19 @@ compaction_interval = "{compaction_interval}"
 
     /// The records agent `id`'s journal files hold now (after compactions).
     pub fn journal_on_disk(&self, id: &str) -> Vec<Record> {
-        match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
-            Ok(replay) => replay.records,
-            Err(e) if !self.agent(id).state_dir.join("journal").exists() => {
-                let _ = e;
-                vec![]
+        // A compaction running meanwhile removes files between the listing and their reading:
+        // read again (a few times, a moment apart) before calling the journal unreadable.
+        let mut tries = 0;
+        loop {
+            match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
+                Ok(replay) => return replay.records,
+                Err(_) if !self.agent(id).state_dir.join("journal").exists() => return vec![],
+                Err(e) if tries >= 20 => panic!("cannot read the journal of {id} ({tries} tries): {e}"),
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
-            Err(e) => panic!("cannot read the journal of {id}: {e}"),
         }
     }
 
