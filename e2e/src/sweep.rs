@@ -390,6 +390,11 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
             ));
         }
     }
+    // A run ends with its attempt's outcome (Retiring); its VM's deletion and the Retired record
+    // follow. The invariants are checked once every attempt has settled.
+    if let Err(e) = wait_settled(&s).await {
+        failures.push(e);
+    }
     let world = s.world().await;
     let violations = invariants::check(&world);
     for v in &violations {
@@ -429,6 +434,37 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
         invariants_ok: violations.is_empty(),
         failures,
         kept,
+    }
+}
+
+/// How long the attempts may take to settle after the runs ended.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Waits until every attempt in the agent's journal is Retired and its host has no VM left.
+async fn wait_settled(s: &Stack) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let mut last: BTreeMap<(String, u32), tartan_api::AttemptState> = BTreeMap::new();
+        for r in s.journal(AGENT) {
+            if let (Some(b), Some(n)) = (&r.build, r.attempt) {
+                last.insert((b.name.clone(), n), r.to);
+            }
+        }
+        let open: Vec<String> = last
+            .iter()
+            .filter(|(_, state)| **state != tartan_api::AttemptState::Retired)
+            .map(|((name, n), state)| format!("{name}#{n} {state}"))
+            .collect();
+        let vms: Vec<String> = s.vms(AGENT).into_iter().filter(|v| v.starts_with("mb-")).collect();
+        if open.is_empty() && vms.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= SETTLE {
+            return Err(format!(
+                "not settled {SETTLE:?} after the runs ended: open attempts {open:?}, VMs {vms:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
