@@ -174,6 +174,9 @@ pub struct Timing {
     pub resume_probe: Duration,
     /// How often a running step's output and exit status are read from the guest (1 s).
     pub step_poll: Duration,
+    /// How often finished, delivered builds are dropped from the journal (10 min; the first one
+    /// an interval after the start).
+    pub compaction_interval: Duration,
 }
 
 impl Default for Timing {
@@ -188,6 +191,7 @@ impl Default for Timing {
             status_retry_max: Duration::from_secs(30),
             resume_probe: Duration::from_secs(30),
             step_poll: Duration::from_secs(1),
+            compaction_interval: Duration::from_secs(600),
         }
     }
 }
@@ -252,6 +256,7 @@ struct RawTiming {
     status_retry_max: Option<HumaneDuration>,
     resume_probe: Option<HumaneDuration>,
     step_poll: Option<HumaneDuration>,
+    compaction_interval: Option<HumaneDuration>,
 }
 
 /// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"` or a sum such as `"1m30s"`.
@@ -519,6 +524,7 @@ impl Config {
             status_retry_max: pick(t.status_retry_max, d.status_retry_max),
             resume_probe: pick(t.resume_probe, d.resume_probe),
             step_poll: pick(t.step_poll, d.step_poll),
+            compaction_interval: pick(t.compaction_interval, d.compaction_interval),
         };
         timing.check().map_err(|(key, detail)| invalid(key, detail))?;
 
@@ -628,6 +634,9 @@ impl Timing {
         if self.resume_probe.is_zero() {
             return Err(("timing.resume_probe", "must be more than 0".into()));
         }
+        if self.compaction_interval.is_zero() {
+            return Err(("timing.compaction_interval", "must be more than 0".into()));
+        }
         Ok(())
     }
 }
@@ -728,6 +737,7 @@ api_timeout = "1500ms"
 retry_min_window = "3m"
 status_retry_initial = "250ms"
 status_retry_max = "1m30s"
+compaction_interval = "90s"
 "#,
         )
         .unwrap();
@@ -754,6 +764,7 @@ status_retry_max = "1m30s"
         assert_eq!(c.timing.api_timeout, Duration::from_millis(1500));
         assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
         assert_eq!(c.timing.status_retry_max, Duration::from_secs(90));
+        assert_eq!(c.timing.compaction_interval, Duration::from_secs(90));
     }
 
     #[test]
@@ -790,6 +801,7 @@ status_retry_max = "1m30s"
             ("[timing]\nlease_duration = \"1500ms\"", "timing.lease_duration"),
             ("[timing]\napi_timeout = \"5s\"", "timing.api_timeout"),
             ("[timing]\nstatus_retry_initial = \"1m\"", "timing.status_retry_initial"),
+            ("[timing]\ncompaction_interval = \"0s\"", "timing.compaction_interval"),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(key), "{text}: {err}");

@@ -367,7 +367,11 @@ impl Journal {
             format!("records #{first}..=#{}", seqs.end - 1)
         };
 
+        crate::crash_point!("journal.append.before");
         let written = self.write_frames(&frames, &label);
+        if written.is_ok() {
+            crate::crash_point!("journal.append.after");
+        }
         match &written {
             Ok(()) => self.succeeded(),
             Err(error) => self.failed(error),
@@ -385,7 +389,9 @@ impl Journal {
             .is_none_or(|c| c.len >= self.options.max_file_bytes);
         if rotate {
             self.current = None;
+            crate::crash_point!("journal.rotate.before");
             self.current = Some(self.start_file(FileKind::Appended, frames, label)?);
+            crate::crash_point!("journal.rotate.after");
         } else {
             let current = self.current.as_mut().expect("checked above");
             if let Err(error) = write_and_sync(&mut current.file, frames) {
@@ -488,6 +494,7 @@ impl Journal {
             kind: FileKind::Compacted,
             first_seq: self.next_seq,
         };
+        crate::crash_point!("journal.compact.before");
         let written = (|| {
             let mut file = OpenOptions::new()
                 .read(true)
@@ -519,6 +526,7 @@ impl Journal {
             &final_path,
             "the compaction may not have happened; the older files are left in place",
         ))?;
+        crate::crash_point!("journal.compact.after");
         self.current = Some(Current {
             file,
             path: final_path.clone(),
@@ -550,7 +558,9 @@ impl Journal {
                 }
             }
         }
-        if let Err(e) = sync_dir(&self.dir) {
+        let removed = sync_dir(&self.dir);
+        crate::crash_point!("journal.compact_remove.after");
+        if let Err(e) = removed {
             tracing::warn!(
                 "compaction: syncing {} after removing old files failed: {e}; the next open removes any that reappear",
                 self.dir.display()

@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod crash;
 pub mod host;
 pub mod journal;
 pub mod lock;

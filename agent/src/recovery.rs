@@ -637,7 +637,9 @@ fn requested(
     let event = match (withdrawal, b) {
         (Some(Ending::OwnerDeleted), _) => Event::OwnerDeleted { at_start: None },
         (Some(_), _) => Event::CancelRequested { at_start: None },
-        (None, Some(b)) if !claim_mine => Event::ClaimLost {
+        // A first attempt nobody holds: the agent died before its claim write, which is made
+        // now (fenced like any first claim); recording it lost would leave the build unclaimed.
+        (None, Some(b)) if !(claim_mine || a.number == 1 && b.claim.is_none()) => Event::ClaimLost {
             holder: b
                 .claim
                 .as_ref()

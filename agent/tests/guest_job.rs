@@ -363,7 +363,7 @@ async fn a_killed_job_is_reported_as_vanished() {
 }
 
 #[tokio::test]
-async fn a_folder_without_a_pid_is_vanished_after_the_bound() {
+async fn a_folder_without_a_pid_was_never_launched_after_the_bound() {
     let rig = Rig::new();
     let _run = vm(&rig, "mb-nopid").await;
     let step = Step::new(&rig, "mb-nopid", 0, "never", sh("echo never"));
@@ -371,7 +371,7 @@ async fn a_folder_without_a_pid_is_vanished_after_the_bound() {
     std::fs::create_dir_all(step.guest()).unwrap();
     let t0 = Instant::now();
     let err = step.run(&cfg()).await.unwrap_err();
-    assert!(matches!(err, JobError::Vanished { .. }), "{err}");
+    assert!(matches!(err, JobError::NeverLaunched { .. }), "{err}");
     assert!(err.to_string().contains("no pid file"), "{err}");
     assert!(t0.elapsed() >= cfg().no_pid_limit, "{:?}", t0.elapsed());
     assert!(!step.guest().join("out.log").exists());

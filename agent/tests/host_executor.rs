@@ -193,6 +193,48 @@ async fn a_failing_step_stops_the_build_with_its_exit_code_and_deletes_the_vm() 
     assert!(!rig.deadline_file(&a.vm).exists());
 }
 
+/// Found by the crash-point sweep (2 slots, `step.start.after`, group kill): the agent's process
+/// group died while another build's step start was between its `mkdir` and the launch. The step
+/// never ran, so the attempt is interrupted (and retried), not failed as if the step had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_start_was_cut_before_the_launch_interrupts_the_attempt() {
+    let rig = Rig::new();
+    let spec = spec(vec![step("build", "touch ran")]);
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt(&rig, "cut", spec, signal);
+    let (vm, vm_dir) = (a.vm.clone(), rig.vm_dir(&a.vm));
+    let folder = vm_dir.join(tartan_agent::host::guest_job::job_dir(&vm, 0, "build"));
+    let planted = folder.clone();
+    // As if a start call was killed between its mkdir and the launch, before this one.
+    let mut journal = MemJournal::with_hook(move |r| {
+        if r.to == S::Running {
+            std::fs::create_dir_all(&planted).unwrap();
+        }
+    });
+    let t0 = Instant::now();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let retiring = journal
+        .records
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|r| r.to == S::Retiring)
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (retiring.reason, retiring.outcome),
+        (Some(Reason::AgentFault), Some(Outcome::Interrupted)),
+        "{retiring}"
+    );
+    assert!(retiring.detail.contains("never launched"), "{retiring}");
+    assert!(t0.elapsed() >= rig.config().step_no_pid_limit);
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
 /// The status the runtime would report after each of `records` (as `Shared::journal` does).
 fn status_after(records: &[tartan_agent::record::Record]) -> tartan_api::MacBuildStatus {
     let mut attempt = Attempt::from_record(&records[0], 2).unwrap();

@@ -41,6 +41,24 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The variable naming the agent built with `--features crash-points` (scripts/sweep sets it).
+pub const CRASH_AGENT_ENV: &str = "TARTAN_E2E_CRASH_AGENT";
+
+/// The agent binary built with the `crash-points` feature: `$TARTAN_E2E_CRASH_AGENT`, else
+/// `crash-points/tartan-agent` in the binaries' folder (where scripts/sweep copies it). Kept apart
+/// from `tartan-agent` so that the binary every other scenario runs never carries the points.
+pub fn crash_agent() -> PathBuf {
+    let path = std::env::var_os(CRASH_AGENT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| prebuilt_dir().join("crash-points").join("tartan-agent"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `cargo build -p tartan-agent --features crash-points` and copy it there (scripts/sweep does)",
+        path.display()
+    );
+    path
+}
+
 fn prebuilt_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("TARTAN_E2E_BIN_DIR") {
         return PathBuf::from(dir);

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod invariants;
 pub mod process;
 pub mod stack;
+pub mod sweep;
 pub mod wait;
 
 pub use stack::{AgentOptions, ControllerOptions, KillMode, Stack};

@@ -41,6 +41,8 @@ pub struct AgentOptions {
     pub step_poll: &'static str,
     /// `timing.resume_probe`.
     pub resume_probe: &'static str,
+    /// `timing.compaction_interval`.
+    pub compaction_interval: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -58,6 +60,7 @@ impl Default for AgentOptions {
             on_restart: "resume",
             step_poll: "200ms",
             resume_probe: "10s",
+            compaction_interval: "10m",
         }
     }
 }
@@ -138,6 +141,8 @@ pub struct Agent {
     history: JournalHistory,
     /// The `tartan-agent` program to start; `None` = the workspace's build.
     binary: Option<PathBuf>,
+    /// Extra environment of its next starts (see [`Stack::set_agent_env`]).
+    env: BTreeMap<String, String>,
 }
 
 /// The whole history of one agent's journal. A (re)started agent compacts finished builds away,
@@ -397,6 +402,7 @@ status_retry_max = "{srm}"
 watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
+compaction_interval = "{compaction_interval}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -416,6 +422,7 @@ resume_probe = "{resume_probe}"
             on_restart = opts.on_restart,
             step_poll = opts.step_poll,
             resume_probe = opts.resume_probe,
+            compaction_interval = opts.compaction_interval,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();
@@ -433,6 +440,7 @@ resume_probe = "{resume_probe}"
                 starts: 0,
                 history: JournalHistory::follow(&state_dir_for_history),
                 binary: None,
+                env: BTreeMap::new(),
             },
         );
         &self.agents[id]
@@ -479,7 +487,8 @@ resume_probe = "{resume_probe}"
             .arg(&a.config)
             .env("TART_HOME", &a.tart_home)
             .env("TART_DOUBLE_BOOT_DELAY_SECS", a.opts.boot_delay_secs.to_string())
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(&a.env);
         let log = a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts));
         a.proc = Some(Proc::spawn(&format!("tartan-agent {id}"), cmd, &log));
     }
@@ -572,6 +581,22 @@ resume_probe = "{resume_probe}"
     /// The program the next start of agent `id` runs (an upgrade: a different binary).
     pub fn set_agent_binary(&mut self, id: &str, binary: &Path) {
         self.agent_mut(id).binary = Some(binary.to_path_buf());
+    }
+
+    /// Sets (`Some`) or unsets (`None`) variable `key` for the next starts of agent `id` (the crash
+    /// sweep's `TARTAN_CRASH_AT`).
+    pub fn set_agent_env(&mut self, id: &str, key: &str, value: Option<&str>) {
+        let env = &mut self.agent_mut(id).env;
+        match value {
+            Some(v) => env.insert(key.to_string(), v.to_string()),
+            None => env.remove(key),
+        };
+    }
+
+    /// The path of agent `id`'s log of its current (or last) run.
+    pub fn agent_log_path(&self, id: &str) -> PathBuf {
+        let a = self.agent(id);
+        a.state_dir.parent().unwrap().join(format!("agent-{}.log", a.starts))
     }
 
     /// SIGSTOP: the agent freezes (and keeps its lock); its tart children go on.
@@ -877,13 +902,19 @@ resume_probe = "{resume_probe}"
 
     /// The records agent `id`'s journal files hold now (after compactions).
     pub fn journal_on_disk(&self, id: &str) -> Vec<Record> {
-        match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
-            Ok(replay) => replay.records,
-            Err(e) if !self.agent(id).state_dir.join("journal").exists() => {
-                let _ = e;
-                vec![]
+        // A compaction running meanwhile removes files between the listing and their reading:
+        // read again (a few times, a moment apart) before calling the journal unreadable.
+        let mut tries = 0;
+        loop {
+            match tartan_agent::journal::read_records(&self.agent(id).state_dir) {
+                Ok(replay) => return replay.records,
+                Err(_) if !self.agent(id).state_dir.join("journal").exists() => return vec![],
+                Err(e) if tries >= 20 => panic!("cannot read the journal of {id} ({tries} tries): {e}"),
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
-            Err(e) => panic!("cannot read the journal of {id}: {e}"),
         }
     }
 

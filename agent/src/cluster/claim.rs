@@ -336,12 +336,14 @@ pub async fn claim(
             }
             next_claim_patch(mb.metadata.uid.as_deref().unwrap_or_default(), &previous, &wanted)
         };
-        match timed(
+        crate::crash_point!("claim.status.before");
+        let claimed = timed(
             api_timeout,
             api.patch_status(&name, &patch_params(), &Patch::Json::<()>(patch)),
         )
-        .await
-        {
+        .await;
+        crate::crash_point!("claim.status.after");
+        match claimed {
             Ok(updated) => updated,
             Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
             Err(e) if e.is_precondition() => {
@@ -378,12 +380,14 @@ pub async fn claim(
                 macbuild: Box::new(current),
             });
         };
-        match timed(
+        crate::crash_point!("claim.finalizer_add.before");
+        let added = timed(
             api_timeout,
             api.patch(&name, &patch_params(), &Patch::Json::<()>(patch)),
         )
-        .await
-        {
+        .await;
+        crate::crash_point!("claim.finalizer_add.after");
+        match added {
             Ok(updated) => {
                 return Ok(ClaimOutcome::Won {
                     claim: wanted,
@@ -446,12 +450,14 @@ pub async fn release(
         let Some(patch) = finalizer_removal_patch(&mb, holder) else {
             return Ok(());
         };
-        match timed(
+        crate::crash_point!("claim.finalizer_remove.before");
+        let removed = timed(
             api_timeout,
             api.patch(&build.name, &patch_params(), &Patch::Json::<()>(patch)),
         )
-        .await
-        {
+        .await;
+        crate::crash_point!("claim.finalizer_remove.after");
+        match removed {
             Ok(_) => return Ok(()),
             Err(e) if e.is_not_found() => return Ok(()),
             // The MacBuild changed since our read (perhaps claimed anew); read again.

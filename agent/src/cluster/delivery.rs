@@ -116,12 +116,14 @@ pub async fn deliver_once(
     let claim = snapshot.claim.as_ref().ok_or(DeliveryError::NoClaim)?;
     let patch = status_patch(&build.uid, snapshot, seq).ok_or(DeliveryError::NoClaim)?;
     let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
-    match timed(
+    crate::crash_point!("status.write.before");
+    let written = timed(
         api_timeout,
         api.patch_status(&build.name, &patch_params(), &Patch::Json::<()>(patch)),
     )
-    .await
-    {
+    .await;
+    crate::crash_point!("status.write.after");
+    match written {
         Ok(_) => Ok(Delivered::Written),
         Err(e) if e.is_not_found() => Ok(Delivered::Gone),
         Err(e) if e.is_precondition() => {

@@ -129,6 +129,9 @@ pub struct ExecutorConfig {
     pub detach_vm: bool,
     /// How often a running step's guest job is polled (`timing.step_poll`).
     pub step_poll: Duration,
+    /// How long a step's guest folder may lack its job's pid before the start counts as cut
+    /// short before the launch ([`super::guest_job::FollowConfig::no_pid_limit`]).
+    pub step_no_pid_limit: Duration,
 }
 
 impl ExecutorConfig {
@@ -149,6 +152,7 @@ impl ExecutorConfig {
             local_images: Vec::new(),
             detach_vm: false,
             step_poll: Duration::from_secs(1),
+            step_no_pid_limit: super::guest_job::FollowConfig::default().no_pid_limit,
         }
     }
 }
@@ -312,7 +316,10 @@ impl AttemptExecutor {
             Action::RemoveDeadlineFile { .. } => {
                 let dir = self.deadlines_dir();
                 let v = vm.clone();
-                match tokio::task::spawn_blocking(move || remove_deadline_file(&dir, &v)).await {
+                crate::crash_point!("deadline_file.remove.before");
+                let removed = tokio::task::spawn_blocking(move || remove_deadline_file(&dir, &v)).await;
+                crate::crash_point!("deadline_file.remove.after");
+                match removed {
                     Ok(Ok(_)) => {}
                     Ok(Err(error)) => tracing::warn!(%vm, %error, "deadline file not removed"),
                     Err(error) => tracing::warn!(%vm, %error, "deadline file removal task failed"),
@@ -432,7 +439,10 @@ impl AttemptExecutor {
             written_at: Timestamp::now(),
         };
         let dir = self.deadlines_dir();
-        match tokio::task::spawn_blocking(move || write_deadline_file(&dir, &file)).await {
+        crate::crash_point!("deadline_file.write.before");
+        let written = tokio::task::spawn_blocking(move || write_deadline_file(&dir, &file)).await;
+        crate::crash_point!("deadline_file.write.after");
+        match written {
             Ok(Ok(_)) => Performed::Done,
             Ok(Err(e)) => self.fail_start(format!("{e}; nothing was cloned")),
             Err(e) => self.fail_start(format!("deadline file task failed: {e}; nothing was cloned")),
@@ -463,7 +473,10 @@ impl AttemptExecutor {
         let started = Instant::now();
         let mut pause = Duration::from_millis(250);
         for race in 0..=CLONE_TMP_RACE_RETRIES {
-            match self.tart.clone_vm(&image, &vm).await {
+            crate::crash_point!("tart.clone.before");
+            let cloned = self.tart.clone_vm(&image, &vm).await;
+            crate::crash_point!("tart.clone.after");
+            match cloned {
                 Ok(()) => {
                     tracing::info!(%vm, %image, took = ?started.elapsed(), "cloned");
                     self.vm_created = true;
@@ -493,7 +506,10 @@ impl AttemptExecutor {
             memory_mb: res.memory_mib.map(u64::from),
             random_mac: true,
         };
-        match self.tart.set(&self.attempt.vm, &options).await {
+        crate::crash_point!("tart.set.before");
+        let set = self.tart.set(&self.attempt.vm, &options).await;
+        crate::crash_point!("tart.set.after");
+        match set {
             Ok(()) => Performed::Done,
             Err(e) => self.fail_start(e.to_string()),
         }
@@ -514,10 +530,12 @@ impl AttemptExecutor {
             detached: self.cfg.detach_vm,
         };
         self.boot_started = Some(Instant::now());
+        crate::crash_point!("tart.run.before");
         match self.tart.run(&vm, &options) {
             Ok(run) => self.run = Some(run),
             Err(e) => return self.fail_start(e.to_string()),
         }
+        crate::crash_point!("tart.run.after");
         let timeout = self.cfg.boot_timeout;
         let run = self.run.as_mut().expect("just set");
         match run.wait_until_running(timeout).await {
@@ -614,6 +632,7 @@ impl AttemptExecutor {
         // re-attaches to it here, and its guard folder keeps it from starting twice.
         let follow = super::guest_job::FollowConfig {
             poll_interval: self.cfg.step_poll,
+            no_pid_limit: self.cfg.step_no_pid_limit,
             log_cap: self.cfg.step_log_cap,
             tail_bytes: self.cfg.tail_bytes as u64,
             ..super::guest_job::FollowConfig::default()
@@ -629,6 +648,11 @@ impl AttemptExecutor {
                     return self.step_failed(cmd.name, end.exit_code, last);
                 }
                 self.last_step = Some((cmd.name.clone(), end.tail));
+            }
+            // Not the step's doing: its start was cut short (an agent death in the start call).
+            Err(e @ super::guest_job::JobError::NeverLaunched { .. }) => {
+                tracing::warn!(%vm, step = %cmd.name, error = %e, "the step's guest job was never launched; the attempt is interrupted");
+                return Performed::Event(Event::AgentFault { message: e.to_string() });
             }
             Err(e) => {
                 tracing::warn!(%vm, step = %cmd.name, error = %e, "the step's guest job failed");
@@ -765,7 +789,9 @@ impl AttemptExecutor {
                 Ok(n) => n,
                 Err(e) => return failed(format!("artifact {path} could not be read from the guest: {e}")),
             };
+            crate::crash_point!("artifacts.upload.before");
             let result = upload(&dest, &key, &host, &self.cfg.upload, &self.cfg.artifacts).await;
+            crate::crash_point!("artifacts.upload.after");
             let _ = std::fs::remove_file(&host);
             match result {
                 Ok(url) => {
@@ -831,7 +857,10 @@ impl AttemptExecutor {
     /// deleted), then the VM folder must be gone.
     async fn stop_and_delete(&mut self) -> Result<(), String> {
         let vm = self.attempt.vm.clone();
-        match self.tart.stop(&vm, self.cfg.stop_timeout).await {
+        crate::crash_point!("tart.stop.before");
+        let stopped = self.tart.stop(&vm, self.cfg.stop_timeout).await;
+        crate::crash_point!("tart.stop.after");
+        match stopped {
             Ok(()) => {}
             Err(e) if e.is_not_running() || e.is_vm_missing() => {}
             Err(e) => {
@@ -848,7 +877,10 @@ impl AttemptExecutor {
                 let _ = run.kill().await;
             }
         }
-        match self.tart.delete(&vm).await {
+        crate::crash_point!("tart.delete.before");
+        let deleted = self.tart.delete(&vm).await;
+        crate::crash_point!("tart.delete.after");
+        match deleted {
             Ok(()) => {}
             Err(e) if e.is_vm_missing() => {}
             Err(e) => return Err(e.to_string()),

@@ -440,8 +440,8 @@ pub struct FollowConfig {
     /// How long the guest may fail to answer (timeouts, guest agent unavailable, tart failing)
     /// before [`JobError::Unresponsive`].
     pub unresponsive_limit: Duration,
-    /// How long a job folder may lack its pid file before [`JobError::Vanished`] (the launching
-    /// shell died between `mkdir` and the job's pid: the guest rebooted or crashed).
+    /// How long a job folder may lack its pid file before [`JobError::NeverLaunched`] (the
+    /// launching shell died between `mkdir` and the job's pid: the guest rebooted or crashed).
     pub no_pid_limit: Duration,
     /// Most bytes of output one poll brings.
     pub chunk_bytes: u64,
@@ -507,14 +507,27 @@ pub enum JobError {
         silent: Duration,
         last: String,
     },
-    /// The job is gone without an exit status: its process died without writing one, it never
-    /// wrote its pid, or its folder disappeared.
+    /// The job is gone without an exit status: its process died without writing one, or its
+    /// folder disappeared.
     #[error("step {step:?} in {vm}: job {dir} vanished ({detail}); its exit status is unknown")]
     Vanished {
         vm: String,
         step: String,
         dir: String,
         detail: String,
+    },
+    /// The job's folder has had no pid for `waited`: the start call that made it was cut short
+    /// between its `mkdir` and the launch (its `tart exec` killed, as with the agent's process
+    /// group), so the step never ran; the folder keeps it from being started now.
+    #[error(
+        "step {step:?} in {vm}: job {dir} was never launched (its folder has had no pid file for {waited:?}: \
+         the start that made it was cut short before the launch); the step did not run"
+    )]
+    NeverLaunched {
+        vm: String,
+        step: String,
+        dir: String,
+        waited: Duration,
     },
     /// The guest or tart refused to start the job (no command, a folder that cannot be made,
     /// arguments tart cannot pass): the step did not run.
@@ -557,8 +570,8 @@ pub enum JobError {
 /// Cancel-safe: dropping the future kills at most the `tart exec` in flight (a start or a poll),
 /// never the job; the host log and sidecar are updated together without an await between them.
 /// Dropping it during the very first start call may leave a folder without a job (killed between
-/// its `mkdir` and the launch); the next follower reports that as [`JobError::Vanished`] after
-/// [`FollowConfig::no_pid_limit`].
+/// its `mkdir` and the launch); the next follower reports that as [`JobError::NeverLaunched`]
+/// after [`FollowConfig::no_pid_limit`].
 pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
     let mut f = Follower {
         tart,
@@ -588,7 +601,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
         tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
         true
     } else {
+        crate::crash_point!("step.start.before");
         let start = f.call("start", &start_argv(job), 4096).await?;
+        crate::crash_point!("step.start.after");
         let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
             Started::Now => {
                 tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
@@ -629,10 +644,12 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
             JobState::Starting => {
                 let since = *starting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= cfg.no_pid_limit {
-                    return Err(f.vanished(format!(
-                        "its folder has had no pid file for {:?}: the launch was interrupted in the guest",
-                        since.elapsed()
-                    )));
+                    return Err(JobError::NeverLaunched {
+                        vm: job.vm.clone(),
+                        step: job.step.clone(),
+                        dir: job.dir.clone(),
+                        waited: since.elapsed(),
+                    });
                 }
             }
             JobState::Vanished(_) if pending => continue,
@@ -777,9 +794,11 @@ struct Follower<'a> {
 impl Follower<'_> {
     /// One poll, retried until the guest answers.
     async fn poll(&mut self, from: u64, max: u64) -> Result<PollReply, JobError> {
+        crate::crash_point!("step.poll.before");
         let out = self
             .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
             .await?;
+        crate::crash_point!("step.poll.after");
         parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
     }
 

@@ -1252,6 +1252,40 @@ fn requested_attempt_resumes_its_claim_or_records_claim_lost() {
     );
 }
 
+/// Found by the crash-point sweep (journal.append.after, claim.status.before): the agent died
+/// between journaling `Requested` and its claim write. Nobody holds the build, so the claim never
+/// happened: it is made now, not recorded as lost (a lost a1 could never be claimed again by this
+/// agent, whose journal already has it, and the build waited for ever).
+#[test]
+fn a_first_attempt_whose_claim_never_reached_the_cluster_claims_it_now() {
+    let mut j = Journal::new(1);
+    j.request(1, None, t0());
+    let mut unclaimed = mk_view(1, 0);
+    unclaimed.claim = None;
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![unclaimed.clone()]), t0() + secs(5));
+    assert_eq!(
+        p,
+        vec![RecoveryAction::ResumeAdmission {
+            attempt: key(1),
+            timeout: secs(1800)
+        }]
+    );
+    // A retry always finds the claim naming its previous attempt; without one it is not ours.
+    let mut retry = Journal::new(1);
+    retry.request(2, Some(deadline()), t0());
+    let p = plan_for(&retry.recs, &[], &mk_cluster(vec![unclaimed]), t0() + secs(5));
+    assert!(
+        matches!(
+            &p[..],
+            [RecoveryAction::Step {
+                event: Event::ClaimLost { .. },
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
 #[test]
 fn retry_owed_by_the_last_record_is_requested_after_a_crash() {
     // Died right after #122, before journaling a2.

@@ -37,9 +37,6 @@ use tokio::sync::{Mutex, Notify};
 /// freed, the Lease may be fresh again, a withdrawal may have been missed).
 const RESCAN: Duration = Duration::from_millis(500);
 
-/// How often finished, delivered builds are dropped from the journal.
-const COMPACTION_INTERVAL: Duration = Duration::from_secs(600);
-
 /// The machine's configuration from the agent's.
 pub fn machine_config(config: &Config) -> machine::Config {
     machine::Config {
@@ -127,8 +124,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut terminate = terminated()?;
     // The first compaction comes one interval after the start, not at it: what recovery just
     // journaled stays readable (`tartan-agent journal`, the e2e checker) for a while.
-    let mut compaction =
-        tokio::time::interval_at(tokio::time::Instant::now() + COMPACTION_INTERVAL, COMPACTION_INTERVAL);
+    let every = shared.config.timing.compaction_interval;
+    let mut compaction = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();

@@ -269,7 +269,10 @@ async fn kill_then_drive(
     generation: Option<i64>,
     cancel: &CancelSignal,
 ) -> Rest {
-    let killed = match shared.tart.kill_vm_processes(vm).await {
+    crate::crash_point!("recover.kill_survivors.before");
+    let killed = shared.tart.kill_vm_processes(vm).await;
+    crate::crash_point!("recover.kill_survivors.after");
+    let killed = match killed {
         Ok(report) => report.killed.len(),
         Err(error) => {
             tracing::error!(%vm, %error, "could not kill the VM's tart processes; recovery of this build stops here");

@@ -78,6 +78,7 @@ impl Rig {
         cfg.probe_interval = Duration::from_millis(100);
         cfg.probe_timeout = Duration::from_secs(5);
         cfg.stop_timeout = Duration::from_secs(5);
+        cfg.step_no_pid_limit = Duration::from_secs(2);
         // Tests publish into their own temp folders; the state dir and tart home stay protected.
         cfg.artifacts.allowed_file_roots = vec![std::env::temp_dir()];
         cfg.upload = UploadPolicy {
