@@ -681,7 +681,9 @@ fn admitted_once(world: &World, v: &mut Vec<Violation>) {
     let mut cloned: BTreeMap<&str, Vec<(&str, &Record)>> = BTreeMap::new();
     for a in &world.agents {
         for r in &a.journal {
+            // A resume or detach found in Admitted stays there: not a second admission.
             if r.to == AttemptState::Admitted
+                && r.from != Some(AttemptState::Admitted)
                 && let (Some(b), Some(n)) = (&r.build, r.attempt)
             {
                 admitted.entry((b.uid.clone(), n)).or_default().push((&a.id, r));

@@ -167,12 +167,13 @@ pub struct Row {
     pub slots: u8,
 }
 
-/// Points only an agent start passes: the first start crashes at [`LEAD_IN`] (a claimed attempt
-/// with nothing cloned yet, which recovery interrupts), the second at the point itself.
+/// Points only an agent start passes: the first start crashes at [`LEAD_IN`] (a VM cloned but not
+/// started: nothing to resume, so recovery kills its survivors and interrupts the attempt), the
+/// second at the point itself.
 const RECOVERY_AREA: &str = "recover.";
 
 /// Where a recovery row's first start dies.
-pub const LEAD_IN: &str = "tart.clone.before";
+pub const LEAD_IN: &str = "tart.set.after";
 
 /// Every point × style, at `slots`, each point at its first hit.
 pub fn plan(points: &[Point], styles: &[Style], slots: u8) -> Vec<Row> {

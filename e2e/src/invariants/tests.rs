@@ -400,3 +400,20 @@ fn a_stale_holders_fenced_out_result_is_not_owed_to_the_cluster() {
     w.agents[1].journal = stale;
     assert_breaks(&w, 6);
 }
+
+#[test]
+fn a_resume_or_detach_in_admitted_is_not_a_second_admission() {
+    // An agent stopped right after admitting (issue 13): `Admitted -> Admitted (Detached)`, then
+    // `(Resumed)` at its next start; the attempt was admitted once.
+    use AttemptState::*;
+    let mut w = good();
+    let journal = &mut w.agents[0].journal;
+    let admitted = journal.iter().position(|r| r.to == Admitted).expect("an admission");
+    for (i, reason) in [Reason::Detached, Reason::Resumed].into_iter().enumerate() {
+        let mut r = rec(100 + i as u64, "u1", 1, V1, Some(Admitted), Admitted);
+        r.reason = Some(reason);
+        r.slot = Some(0);
+        journal.insert(admitted + 1 + i, r);
+    }
+    assert!(!invariants_broken(&w).contains(&9), "{:#?}", check(&w));
+}
