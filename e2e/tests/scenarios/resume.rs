@@ -279,22 +279,51 @@ async fn away_past_the_deadline_the_watchdog_deletes_and_nothing_resumes() {
 /// VM runs, its guest does not answer yet. The resumed boot's own probe waits for the guest
 /// under the boot limit; the resume must not give up on a booting guest after
 /// `timing.resume_probe` (30 s), interrupt the attempt and delete a VM that was about to answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
-    let mut s = Stack::new("agent-upgrade-mid-boot").await;
-    s.add_agent(
-        "agent-a",
-        AgentOptions {
-            boot_delay_secs: 12.0,
-            resume_probe: "3s",
-            ..AgentOptions::default()
-        },
-    );
+/// A one-attempt build (`max-attempts 1`: an interruption would fail it) in `Booting` on a stack
+/// of one agent (`opts`); with `slow_clone`, its `tart clone` takes 30 s.
+async fn booting_one_attempt_build(name: &str, opts: AgentOptions, slow_clone: bool) -> Stack {
+    let mut s = Stack::new(name).await;
+    s.add_agent("agent-a", opts);
     s.start_controller(ControllerOptions::default());
+    if slow_clone {
+        s.tart_faults("agent-a", json!({"global": {"clone_delay_secs": 30.0}}));
+    }
     s.start_agent("agent-a").await;
     let mut params = s.build_params(false);
     params.push(("max-attempts", json!("1")));
     s.create_run("build-1", &params, None).await;
+    s.wait_journal("agent-a", "Booting", Duration::from_secs(30), |r| {
+        r.to == AttemptState::Booting
+    })
+    .await;
+    s
+}
+
+/// The CustomRun ended `TestsPassed` as attempt `#1`.
+async fn assert_passed_as_attempt_1(s: &Stack) {
+    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
+    assert_eq!(
+        run["status"]["conditions"][0]["reason"],
+        "TestsPassed",
+        "{}\n{}",
+        tartan_e2e::stack::condition_text(&run),
+        s.journal_text("agent-a")
+    );
+    assert_eq!(
+        result(&run, "attempt"),
+        Some("build-1#1"),
+        "the same attempt ends the build"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
+    let opts = AgentOptions {
+        boot_delay_secs: 12.0,
+        resume_probe: "3s",
+        ..AgentOptions::default()
+    };
+    let mut s = booting_one_attempt_build("agent-upgrade-mid-boot", opts, false).await;
     wait_for("tart run of the booting VM", Duration::from_secs(30), || {
         let booting = journal_of(&s, |r| r.to == AttemptState::Booting).len() == 1;
         (booting && !s.tart_pids("agent-a").is_empty())
@@ -304,15 +333,7 @@ async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
     .await;
     s.stop_agent("agent-a", EXIT_TIME_OUT);
     s.start_agent("agent-a").await;
-    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
-    assert_eq!(
-        run["status"]["conditions"][0]["reason"],
-        "TestsPassed",
-        "{}\n{}",
-        tartan_e2e::stack::condition_text(&run),
-        s.journal_text("agent-a")
-    );
-    assert_eq!(result(&run, "attempt"), Some("build-1#1"));
+    assert_passed_as_attempt_1(&s).await;
     assert!(
         journal_of(&s, |r| r.reason == Some(Reason::AgentRestarted)).is_empty(),
         "nothing interrupted:\n{}",
@@ -325,18 +346,7 @@ async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
 /// agent kills it before cloning again, so there is one clone and one VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
-    let mut s = Stack::new("agent-killed-mid-clone").await;
-    s.add_agent("agent-a", AgentOptions::default());
-    s.start_controller(ControllerOptions::default());
-    s.tart_faults("agent-a", json!({"global": {"clone_delay_secs": 30.0}}));
-    s.start_agent("agent-a").await;
-    let mut params = s.build_params(false);
-    params.push(("max-attempts", json!("1")));
-    s.create_run("build-1", &params, None).await;
-    s.wait_journal("agent-a", "Booting", Duration::from_secs(30), |r| {
-        r.to == AttemptState::Booting
-    })
-    .await;
+    let mut s = booting_one_attempt_build("agent-killed-mid-clone", AgentOptions::default(), true).await;
     wait_for("the clone to run", Duration::from_secs(30), || {
         (!s.tart_pids("agent-a").is_empty())
             .then_some(())
@@ -347,15 +357,7 @@ async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
     assert!(!s.tart_pids("agent-a").is_empty(), "the clone outlives its agent");
     s.tart_faults("agent-a", json!({}));
     s.start_agent("agent-a").await;
-    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
-    assert_eq!(
-        run["status"]["conditions"][0]["reason"],
-        "TestsPassed",
-        "{}\n{}",
-        tartan_e2e::stack::condition_text(&run),
-        s.journal_text("agent-a")
-    );
-    assert_eq!(result(&run, "attempt"), Some("build-1#1"));
+    assert_passed_as_attempt_1(&s).await;
     assert_eq!(s.builds_started(), 1);
     assert!(
         s.vms("agent-a").iter().all(|v| !v.starts_with("mb-")),
@@ -371,37 +373,14 @@ async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
 /// attempt (here the only one: the build would fail `Interrupted`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_upgrade_mid_clone_resumes_the_same_attempt() {
-    let mut s = Stack::new("agent-upgrade-mid-clone").await;
-    s.add_agent("agent-a", AgentOptions::default());
-    s.start_controller(ControllerOptions::default());
-    s.tart_faults("agent-a", json!({"global": {"clone_delay_secs": 30.0}}));
-    s.start_agent("agent-a").await;
-    let mut params = s.build_params(false);
-    params.push(("max-attempts", json!("1")));
-    s.create_run("build-1", &params, None).await;
-    s.wait_journal("agent-a", "Booting", Duration::from_secs(30), |r| {
-        r.to == AttemptState::Booting
-    })
-    .await;
+    let mut s = booting_one_attempt_build("agent-upgrade-mid-clone", AgentOptions::default(), true).await;
     s.stop_agent("agent-a", EXIT_TIME_OUT);
     let detached = journal_of(&s, |r| r.reason == Some(Reason::Detached));
     assert_eq!(detached.len(), 1, "one Detached record:\n{}", s.journal_text("agent-a"));
     assert_eq!(detached[0].to, AttemptState::Booting);
     s.tart_faults("agent-a", json!({}));
     s.start_agent("agent-a").await;
-    let run = s.wait_run_ended("build-1", Duration::from_secs(60)).await;
-    assert_eq!(
-        run["status"]["conditions"][0]["reason"],
-        "TestsPassed",
-        "{}\n{}",
-        tartan_e2e::stack::condition_text(&run),
-        s.journal_text("agent-a")
-    );
-    assert_eq!(
-        result(&run, "attempt"),
-        Some("build-1#1"),
-        "the same attempt ends the build"
-    );
+    assert_passed_as_attempt_1(&s).await;
     assert!(
         journal_of(&s, |r| r.reason == Some(Reason::AgentRestarted)).is_empty(),
         "nothing interrupted:\n{}",
