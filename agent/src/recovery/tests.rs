@@ -1654,50 +1654,47 @@ fn resume_needs_the_clusters_word_a_running_vm_time_left_and_the_resume_mode() {
     assert_eq!(gone, kill(Ending::CancelRequested));
 }
 
+/// The plan is exactly "kill the survivors, then `AgentRestarted`" (the attempt is interrupted).
+fn assert_interrupted(p: &[RecoveryAction]) {
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::AgentRestarted,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
+/// Nothing is resumed on a VM that is not ours to continue: an Admitted attempt whose VM already
+/// exists (it never cloned it; an Admitted attempt with no VM is resumed by booting, see
+/// `Resume { clone_again }`), or a Running attempt whose VM is stopped.
 #[test]
-fn an_admitted_attempt_or_a_stopped_vm_is_never_resumed() {
+fn an_admitted_attempt_with_a_vm_already_there_or_a_stopped_vm_is_never_resumed() {
     let now = t0() + secs(700);
     let mut j = Journal::new(1);
     j.run_to(1, S::Admitted);
     let w = running_world(&vm_of(1), true);
-    let p = plan(
+    assert_interrupted(&plan(
         &j.recs,
         &observed(&w),
         &mk_cluster(vec![mk_view(1, 2)]),
         &me(),
         now,
         &Config::default(),
-    );
-    assert!(
-        matches!(
-            p[..],
-            [RecoveryAction::KillVmProcesses {
-                then: Ending::AgentRestarted,
-                ..
-            }]
-        ),
-        "{p:?}"
-    );
+    ));
     let mut j = Journal::new(1);
     j.run_to(1, S::Running);
-    let p = plan(
+    assert_interrupted(&plan(
         &j.recs,
         &observed(&world(&[&vm_of(1)])),
         &mk_cluster(vec![mk_view(1, 4)]),
         &me(),
         now,
         &Config::default(),
-    );
-    assert!(
-        matches!(
-            p[..],
-            [RecoveryAction::KillVmProcesses {
-                then: Ending::AgentRestarted,
-                ..
-            }]
-        ),
-        "{p:?}"
-    );
+    ));
 }
 
 #[test]
