@@ -1788,7 +1788,6 @@ fn a_boot_stopped_before_its_clone_finished_is_resumed_with_the_clone() {
 /// The claim names neither a1 nor its predecessor, so a1's claim is lost; recovery must say so,
 /// not overflow (`overflow-checks` are on in release too: a panic here fails every restart).
 #[test]
-#[ignore = "defect: `c.attempt + 1` overflows in recovery::plan (recovery.rs:511)"]
 fn a_claim_naming_attempt_u32_max_does_not_overflow_recovery() {
     let mut j = Journal::new(1);
     j.request(1, None, t0());
