@@ -506,9 +506,9 @@ pub fn plan(
         match a.state {
             AttemptState::Requested => {
                 // A retry's claim still names the previous attempt until its claim write.
-                let claim_mine = b
-                    .and_then(|b| b.claim.as_ref())
-                    .is_some_and(|c| is_mine(c, me, a.number) || (c.holder == me.0 && c.attempt + 1 == a.number));
+                let claim_mine = b.and_then(|b| b.claim.as_ref()).is_some_and(|c| {
+                    is_mine(c, me, a.number) || (c.holder == me.0 && c.attempt.checked_add(1) == Some(a.number))
+                });
                 out.push(requested(a, b, withdrawal, claim_mine, now, cfg));
             }
             AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {

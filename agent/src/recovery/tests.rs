@@ -1779,3 +1779,29 @@ fn a_boot_stopped_before_its_clone_finished_is_resumed_with_the_clone() {
         &cfg
     )));
 }
+
+/// Adversarial: the MacBuild's status (written by a stale writer, or anyone with status access)
+/// names this agent as holder of attempt 4294967295 while the journal holds a requested a1.
+/// The claim names neither a1 nor its predecessor, so a1's claim is lost; recovery must say so,
+/// not overflow (`overflow-checks` are on in release too: a panic here fails every restart).
+#[test]
+fn a_claim_naming_attempt_u32_max_does_not_overflow_recovery() {
+    let mut j = Journal::new(1);
+    j.request(1, None, t0());
+    let mut huge = mk_view(1, 0);
+    huge.claim = Some(ClaimView {
+        holder: ME.into(),
+        attempt: u32::MAX,
+    });
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![huge]), t0() + secs(5));
+    assert!(
+        matches!(
+            &p[..],
+            [RecoveryAction::Step {
+                event: Event::ClaimLost { .. },
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
