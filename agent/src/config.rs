@@ -131,6 +131,9 @@ pub struct LogsConfig {
     pub max_age: Duration,
     /// Above this many bytes in all, the oldest VM folders are removed first (5 GiB).
     pub max_total_bytes: u64,
+    /// How often the new output of a running build's step logs is shipped to its artifact
+    /// destination (5 s; 1 s to 60 s).
+    pub ship_interval: Duration,
 }
 
 impl Default for LogsConfig {
@@ -138,6 +141,7 @@ impl Default for LogsConfig {
         LogsConfig {
             max_age: Duration::from_secs(7 * 24 * 3600),
             max_total_bytes: 5 << 30,
+            ship_interval: Duration::from_secs(5),
         }
     }
 }
@@ -147,6 +151,7 @@ impl Default for LogsConfig {
 struct RawLogs {
     max_age: Option<HumaneDuration>,
     max_total_mib: Option<u64>,
+    ship_interval: Option<HumaneDuration>,
 }
 
 /// Timing constants; defaults are the source document's figures.
@@ -499,7 +504,17 @@ impl Config {
                     )
                 })?,
             },
+            ship_interval: raw.logs.ship_interval.map_or(d.ship_interval, |h| h.0),
         };
+        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&logs.ship_interval) {
+            return Err(invalid(
+                "logs.ship_interval",
+                format!(
+                    "{:?} must be 1s to 60s (a follower sees a running step's output one interval late)",
+                    logs.ship_interval
+                ),
+            ));
+        }
 
         let metrics_address = match raw.metrics_address {
             None => SocketAddr::from(([127, 0, 0, 1], 9464)),
@@ -890,6 +905,16 @@ compaction_interval = "90s"
             .unwrap_err()
             .to_string();
         assert!(err.contains("logs.max_total_mib"), "{err}");
+        for bad in ["0s", "500ms", "61s"] {
+            let err = parse(&format!("[logs]\nship_interval = \"{bad}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("logs.ship_interval") && err.contains("1s to 60s"), "{err}");
+        }
+        assert_eq!(
+            parse("[logs]\nship_interval = \"2s\"").unwrap().logs.ship_interval,
+            Duration::from_secs(2)
+        );
         let err = parse("[logs]\nmax_age = \"forever\"").unwrap_err().to_string();
         assert!(err.contains("not a duration") && err.contains("line 2"), "{err}");
         let err = parse("[logs]\nkeep = 3").unwrap_err().to_string();

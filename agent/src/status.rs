@@ -25,6 +25,8 @@ pub struct Reporter<'a> {
     pub retry_follows: bool,
     /// The MacBuild generation the agent acted on.
     pub generation: Option<i64>,
+    /// Where the attempt's step logs are shipped, once shipping started (`status.logs`).
+    pub logs: Option<&'a str>,
 }
 
 /// Whether a record's snapshot belongs in the journal: the records recovery may have to deliver
@@ -68,6 +70,12 @@ pub fn next_status(
         && !outcome_fixed_earlier
     {
         status.results = Some(results.clone());
+    }
+
+    // A new attempt ships under its own folder; an executor that has not started shipping yet
+    // (after a restart) leaves the attempt's known location as it is.
+    if new_attempt || who.logs.is_some() {
+        status.logs = who.logs.map(str::to_string);
     }
 
     let entry = match status.attempts.iter().position(|a| a.number == attempt.number) {
@@ -319,6 +327,7 @@ mod tests {
             results,
             retry_follows,
             generation: Some(1),
+            logs: None,
         }
     }
 
@@ -483,6 +492,32 @@ mod tests {
         a.observe(&records[6]);
         let status = next_status(&status, &a, &records[6], &who(Some(&empty), false));
         assert_eq!(status.results.as_ref(), Some(&results));
+    }
+
+    /// `status.logs` appears with the first record that knows it, survives records of an
+    /// executor that has not started shipping (a restarted agent), and a new attempt drops it.
+    #[test]
+    fn the_logs_location_is_kept_for_its_attempt_and_dropped_by_the_next() {
+        use AttemptState::*;
+        let records = happy(Reason::TestsPassed, Outcome::Succeeded);
+        let url = "s3://ci/app/mb-ci-build-42-00000001/logs/";
+        let shipping = Reporter {
+            logs: Some(url),
+            ..who(None, false)
+        };
+        let (mut attempt, mut status) = run(&records[..1], &who(None, false));
+        assert_eq!(status.logs, None);
+        for (i, r) in records[1..].iter().enumerate() {
+            attempt.observe(r);
+            let reporter = if i < 2 { &shipping } else { &who(None, false) };
+            status = next_status(&status, &attempt, r, reporter);
+            assert_eq!(status.logs.as_deref(), Some(url), "after #{}", r.seq);
+        }
+        let second = rec(20, 2, None, Requested, None);
+        let mut a2 = Attempt::from_record(&second, 2).unwrap();
+        a2.observe(&second);
+        status = next_status(&status, &a2, &second, &who(None, false));
+        assert_eq!(status.logs, None, "the next attempt ships under its own folder");
     }
 
     #[test]

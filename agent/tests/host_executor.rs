@@ -247,6 +247,7 @@ fn status_after(records: &[tartan_agent::record::Record]) -> tartan_api::MacBuil
             results: None,
             retry_follows: false,
             generation: Some(1),
+            logs: None,
         };
         status = tartan_agent::status::next_status(&status, &attempt, r, &who);
     }

@@ -283,6 +283,13 @@ pub struct MacBuildStatus {
     /// One line on the current state, e.g. why the build is `Pending`. Written by the holding agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+
+    /// Where the current attempt's step logs are shipped while it runs and once it ended:
+    /// `<destination>/<vm>/logs/` (`s3://…` or `file://…`; the layout is in `tartan_api::logs`).
+    /// Set when shipping starts; absent when neither the MacBuild nor the agent config names an
+    /// artifact destination. Written by the holding agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
 }
 
 impl MacBuildStatus {

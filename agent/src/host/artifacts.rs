@@ -16,7 +16,7 @@
 //!   multipart chunks without being held in memory.
 
 use crate::config::ArtifactsConfig;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
@@ -341,17 +341,40 @@ pub async fn upload(
 
 /// Copies `file` to `dir/key` durably: temp file beside the target, fsync, rename, fsync dir.
 async fn copy_into(dir: &Path, key: &str, file: &Path) -> Result<(), String> {
+    let file = file.to_path_buf();
+    place_durably(dir, key, move |temp| {
+        std::fs::copy(&file, temp)
+            .map(|_| ())
+            .map_err(|e| format!("copying {} to {}: {e}", file.display(), temp.display()))
+    })
+    .await
+}
+
+/// Writes `bytes` to `dir/key` durably, as [`copy_into`] does.
+async fn write_into(dir: &Path, key: &str, bytes: Vec<u8>) -> Result<(), String> {
+    place_durably(dir, key, move |temp| {
+        std::fs::write(temp, &bytes).map_err(|e| format!("writing {}: {e}", temp.display()))
+    })
+    .await
+}
+
+/// Fills a temp file beside `dir/key` with `fill`, fsyncs it, renames it into place and fsyncs
+/// the directory, so a crash leaves the old file or the whole new one.
+async fn place_durably(
+    dir: &Path,
+    key: &str,
+    fill: impl FnOnce(&Path) -> Result<(), String> + Send + 'static,
+) -> Result<(), String> {
     let target = dir.join(key);
     let parent = target.parent().unwrap_or(dir).to_path_buf();
-    let (file, target2) = (file.to_path_buf(), target.clone());
+    let target2 = target.clone();
     tokio::task::spawn_blocking(move || -> Result<(), String> {
         let target = target2;
         std::fs::create_dir_all(&parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
         let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("artifact");
         let temp = parent.join(format!(".{name}.{}.part", std::process::id()));
         let result = (|| {
-            std::fs::copy(&file, &temp)
-                .map_err(|e| format!("copying {} to {}: {e}", file.display(), temp.display()))?;
+            fill(&temp)?;
             std::fs::File::open(&temp)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| format!("syncing {}: {e}", temp.display()))?;
@@ -410,6 +433,30 @@ pub fn s3_store(bucket: &str, settings: &ArtifactsConfig) -> Result<Arc<dyn Obje
         .build()
         .map_err(|e| format!("configuring the S3 client for bucket {bucket}: {e}"))?;
     Ok(Arc::new(store))
+}
+
+/// Writes `bytes` as object `key` under `dest` in one request: a durable file under a `file://`
+/// folder, or one PUT through `s3` (the client of the destination's bucket, made once by the
+/// caller with [`s3_store`]). No retries: the caller decides what a failure means.
+pub async fn put_bytes(
+    dest: &Destination,
+    s3: Option<&Arc<dyn ObjectStore>>,
+    key: &str,
+    bytes: Vec<u8>,
+) -> Result<(), String> {
+    match dest {
+        Destination::File { dir } => write_into(dir, key, bytes).await,
+        Destination::S3 { bucket, prefix } => {
+            let key = join_key(prefix, key);
+            let store = s3.ok_or_else(|| format!("no S3 client for bucket {bucket}"))?;
+            let location = ObjectPath::parse(&key).map_err(|e| format!("object key {key:?} is not valid: {e}"))?;
+            store
+                .put(&location, bytes.into())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("PUT s3://{bucket}/{key}: {e}"))
+        }
+    }
 }
 
 async fn put_s3(bucket: &str, key: &str, file: &Path, settings: &ArtifactsConfig) -> Result<(), String> {

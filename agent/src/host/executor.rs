@@ -16,6 +16,7 @@ use super::artifacts::{
     Destination, DestinationPolicy, DestinationRefused, UploadPolicy, allowed_destination, artifact_key, upload,
 };
 use super::junit::{TestCounts, parse_report};
+use super::log_shipper::{LogShipper, ShipSettings};
 use super::steps::{GuestCommand, checkout_commands, log_dir, step_log};
 use crate::config::ArtifactsConfig;
 use crate::machine::{Action, DeleteContext, Deleted, Event};
@@ -132,6 +133,8 @@ pub struct ExecutorConfig {
     /// How long a step's guest folder may lack its job's pid before the start counts as cut
     /// short before the launch ([`super::guest_job::FollowConfig::no_pid_limit`]).
     pub step_no_pid_limit: Duration,
+    /// Shipping of the step logs to the artifact destination while the attempt runs.
+    pub log_ship: ShipSettings,
 }
 
 impl ExecutorConfig {
@@ -153,6 +156,7 @@ impl ExecutorConfig {
             detach_vm: false,
             step_poll: Duration::from_secs(1),
             step_no_pid_limit: super::guest_job::FollowConfig::default().no_pid_limit,
+            log_ship: ShipSettings::default(),
         }
     }
 }
@@ -198,6 +202,12 @@ pub struct AttemptExecutor {
     artifact_url: Option<String>,
     last_step: Option<(String, String)>,
     interrupt_latency: Option<Duration>,
+    /// Ships the step logs while the attempt runs (see [`Self::ensure_log_shipping`]).
+    log_shipper: Option<LogShipper>,
+    /// Where the step logs go, once shipping started (kept after it finished).
+    logs_location: Option<String>,
+    /// Whether shipping was decided on (started, or found impossible), so it is started once.
+    log_shipping_decided: bool,
 }
 
 impl AttemptExecutor {
@@ -216,6 +226,74 @@ impl AttemptExecutor {
             artifact_url: None,
             last_step: None,
             interrupt_latency: None,
+            log_shipper: None,
+            logs_location: None,
+            log_shipping_decided: false,
+        }
+    }
+
+    /// Where the step logs are shipped (`status.logs`), once shipping started.
+    pub fn logs_location(&self) -> Option<String> {
+        self.logs_location.clone()
+    }
+
+    /// Starts shipping the step logs unless that was decided already: to the build's artifact
+    /// destination (`spec.artifacts.destination`, else the agent config's), if the policy allows
+    /// it. With no destination at all nothing is shipped; a refused one is the artifacts'
+    /// business (it fails the build at admission) and ships nothing either.
+    fn ensure_log_shipping(&mut self) {
+        if self.log_shipping_decided {
+            return;
+        }
+        self.log_shipping_decided = true;
+        // A build gone from the cluster is only retired (its spec is a stand-in without steps).
+        if self.attempt.spec.steps.is_empty() {
+            return;
+        }
+        let named = self
+            .attempt
+            .spec
+            .artifacts
+            .as_ref()
+            .map_or("", |a| a.destination.as_str());
+        let home = self.tart.home().ok();
+        let policy = DestinationPolicy::new(&self.cfg.artifacts, &self.cfg.state_dir, home.as_deref());
+        let vm = self.attempt.vm.clone();
+        match allowed_destination(named, &policy) {
+            Ok(dest) => {
+                let shipper = LogShipper::start(
+                    &vm,
+                    log_dir(&self.cfg.state_dir, &vm),
+                    dest,
+                    self.cfg.log_ship.clone(),
+                    &self.cfg.artifacts,
+                );
+                self.logs_location = Some(shipper.location().to_string());
+                self.log_shipper = Some(shipper);
+            }
+            Err(DestinationRefused::NoDestination) => {
+                tracing::info!(%vm, "no artifact destination: the step logs stay on this host only");
+            }
+            Err(refused) => {
+                tracing::warn!(%vm, %refused, "the step logs are not shipped; they stay on this host only");
+            }
+        }
+    }
+
+    /// Asks the shipper (if any) to ship its last bytes and the whole logs; [`Self::end_log_shipping`]
+    /// waits for it. Called as the retirement starts, so it overlaps the VM's stop and deletion.
+    fn begin_log_shipping_end(&mut self) -> Instant {
+        self.ensure_log_shipping();
+        if let Some(s) = &self.log_shipper {
+            s.begin_finish();
+        }
+        Instant::now()
+    }
+
+    /// Waits (bounded by [`ShipSettings::finish_limit`] since `since`) for the shipper's end.
+    async fn end_log_shipping(&mut self, since: Instant) {
+        if let Some(s) = self.log_shipper.take() {
+            s.finish(since, self.cfg.log_ship.finish_limit).await;
         }
     }
 
@@ -279,6 +357,10 @@ impl AttemptExecutor {
             return Performed::NotHost;
         }
         match action {
+            Action::StopAndDeleteVm { .. } | Action::ConfirmVmGone { .. } | Action::RetryDeleteLater { .. } => {}
+            _ => self.ensure_log_shipping(),
+        }
+        match action {
             Action::WriteDeadlineFile { deadline, .. } => {
                 // The admission fixed the deadline; from here on it is the one enforced.
                 let deadline = *deadline;
@@ -295,9 +377,25 @@ impl AttemptExecutor {
             }
             Action::CollectResults { .. } => self.guarded(|s| Box::pin(s.collect_results())).await,
             Action::UploadArtifacts { .. } => self.guarded(|s| Box::pin(s.upload_artifacts())).await,
-            Action::StopAndDeleteVm { context, .. } => self.stop_and_delete_vm(*context).await,
-            Action::ConfirmVmGone { .. } => self.confirm_gone().await,
+            // The step logs are complete once the steps stopped: their end overlaps the VM's
+            // deletion and is waited for (bounded) before the deletion is reported, so the
+            // build turns terminal with its logs shipped.
+            Action::StopAndDeleteVm { context, .. } => {
+                let since = self.begin_log_shipping_end();
+                let done = self.stop_and_delete_vm(*context).await;
+                self.end_log_shipping(since).await;
+                done
+            }
+            Action::ConfirmVmGone { .. } => {
+                let since = self.begin_log_shipping_end();
+                let done = self.confirm_gone().await;
+                self.end_log_shipping(since).await;
+                done
+            }
             Action::RetryDeleteLater { after, .. } => {
+                // A restarted agent resolving a quarantine still owes the logs their end.
+                let since = self.begin_log_shipping_end();
+                self.end_log_shipping(since).await;
                 // From 1 s, doubling up to `after`: a transient failure (or one an agent restart
                 // finds already lifted) frees the slot soon; a lasting one is not hammered.
                 let after = Duration::try_from(*after).unwrap_or(Duration::from_secs(30));

@@ -132,6 +132,7 @@ mod tests {
         LogsConfig {
             max_age,
             max_total_bytes,
+            ..LogsConfig::default()
         }
     }
 

@@ -31,6 +31,7 @@ pub mod artifacts;
 pub mod executor;
 pub mod guest_job;
 pub mod junit;
+pub mod log_shipper;
 pub mod logs;
 pub mod steps;
 
@@ -49,13 +50,15 @@ use tartan_api::{AttemptState, BuildResults};
 /// The runtime's part of [`drive`].
 pub trait AttemptHooks {
     /// Journals `t` for `attempt` and returns the record once it is synced; `results` is what the
-    /// executor has gathered so far (for the status snapshot). On error nothing of `t` is
-    /// performed and [`drive`] returns the error (fail closed).
+    /// executor has gathered so far and `logs` where it ships the step logs, if it does (both for
+    /// the status snapshot). On error nothing of `t` is performed and [`drive`] returns the error
+    /// (fail closed).
     fn journal(
         &mut self,
         attempt: &Attempt,
         t: &Transition,
         results: &BuildResults,
+        logs: Option<&str>,
     ) -> impl Future<Output = Result<Record, String>> + Send;
 
     /// Performs a non-host action (claim, slot release, status delivery, finalizer, next
@@ -92,7 +95,8 @@ pub async fn drive(
             attempt: attempt.key().to_string(),
             refusal,
         })?;
-        let record = match hooks.journal(attempt, &t, &exec.results()).await {
+        let logs = exec.logs_location();
+        let record = match hooks.journal(attempt, &t, &exec.results(), logs.as_deref()).await {
             Ok(record) => record,
             Err(error) => {
                 if attempt.state.may_have_vm() {

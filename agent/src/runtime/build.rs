@@ -56,6 +56,10 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
         local_images: shared.config.local_images.clone(),
         detach_vm: shared.machine.resume_after_restart,
         step_poll: shared.config.timing.step_poll,
+        log_ship: crate::host::log_shipper::ShipSettings {
+            interval: shared.config.logs.ship_interval,
+            ..Default::default()
+        },
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
@@ -107,8 +111,16 @@ struct Hooks<'a> {
 }
 
 impl AttemptHooks for Hooks<'_> {
-    async fn journal(&mut self, attempt: &Attempt, t: &Transition, results: &BuildResults) -> Result<Record, String> {
-        self.shared.journal(attempt, t, Some(results), self.generation).await
+    async fn journal(
+        &mut self,
+        attempt: &Attempt,
+        t: &Transition,
+        results: &BuildResults,
+        logs: Option<&str>,
+    ) -> Result<Record, String> {
+        self.shared
+            .journal(attempt, t, Some(results), self.generation, logs)
+            .await
     }
 
     async fn act(&mut self, attempt: &Attempt, action: &Action) -> Option<Event> {
@@ -215,7 +227,7 @@ pub async fn claim_and_run(
         }
     }
     let t = machine::request(&attempt, retry_of, Timestamp::now());
-    match shared.journal(&attempt, &t, None, generation).await {
+    match shared.journal(&attempt, &t, None, generation, None).await {
         Ok(record) => attempt.observe(&record),
         Err(error) => {
             shared.core.lock().await.reserved.remove(&build.uid);
@@ -403,7 +415,7 @@ async fn request_and_end(
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
     let mut attempt = Attempt::new(build, next.attempt, vm, max_attempts);
     let t = machine::request(&attempt, Some(next), Timestamp::now());
-    match shared.journal(&attempt, &t, None, mb.metadata.generation).await {
+    match shared.journal(&attempt, &t, None, mb.metadata.generation, None).await {
         Ok(record) => attempt.observe(&record),
         Err(error) => return Rest::JournalFailed(error),
     }

@@ -124,6 +124,7 @@ impl Shared {
         t: &Transition,
         results: Option<&BuildResults>,
         generation: Option<i64>,
+        logs: Option<&str>,
     ) -> Result<Record, String> {
         let uid = attempt.build.uid.clone();
         let mut core = self.core.lock().await;
@@ -150,6 +151,7 @@ impl Shared {
                 results,
                 retry_follows,
                 generation,
+                logs,
             },
         );
         if snapshot_is_journaled(&record) {

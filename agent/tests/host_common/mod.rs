@@ -203,6 +203,7 @@ impl AttemptHooks for MemJournal {
         attempt: &Attempt,
         t: &Transition,
         _results: &tartan_api::BuildResults,
+        _logs: Option<&str>,
     ) -> impl std::future::Future<Output = Result<Record, String>> + Send {
         let mut records = self.records.lock().unwrap();
         if self.fail_after.is_some_and(|n| records.len() >= n) {
