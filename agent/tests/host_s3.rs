@@ -8,74 +8,11 @@ mod host_common;
 use host_common::*;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tartan_agent::host::{artifacts::s3_store, cancel_pair, drive};
 use tartan_agent::machine::Config;
 use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason};
-
-/// `python3 -m moto.server` on a free local port; killed and reaped on drop.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Moto {
-    fn start() -> Option<Moto> {
-        let probe = Command::new("python3")
-            .args(["-c", "import moto.server"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if !matches!(probe, Ok(s) if s.success()) {
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new("python3")
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto server");
-        let moto = Moto { child, port };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "moto did not listen on {port} within 60s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Some(moto)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// `PUT /<bucket>` (moto does not check signatures); returns the status line.
-    fn create_bucket(&self, bucket: &str) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.port
-        )
-        .unwrap();
-        let mut reply = String::new();
-        s.read_to_string(&mut reply).unwrap();
-        reply.lines().next().unwrap_or_default().to_string()
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use tartan_testkit::support::Moto;
 
 #[test]
 fn artifacts_go_to_s3_in_one_piece_or_multipart_and_a_missing_bucket_fails_after_retries() {

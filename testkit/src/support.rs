@@ -1,9 +1,11 @@
-//! Helpers shared by the workspace's tests: other crates' binaries built on demand, and bounded
-//! polling.
+//! Helpers shared by the workspace's tests: other crates' binaries built on demand, bounded
+//! polling, and a local S3 server (moto).
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -63,5 +65,67 @@ pub async fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() ->
         }
         assert!(start.elapsed() < limit, "gave up after {limit:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `python3 -m moto.server` on a free local port; killed and reaped on drop.
+pub struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    /// `None` when moto is not installed (the caller says SKIPPED).
+    pub fn start() -> Option<Moto> {
+        let probe = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(probe, Ok(s) if s.success()) {
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto server");
+        let moto = Moto { child, port };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "moto did not listen on {port} within 60s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(moto)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `PUT /<bucket>` (moto does not check signatures); returns the status line.
+    pub fn create_bucket(&self, bucket: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply.lines().next().unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -129,6 +129,17 @@ pub fn spec(steps: Vec<Step>) -> MacBuildSpec {
 
 /// A fresh attempt (Requested) and its executor; the deadline comes from the admission.
 pub fn attempt(rig: &Rig, name: &str, spec: MacBuildSpec, cancel: CancelSignal) -> (Attempt, AttemptExecutor) {
+    attempt_with(rig, name, spec, cancel, rig.config())
+}
+
+/// [`attempt`] with an executor config of the caller's.
+pub fn attempt_with(
+    rig: &Rig,
+    name: &str,
+    spec: MacBuildSpec,
+    cancel: CancelSignal,
+    cfg: ExecutorConfig,
+) -> (Attempt, AttemptExecutor) {
     let b = build(name);
     let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
     let a = Attempt::new(b.clone(), 1, vm.clone(), 2);
@@ -140,7 +151,7 @@ pub fn attempt(rig: &Rig, name: &str, spec: MacBuildSpec, cancel: CancelSignal) 
         deadline: Timestamp::now() + SignedDuration::from_secs(3600),
         agent: "mac-test".into(),
     };
-    (a, AttemptExecutor::new(host, rig.tart.clone(), rig.config(), cancel))
+    (a, AttemptExecutor::new(host, rig.tart.clone(), cfg, cancel))
 }
 
 pub fn admit(timeout_secs: i64) -> Event {
@@ -161,6 +172,8 @@ pub struct MemJournal {
     pub on_record: Arc<dyn Fn(&Record) + Send + Sync>,
     /// Once this many records are written, every further write fails (a journal gone bad).
     pub fail_after: Option<usize>,
+    /// The step logs' location the executor reported with each record (`status.logs`).
+    pub logs: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl MemJournal {
@@ -170,6 +183,7 @@ impl MemJournal {
             other_actions: Default::default(),
             on_record: Arc::new(|_| {}),
             fail_after: None,
+            logs: Default::default(),
         }
     }
 
@@ -203,7 +217,7 @@ impl AttemptHooks for MemJournal {
         attempt: &Attempt,
         t: &Transition,
         _results: &tartan_api::BuildResults,
-        _logs: Option<&str>,
+        logs: Option<&str>,
     ) -> impl std::future::Future<Output = Result<Record, String>> + Send {
         let mut records = self.records.lock().unwrap();
         if self.fail_after.is_some_and(|n| records.len() >= n) {
@@ -213,6 +227,7 @@ impl AttemptHooks for MemJournal {
         }
         let r = attempt.record(t, records.len() as u64 + 1);
         records.push(r.clone());
+        self.logs.lock().unwrap().push(logs.map(str::to_string));
         drop(records);
         (self.on_record)(&r);
         futures::future::Either::Right(async move { Ok(r) })
