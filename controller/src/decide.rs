@@ -59,6 +59,8 @@ pub mod result {
     pub const TESTS_TOTAL: &str = "testsTotal";
     pub const ARTIFACT: &str = "artifact";
     pub const VM_RETIREMENT: &str = "vmRetirement";
+    /// Where the step logs were shipped (the MacBuild's `status.logs`); empty without one.
+    pub const LOGS: &str = "logs";
 }
 
 /// What is known about the build's VM when the CustomRun ends (`vmRetirement` result).
@@ -140,6 +142,8 @@ pub struct BuildView {
     pub tests_passed: Option<u32>,
     pub tests_total: Option<u32>,
     pub artifact: Option<String>,
+    /// `status.logs`: where the step logs are shipped.
+    pub logs: Option<String>,
 }
 
 impl BuildView {
@@ -424,6 +428,7 @@ impl Draft {
                 build.and_then(|b| b.artifact.clone()).unwrap_or_default(),
             ),
             res(result::VM_RETIREMENT, retirement.as_str().into()),
+            res(result::LOGS, build.and_then(|b| b.logs.clone()).unwrap_or_default()),
         ];
         let finished = Finished {
             status: status.into(),

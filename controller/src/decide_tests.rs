@@ -104,6 +104,7 @@ fn finished(stage: Stage, reason: &str) -> BuildView {
         tests_passed: Some(2),
         tests_total: Some(2),
         artifact: Some("s3://ci-artifacts/app/App.ipa".into()),
+        logs: Some("s3://ci-artifacts/app/mb-ci-build-42-mac-build-c49f62f4/logs/".into()),
         ..claimed(stage)
     }
 }
@@ -354,6 +355,7 @@ fn success_only_after_vm_deleted_with_string_results() {
         ("testsTotal", "2"),
         ("artifact", "s3://ci-artifacts/app/App.ipa"),
         ("vmRetirement", "deleted"),
+        ("logs", "s3://ci-artifacts/app/mb-ci-build-42-mac-build-c49f62f4/logs/"),
     ];
     assert_eq!(results, want.map(|(a, b)| (a.to_string(), b.to_string())));
     assert_eq!(p.action, BuildAction::None);

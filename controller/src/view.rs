@@ -95,6 +95,8 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
         tests_passed: results.tests_passed,
         tests_total: results.tests_total,
         artifact: results.artifact_url,
+        // Copied into the CustomRun's `logs` result: clean and bounded like the message.
+        logs: status.logs.as_deref().map(|l| clean_str(l, MESSAGE_MAX)),
     }
 }
 
@@ -175,6 +177,7 @@ mod tests {
                 {"type": "Succeeded", "status": "True", "reason": "TestsPassed", "message": "2/2", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
             "journalSeq": 130, "vm": "mb-ci-b-1234abcd",
             "results": {"testsPassed": 2, "testsTotal": 2, "artifactUrl": "s3://a/b.ipa"},
+            "logs": "s3://a/mb-ci-b-1234abcd/logs/",
         })));
         assert_eq!(v.stage, Some(Stage::Succeeded));
         assert!(v.vm_deleted);
@@ -185,6 +188,7 @@ mod tests {
         assert_eq!(v.reason.as_deref(), Some("TestsPassed"));
         assert_eq!((v.tests_passed, v.tests_total), (Some(2), Some(2)));
         assert_eq!(v.artifact.as_deref(), Some("s3://a/b.ipa"));
+        assert_eq!(v.logs.as_deref(), Some("s3://a/mb-ci-b-1234abcd/logs/"));
         assert_eq!(v.journal_seq, Some(130));
         assert_eq!(v.resource_version, "9");
     }
