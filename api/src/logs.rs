@@ -48,10 +48,29 @@ impl LogObject {
     }
 }
 
+/// Longest step name kept in a log file name (the file name stays within 255 bytes).
+pub const STEP_LOG_NAME_MAX: usize = 100;
+
+/// `name` as one harmless path component, as the agent names a step's host log and its guest job
+/// folder: characters other than ASCII letters, digits, `-` and `_` become `_` (so no `/`, no `.`,
+/// no `..`), cut to [`STEP_LOG_NAME_MAX`] characters. Readers map a spec step name the same way.
+pub fn safe_name(name: &str) -> String {
+    name.chars()
+        .take(STEP_LOG_NAME_MAX)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Whether `step` can name a step log: ASCII letters, digits, `-` and `_` (what the agent's host
 /// log names are made of), 1 to 100 of them.
 pub fn is_step_log_name(step: &str) -> bool {
-    (1..=100).contains(&step.len())
+    (1..=STEP_LOG_NAME_MAX).contains(&step.len())
         && step
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')

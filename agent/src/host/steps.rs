@@ -60,7 +60,7 @@ pub fn checkout_commands(source: &Source, dir: &str) -> Result<Vec<GuestCommand>
 }
 
 /// Longest step name kept in a log file name.
-pub const STEP_LOG_NAME_MAX: usize = 100;
+pub use tartan_api::logs::STEP_LOG_NAME_MAX;
 
 /// `<state>/logs/<vm>/`.
 pub fn log_dir(state_dir: &Path, vm: &str) -> PathBuf {
@@ -75,21 +75,9 @@ pub fn step_log(state_dir: &Path, vm: &str, step: &str) -> PathBuf {
     log_dir(state_dir, vm).join(format!("{}.log", safe_name(step)))
 }
 
-/// `name` as one harmless path component: characters other than ASCII letters, digits, `-` and
-/// `_` become `_` (so no `/`, no `.`, no `..`), cut to [`STEP_LOG_NAME_MAX`] characters. Used for
-/// the host step logs and the guest job folders ([`super::guest_job::job_dir`]).
-pub fn safe_name(name: &str) -> String {
-    name.chars()
-        .take(STEP_LOG_NAME_MAX)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
+/// `name` as one harmless path component (the host step logs and the guest job folders,
+/// [`super::guest_job::job_dir`]); shared with the readers of shipped logs.
+pub use tartan_api::logs::safe_name;
 
 #[cfg(test)]
 mod tests {
