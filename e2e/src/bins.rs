@@ -10,6 +10,7 @@ pub const BINARIES: &[(&str, &str)] = &[
     ("tartan-controller", "tartan-controller"),
     ("tartan-tart", "tart-double"),
     ("tartan-testkit", "kube-emulator"),
+    ("kubectl-tartan", "kubectl-tartan"),
 ];
 
 /// The workspace root (the folder holding `deploy/` and `testkit/`).

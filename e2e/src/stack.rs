@@ -976,6 +976,18 @@ compaction_interval = "{compaction_interval}"
         ]
     }
 
+    /// `kubectl-tartan ARGS` as a user of this scenario's namespace runs it (the harness's
+    /// kubeconfig, `-n <namespace>`).
+    pub fn kubectl_tartan(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin("kubectl-tartan"));
+        cmd.arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig())
+            .args(["-n", &self.ns])
+            .args(args)
+            .env_remove("KUBECONFIG");
+        cmd
+    }
+
     /// Lets gated builds go on.
     pub fn open_gate(&self) {
         std::fs::write(self.dir.join("gate"), b"open").unwrap();
