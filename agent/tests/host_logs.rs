@@ -25,7 +25,10 @@ use tartan_testkit::wait_for;
 /// Where a test reads what was shipped.
 enum Store {
     File(PathBuf),
-    S3 { store: Arc<dyn ObjectStore>, prefix: String },
+    S3 {
+        store: Arc<dyn ObjectStore>,
+        prefix: String,
+    },
 }
 
 impl Store {
@@ -118,10 +121,16 @@ async fn live_then_failed(rig: &Rig, mut cfg: tartan_agent::host::ExecutorConfig
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("first line shipped {:?} after it reached the host log", written.elapsed());
+    eprintln!(
+        "first line shipped {:?} after it reached the host log",
+        written.elapsed()
+    );
     std::fs::write(&gate, b"open").unwrap();
 
-    let (end, exec) = tokio::time::timeout(Duration::from_secs(90), task).await.unwrap().unwrap();
+    let (end, exec) = tokio::time::timeout(Duration::from_secs(90), task)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(end.unwrap(), S::Retired);
     let retiring = journal.records.lock().unwrap()[3].clone();
     assert_eq!(
@@ -142,7 +151,11 @@ async fn live_then_failed(rig: &Rig, mut cfg: tartan_agent::host::ExecutorConfig
     assert!(host.contains("second line") && host.contains("to stderr"), "{host}");
     let (parts, whole) = store.read(&vm, "build").await;
     assert_eq!(parts, host, "the parts hold the host log exactly");
-    assert_eq!(whole.as_deref(), Some(host.as_str()), "the whole log is written at the end");
+    assert_eq!(
+        whole.as_deref(),
+        Some(host.as_str()),
+        "the whole log is written at the end"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,7 +118,15 @@ mod tests {
         // Parts sort by name in number order (the width is fixed).
         let mut names: Vec<String> = [10, 2, 1, 100].iter().map(|n| part_name("s", *n)).collect();
         names.sort();
-        assert_eq!(names, ["s.log.part000001", "s.log.part000002", "s.log.part000010", "s.log.part000100"]);
+        assert_eq!(
+            names,
+            [
+                "s.log.part000001",
+                "s.log.part000002",
+                "s.log.part000010",
+                "s.log.part000100"
+            ]
+        );
         for stranger in [
             ".build.log.12.part",
             "build.log.part",

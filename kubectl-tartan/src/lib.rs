@@ -46,7 +46,9 @@ pub async fn connect(c: &Connection) -> anyhow::Result<(kube::Client, String)> {
         None if c.context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
             .context("loading the kubeconfig")?,
-        None => kube::Config::infer().await.context("finding a kubeconfig or in-cluster config")?,
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
     };
     let namespace = c.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
     let client = kube::Client::try_from(config).context("making the Kubernetes client")?;
@@ -212,7 +214,9 @@ pub async fn logs(client: &kube::Client, ns: &str, opts: &LogsOptions, out: impl
         }
         if terminal || !opts.follow {
             if let Some(s) = &opts.step
-                && !listing.iter().any(|(n, _)| reads::plan(&[(n.clone(), 0)], s, 0).shipped)
+                && !listing
+                    .iter()
+                    .any(|(n, _)| reads::plan(&[(n.clone(), 0)], s, 0).shipped)
             {
                 anyhow::bail!("no log named {s:?} was shipped to {location}");
             }
@@ -291,7 +295,13 @@ pub async fn get(client: &kube::Client, ns: &str, run: Option<&str>, mut out: im
         .collect();
     let head = ["NAME", "PHASE", "ATTEMPT", "AGENT", "AGE", "LOGS"];
     let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].len()).chain([head[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([head[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |cells: &[&str]| {
         cells
@@ -331,7 +341,12 @@ pub async fn describe(client: &kube::Client, ns: &str, run: &str, mut out: impl 
     writeln!(
         w,
         "Steps:       {}",
-        mb.spec.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+        mb.spec
+            .steps
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     )?;
     writeln!(w, "Phase:       {}", st.phase.map_or("-", |p| p.as_str()))?;
     if let Some(o) = st.outcome {

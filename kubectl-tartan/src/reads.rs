@@ -98,7 +98,10 @@ mod tests {
             (".build.log.part000003.12.part", 9),
         ]);
         let p = plan(&folder, "build", 0);
-        assert_eq!(reads(&p), [("build.log.part000001", 0, 10), ("build.log.part000002", 0, 5)]);
+        assert_eq!(
+            reads(&p),
+            [("build.log.part000001", 0, 10), ("build.log.part000002", 0, 5)]
+        );
         assert!(!p.complete && p.shipped);
         // Mid-way through part 2.
         let p = plan(&folder, "build", 12);

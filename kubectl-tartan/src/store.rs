@@ -35,7 +35,8 @@ impl Store {
         match Destination::parse(url).map_err(|e| anyhow::anyhow!("the logs location {url:?} cannot be read: {e}"))? {
             Destination::File { dir } => Ok(Store::File { dir }),
             Destination::S3 { bucket, prefix } => {
-                let store = s3_client(&bucket).map_err(|e| anyhow::anyhow!("configuring the S3 client for {url}: {e}"))?;
+                let store =
+                    s3_client(&bucket).map_err(|e| anyhow::anyhow!("configuring the S3 client for {url}: {e}"))?;
                 Ok(Store::S3 {
                     store,
                     bucket,
@@ -92,7 +93,11 @@ impl Store {
                 let path = ObjectPath::parse(&key)?;
                 let got = tokio::time::timeout(REQUEST_TIMEOUT, store.get_range(&path, from..to))
                     .await
-                    .map_err(|_| anyhow::anyhow!("the store is unreachable: GET s3://{bucket}/{key} got no answer within {REQUEST_TIMEOUT:?}"))?
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "the store is unreachable: GET s3://{bucket}/{key} got no answer within {REQUEST_TIMEOUT:?}"
+                        )
+                    })?
                     .map_err(|e| anyhow::anyhow!("GET s3://{bucket}/{key}: {e}"))?;
                 Ok(got.to_vec())
             }
@@ -181,6 +186,7 @@ pub fn ini_section(text: &str, name: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn ini_sections_as_the_aws_files_write_them() {
@@ -192,16 +198,26 @@ mod tests {
                 ("aws_secret_access_key".to_string(), "s1".to_string())
             ]
         );
-        assert_eq!(ini_section(text, "ci"), [("aws_access_key_id".to_string(), "AKIA2".to_string())]);
-        assert_eq!(ini_section(text, "profile ci"), [("region".to_string(), "eu-west-1".to_string())]);
+        assert_eq!(
+            ini_section(text, "ci"),
+            [("aws_access_key_id".to_string(), "AKIA2".to_string())]
+        );
+        assert_eq!(
+            ini_section(text, "profile ci"),
+            [("region".to_string(), "eu-west-1".to_string())]
+        );
         assert!(ini_section(text, "absent").is_empty());
     }
 
     #[test]
     fn locations_open_as_their_store() {
-        assert!(matches!(Store::open("file:///srv/a/mb-x/logs/").unwrap(), Store::File { dir } if dir == PathBuf::from("/srv/a/mb-x/logs")));
+        assert!(
+            matches!(Store::open("file:///srv/a/mb-x/logs/").unwrap(), Store::File { dir } if dir == Path::new("/srv/a/mb-x/logs"))
+        );
         match Store::open("s3://ci-artifacts/app/mb-x/logs/").unwrap() {
-            Store::S3 { bucket, folder, .. } => assert_eq!((bucket.as_str(), folder.as_str()), ("ci-artifacts", "app/mb-x/logs")),
+            Store::S3 { bucket, folder, .. } => {
+                assert_eq!((bucket.as_str(), folder.as_str()), ("ci-artifacts", "app/mb-x/logs"))
+            }
             Store::File { .. } => panic!("not a file location"),
         }
         let e = Store::open("https://example.com/x").err().unwrap().to_string();

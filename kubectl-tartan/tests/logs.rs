@@ -64,7 +64,10 @@ impl Cluster {
 
     fn command(&self, env: &[(&str, String)], args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(["-n", "default"]).args(args);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["-n", "default"])
+            .args(args);
         cmd.env_remove("KUBECONFIG");
         for (k, v) in env {
             cmd.env(k, v);
@@ -113,9 +116,9 @@ impl Follower {
     fn expect(&mut self, want: &str, limit: Duration) -> Duration {
         let start = Instant::now();
         loop {
-            let left = limit.checked_sub(start.elapsed()).unwrap_or_else(|| {
-                panic!("no line {want:?} within {limit:?}; seen {:?}", self.seen)
-            });
+            let left = limit
+                .checked_sub(start.elapsed())
+                .unwrap_or_else(|| panic!("no line {want:?} within {limit:?}; seen {:?}", self.seen));
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
                     self.seen.push(line.clone());
@@ -182,13 +185,17 @@ async fn follow_then_failed(c: &Cluster, run: &str, location: &str, folder: Fold
     let mut f = Follower::start(c.command(env, &["logs", run, "-f", "--poll-seconds", "0.2"]));
     f.expect("==> build <==", Duration::from_secs(10));
     f.expect("compiling 1/2", Duration::from_secs(5));
-    folder.put("build.log.part000002", "compiling 2/2\nerror: x.swift:3\n").await;
+    folder
+        .put("build.log.part000002", "compiling 2/2\nerror: x.swift:3\n")
+        .await;
     let took = f.expect("error: x.swift:3", Duration::from_secs(5));
     eprintln!("a new part was printed {took:?} after it was written");
 
     // The agent finishes the logs, then the build turns terminal: the follower prints the rest
     // and stops.
-    folder.put("build.log", "compiling 1/2\ncompiling 2/2\nerror: x.swift:3\nexit 65\n").await;
+    folder
+        .put("build.log", "compiling 1/2\ncompiling 2/2\nerror: x.swift:3\nexit 65\n")
+        .await;
     folder.put("test.log.part000001", "never ran\n").await;
     c.set_status(run, json!({"phase": "Failed", "outcome": "Failed"})).await;
     f.expect("exit 65", Duration::from_secs(5));
@@ -222,9 +229,15 @@ async fn follows_a_file_location_and_says_what_is_wrong() {
     // Also by get and describe.
     let (ok, out, err) = c.run(&[], &["get", "b1"]);
     assert!(ok, "{err}");
-    assert!(out.starts_with("NAME") && out.contains("b1") && out.contains("Failed") && out.contains(&location), "{out}");
+    assert!(
+        out.starts_with("NAME") && out.contains("b1") && out.contains("Failed") && out.contains(&location),
+        "{out}"
+    );
     let (ok, out, _) = c.run(&[], &["describe", "b1"]);
-    assert!(ok && out.contains("Phase:       Failed") && out.contains(&format!("Logs:        {location}")), "{out}");
+    assert!(
+        ok && out.contains("Phase:       Failed") && out.contains(&format!("Logs:        {location}")),
+        "{out}"
+    );
 
     let (ok, _, err) = c.run(&[], &["logs", "nope"]);
     assert!(!ok && err.contains("no such run") && err.contains("nope"), "{err}");
@@ -283,5 +296,9 @@ async fn follows_an_s3_location_with_the_users_credentials() {
     let started = Instant::now();
     let (ok, _, err) = c.run(&env, &["logs", "b2"]);
     assert!(!ok && err.contains("store is unreachable"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 }

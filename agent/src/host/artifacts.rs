@@ -16,10 +16,10 @@
 //!   multipart chunks without being held in memory.
 
 use crate::config::ArtifactsConfig;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;

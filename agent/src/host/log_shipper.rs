@@ -312,7 +312,10 @@ impl Worker {
                 read.await.map_err(|e| format!("listing task failed: {e}"))?
             }
             Destination::S3 { bucket, prefix: p } => {
-                let store = self.s3.as_ref().ok_or_else(|| format!("no S3 client for bucket {bucket}"))?;
+                let store = self
+                    .s3
+                    .as_ref()
+                    .ok_or_else(|| format!("no S3 client for bucket {bucket}"))?;
                 let key = join_key(p, prefix.trim_end_matches('/'));
                 let location = ObjectPath::parse(&key).map_err(|e| format!("object key {key:?} is not valid: {e}"))?;
                 let metas: Vec<_> = store
@@ -332,9 +335,7 @@ impl Worker {
     /// down; the next pass tries again from there).
     async fn pass(&mut self) -> Result<usize, String> {
         if self.shipped.is_none() {
-            let listing = self
-                .bounded(&format!("listing {}", self.location), self.list())
-                .await?;
+            let listing = self.bounded(&format!("listing {}", self.location), self.list()).await?;
             self.shipped = Some(shipped_from_listing(&listing));
         }
         let dir = self.host_dir.clone();
@@ -351,8 +352,11 @@ impl Worker {
                 .map_err(|e| format!("reading task failed: {e}"))??;
             let key = format!("{}{}", logs_prefix(&self.vm), part_name(&part.step, part.n));
             let url = self.dest.url_of(&key);
-            self.bounded(&format!("writing {url}"), put_bytes(&self.dest, self.s3.as_ref(), &key, bytes))
-                .await?;
+            self.bounded(
+                &format!("writing {url}"),
+                put_bytes(&self.dest, self.s3.as_ref(), &key, bytes),
+            )
+            .await?;
             let s = self
                 .shipped
                 .as_mut()
@@ -432,7 +436,13 @@ mod tests {
         let got: Vec<_> = plan.iter().map(|p| (p.step.as_str(), p.n, p.from, p.len)).collect();
         assert_eq!(got, [("build", 1, 0, 10), ("build", 2, 10, 10), ("build", 3, 20, 5)]);
         // After those, only what the log gained since.
-        let shipped = BTreeMap::from([("build".to_string(), Shipped { bytes: 25, next_part: 4 })]);
+        let shipped = BTreeMap::from([(
+            "build".to_string(),
+            Shipped {
+                bytes: 25,
+                next_part: 4,
+            },
+        )]);
         let plan = plan_parts(&logs(&[("build", 31), ("test", 3)]), &shipped, 10);
         let got: Vec<_> = plan.iter().map(|p| (p.step.as_str(), p.n, p.from, p.len)).collect();
         assert_eq!(got, [("build", 4, 25, 6), ("test", 1, 0, 3)]);
@@ -456,7 +466,13 @@ mod tests {
         assert_eq!(
             shipped,
             BTreeMap::from([
-                ("build".to_string(), Shipped { bytes: 17, next_part: 3 }),
+                (
+                    "build".to_string(),
+                    Shipped {
+                        bytes: 17,
+                        next_part: 3
+                    }
+                ),
                 ("test".to_string(), Shipped { bytes: 4, next_part: 4 }),
             ])
         );
@@ -485,10 +501,7 @@ mod tests {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }
         std::fs::create_dir(dir.path().join("dir.log")).unwrap();
-        assert_eq!(
-            host_logs(dir.path()).unwrap(),
-            logs(&[("_checkout", 0), ("build", 5)])
-        );
+        assert_eq!(host_logs(dir.path()).unwrap(), logs(&[("_checkout", 0), ("build", 5)]));
         assert_eq!(host_logs(&dir.path().join("absent")).unwrap(), vec![]);
         assert_eq!(read_range(&dir.path().join("build.log"), 1, 3).unwrap(), b"ell");
         let e = read_range(&dir.path().join("build.log"), 3, 9).unwrap_err();

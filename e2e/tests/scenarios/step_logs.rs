@@ -16,7 +16,10 @@ use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 fn check_logs_result(s: &Stack, run: &serde_json::Value) {
     let logs = result(run, "logs").expect("a logs result");
     let prefix = format!("file://{}/mb-", s.artifacts_dir().display());
-    assert!(logs.starts_with(&prefix) && logs.ends_with("/logs/"), "logs result {logs}");
+    assert!(
+        logs.starts_with(&prefix) && logs.ends_with("/logs/"),
+        "logs result {logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,7 +36,11 @@ async fn a_failed_steps_output_is_printed_by_kubectl_tartan_logs() {
         .await;
     let run = s.wait_run_ended("build-1", Duration::from_secs(90)).await;
     let c = &run["status"]["conditions"][0];
-    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("StepFailed")), "{c}");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("StepFailed")),
+        "{c}"
+    );
     check_logs_result(&s, &run);
 
     let out = s.kubectl_tartan(&["logs", "build-1"]).output().unwrap();
@@ -45,7 +52,10 @@ async fn a_failed_steps_output_is_printed_by_kubectl_tartan_logs() {
         stdout,
         "==> step-1 <==\ncompiling App (2 files)\n\n==> step-2 <==\nApp.swift:3: error: cannot find x in scope\n** BUILD FAILED **\n"
     );
-    let out = s.kubectl_tartan(&["logs", "build-1", "--step", "step-2"]).output().unwrap();
+    let out = s
+        .kubectl_tartan(&["logs", "build-1", "--step", "step-2"])
+        .output()
+        .unwrap();
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "App.swift:3: error: cannot find x in scope\n** BUILD FAILED **\n"
@@ -97,7 +107,9 @@ async fn kubectl_tartan_logs_follows_a_running_build_until_it_ends() {
     let expect = |want: &str, limit: Duration| -> Instant {
         let start = Instant::now();
         loop {
-            let left = limit.checked_sub(start.elapsed()).unwrap_or_else(|| panic!("no {want:?} within {limit:?}"));
+            let left = limit
+                .checked_sub(start.elapsed())
+                .unwrap_or_else(|| panic!("no {want:?} within {limit:?}"));
             match lines.recv_timeout(left) {
                 Ok((at, line)) if line == want => return at,
                 Ok(_) => {}
@@ -113,7 +125,10 @@ async fn kubectl_tartan_logs_follows_a_running_build_until_it_ends() {
     let printed = expect("first line", Duration::from_secs(10));
     let latency = printed.duration_since(written);
     eprintln!("follow: the first line was printed {latency:?} after it reached the host log");
-    assert!(latency <= Duration::from_secs(7), "took {latency:?} (ship interval 5s, poll 1s)");
+    assert!(
+        latency <= Duration::from_secs(7),
+        "took {latency:?} (ship interval 5s, poll 1s)"
+    );
 
     s.open_gate();
     expect("second line", Duration::from_secs(30));
