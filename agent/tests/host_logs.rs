@@ -288,3 +288,46 @@ fn has_build_log(logs: &Path) -> bool {
         .flatten()
         .any(|vm| vm.path().join("build.log").is_file())
 }
+
+/// A build cancelled mid-step still gets its logs finished: the parts and the whole log hold
+/// what the step printed before it was killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_build_gets_its_logs_finished() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let mut cfg = rig.config();
+    cfg.artifacts.destination = Some(format!("file://{}/", dest.path().display()));
+    let (cancel, signal) = cancel_pair();
+    let spec = spec(vec![step("build", "echo before the cancel; sleep 600")]);
+    let (a, exec) = attempt_with(&rig, "cancelled", spec, signal, cfg);
+    let vm = a.vm.clone();
+    let journal = MemJournal::new();
+    let task = spawn_drive(exec, a, &journal);
+    let host_log = rig.state.path().join("logs").join(&vm).join("build.log");
+    wait_for("the line in the host log", Duration::from_secs(60), || {
+        std::fs::read_to_string(&host_log)
+            .ok()
+            .filter(|t| t.contains("before the cancel"))
+    })
+    .await;
+    cancel.cancel(tartan_agent::host::Withdrawal::CancelRequested);
+    let (end, _) = tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end.unwrap(), S::Retired);
+    assert!(
+        journal
+            .records
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.outcome == Some(Outcome::Cancelled)),
+        "{:#?}",
+        journal.lines()
+    );
+    let store = Store::File(std::fs::canonicalize(dest.path()).unwrap());
+    let (parts, whole) = store.read(&vm, "build").await;
+    assert_eq!(parts, "before the cancel\n");
+    assert_eq!(whole.as_deref(), Some("before the cancel\n"));
+}
