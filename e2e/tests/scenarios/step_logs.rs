@@ -143,3 +143,47 @@ async fn kubectl_tartan_logs_follows_a_running_build_until_it_ends() {
     assert!(stopped.success());
     s.finish().await;
 }
+
+/// The agent killed mid-step and started again resumes the same attempt; its new shipper goes on
+/// from the parts already in the folder: every line shows exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_shipped_across_an_agent_restart_show_each_line_once() {
+    let mut s = Stack::new("step-logs-restart").await;
+    s.add_agent("agent-a", AgentOptions::default());
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let gate = s.dir.join("gate");
+    let step = format!(
+        "echo 'before the restart'; while [ ! -e {} ]; do sleep 0.1; done; echo 'after the restart'",
+        gate.display()
+    );
+    s.create_run("build-1", &[("image", json!(IMAGE)), ("steps", json!([step]))], None)
+        .await;
+    // Shipped before the agent dies.
+    tartan_testkit::wait_for("the first line shipped", Duration::from_secs(60), || {
+        let out = s.kubectl_tartan(&["logs", "build-1"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .contains("before the restart")
+            .then_some(())
+    })
+    .await;
+    s.kill_agent("agent-a", tartan_e2e::KillMode::Alone);
+    s.start_agent("agent-a").await;
+    s.open_gate();
+    let run = s.wait_run_ended("build-1", Duration::from_secs(90)).await;
+    assert_eq!(run["status"]["conditions"][0]["status"], "True", "{}", run["status"]);
+    assert_eq!(
+        result(&run, "attempt"),
+        Some("build-1#1"),
+        "the same attempt ended the build"
+    );
+    check_logs_result(&s, &run);
+    let out = s.kubectl_tartan(&["logs", "build-1"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "$ kubectl tartan logs build-1\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "==> step-1 <==\nbefore the restart\nafter the restart\n");
+    s.finish().await;
+}
