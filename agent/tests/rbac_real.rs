@@ -810,15 +810,29 @@ fn the_token_secret_authenticates_as_its_agent(cluster: &RealCluster) {
     };
     let can_i = |lease: &str| {
         let out = std::process::Command::new("kubectl")
-            .args(["--server", cluster.api_url(), "--token", &token, "--certificate-authority"])
+            .args([
+                "--server",
+                cluster.api_url(),
+                "--token",
+                &token,
+                "--certificate-authority",
+            ])
             .arg(cluster.dir().join("certs/ca.crt"))
             .args(["-n", NS, "auth", "can-i", "patch", &format!("leases/{lease}")])
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
-    assert_eq!(can_i("tartan-agent-mac-a"), "yes", "mac-a's token may renew its own Lease");
-    assert_eq!(can_i("tartan-agent-mac-b"), "no", "mac-a's token must not renew mac-b's Lease");
+    assert_eq!(
+        can_i("tartan-agent-mac-a"),
+        "yes",
+        "mac-a's token may renew its own Lease"
+    );
+    assert_eq!(
+        can_i("tartan-agent-mac-b"),
+        "no",
+        "mac-a's token must not renew mac-b's Lease"
+    );
 }
 
 /// `tartan-agent rbac ARGS` (the real binary).
@@ -883,7 +897,13 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
     }
     cluster.apply(&rendered_deploy_rbac()).unwrap();
     cluster
-        .apply(&agent_rbac(&["--agent-id", "mac-a", "--namespace", NS, "--token-secret"]))
+        .apply(&agent_rbac(&[
+            "--agent-id",
+            "mac-a",
+            "--namespace",
+            NS,
+            "--token-secret",
+        ]))
         .unwrap();
     the_token_secret_authenticates_as_its_agent(&cluster);
     cluster

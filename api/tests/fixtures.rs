@@ -39,7 +39,12 @@ fn every_fixture_reads_into_today_s_types_and_back_without_loss() {
         let text = std::fs::read_to_string(&path).unwrap();
         let old: Value = serde_saphyr::from_str(&text).unwrap();
         match serde_saphyr::from_str::<MacBuild>(&text) {
-            Ok(mb) => lost(&old, &serde_json::to_value(&mb).unwrap(), &path.display().to_string(), &mut problems),
+            Ok(mb) => lost(
+                &old,
+                &serde_json::to_value(&mb).unwrap(),
+                &path.display().to_string(),
+                &mut problems,
+            ),
             Err(e) => problems.push(format!("{}: does not read as a MacBuild: {e}", path.display())),
         }
         checked += 1;
