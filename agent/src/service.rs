@@ -201,13 +201,13 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
 /// A release as `--version` prints it: `MAJOR.MINOR.PATCH[-PRE]`, ordered as semver orders them
 /// (a pre-release before its release; pre-release tags compare as text, enough for ours).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Release {
+struct Release {
     numbers: [u64; 3],
     pre: Option<String>,
 }
 
 impl Release {
-    pub fn parse(text: &str) -> Option<Release> {
+    fn parse(text: &str) -> Option<Release> {
         let (core, pre) = match text.split_once('-') {
             Some((core, pre)) => (core, Some(pre.to_owned())),
             None => (text, None),
@@ -240,14 +240,14 @@ impl PartialOrd for Release {
 
 /// The release in the output of `tartan-agent --version`: `tartan-agent 0.2.0 (commit abc…)`
 /// (releases before 0.2 print no commit).
-pub fn release_of_version_output(stdout: &str) -> Option<Release> {
+fn release_of_version_output(stdout: &str) -> Option<Release> {
     let rest = stdout.trim().strip_prefix("tartan-agent ")?;
     Release::parse(rest.split_whitespace().next()?)
 }
 
 /// The agent an install would replace: the binary named by the installed agent plist.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Installed {
+enum Installed {
     /// No agent plist: a first install.
     Nothing,
     /// The plist names this very binary (replaced in place, e.g. by a package manager): the
@@ -299,7 +299,7 @@ fn installed_agent(dir: &Path, ours: &Path) -> anyhow::Result<Installed> {
 
 /// What `install` prints about the agent it replaces, or why it refuses to: never a silent
 /// downgrade, and never over a binary whose version it cannot read, without `allow_downgrade`.
-pub fn replacement_line(installed: &Installed, ours: &Path, allow_downgrade: bool) -> anyhow::Result<String> {
+fn replacement_line(installed: &Installed, ours: &Path, allow_downgrade: bool) -> anyhow::Result<String> {
     let this = format!("tartan-agent {} at {}", crate::VERSION, ours.display());
     let (binary, version) = match installed {
         Installed::Nothing => return Ok(format!("installing {this} (no agent was installed)")),
