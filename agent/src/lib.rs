@@ -14,3 +14,7 @@ pub mod recovery;
 pub mod runtime;
 pub mod service;
 pub mod status;
+
+/// What `tartan-agent --version` prints after the name: the release and the git commit it was
+/// built from (`build-support/git-version.rs`). `install` reads it back from the installed binary.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TARTAN_GIT_COMMIT"), ")");

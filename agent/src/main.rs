@@ -16,7 +16,7 @@ mod cli_watchdog;
 #[derive(Parser)]
 #[command(
     name = "tartan-agent",
-    version,
+    version = tartan_agent::VERSION,
     about = "Runs macOS builds for Tekton in throw-away tart VMs"
 )]
 struct Cli {

@@ -41,6 +41,35 @@ pub struct RbacArgs {
     /// --namespace]
     #[arg(long, value_name = "NS")]
     pub lease_namespace: Option<String>,
+    /// Also print a long-lived token Secret `tartan-agent-<ID>-token` for the ServiceAccount
+    /// (Kubernetes fills in its token; the agent's kubeconfig uses it, docs/install-on-mac.md).
+    #[arg(long)]
+    pub token_secret: bool,
+}
+
+/// The name of the agent's token Secret (`--token-secret`).
+pub fn token_secret_name(agent_id: &str) -> String {
+    format!("{}-token", service_account(agent_id))
+}
+
+/// A `kubernetes.io/service-account-token` Secret: since Kubernetes 1.24 one is no longer made
+/// for each ServiceAccount, and the agent needs a token that outlives a TokenRequest's hour.
+fn token_secret(agent_id: &str, namespace: &str) -> String {
+    format!(
+        "\
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {}
+  namespace: {namespace}
+  annotations:
+    kubernetes.io/service-account.name: {}
+type: kubernetes.io/service-account-token
+",
+        token_secret_name(agent_id),
+        service_account(agent_id)
+    )
 }
 
 /// The ServiceAccount name of `agent_id`.
@@ -182,7 +211,10 @@ subjects:
 }
 
 pub fn run(args: RbacArgs) -> anyhow::Result<()> {
-    let yaml = render(&args.agent_id, &args.namespaces, args.lease_namespace.as_deref())?;
+    let mut yaml = render(&args.agent_id, &args.namespaces, args.lease_namespace.as_deref())?;
+    if args.token_secret {
+        yaml.push_str(&token_secret(&args.agent_id, &args.namespaces[0]));
+    }
     print!("{yaml}");
     Ok(())
 }
@@ -272,6 +304,19 @@ mod tests {
         assert_eq!(
             a["rules"], b["rules"],
             "deploy/rbac.yaml and `tartan-agent rbac` must agree"
+        );
+    }
+
+    #[test]
+    fn the_token_secret_belongs_to_the_agent_s_service_account_in_its_namespace() {
+        let yaml = render("m1", &["ci".into()], None).unwrap() + &token_secret("m1", "ci");
+        let d = docs(&yaml);
+        let secret = find(&d, "Secret", "tartan-agent-m1-token", Some("ci"));
+        assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+        let sa = find(&d, "ServiceAccount", "tartan-agent-m1", Some("ci"));
+        assert_eq!(
+            secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+            sa["metadata"]["name"]
         );
     }
 

@@ -39,6 +39,10 @@ pub struct InstallArgs {
     /// Print the plists and the launchctl commands instead of writing and running them.
     #[arg(long)]
     pub dry_run: bool,
+    /// Replace an installed agent that is newer than this binary, or whose version cannot be read
+    /// (without it, `install` refuses: a downgrade must be deliberate).
+    #[arg(long)]
+    pub allow_downgrade: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -154,8 +158,11 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
     let layout = layout(&host, &args)?;
     let jobs = tartan::jobs(&layout)?;
     let dir = host.launch_agents_dir();
+    let replacing = installed_agent(&dir, &layout.binary)?;
+    let line = replacement_line(&replacing, &layout.binary, args.allow_downgrade)?;
     let mut launchctl = host.launchctl();
     if args.dry_run {
+        println!("# {line}");
         print!("{}", install_plan(&launchctl, &dir, &layout, &jobs)?);
         return Ok(());
     }
@@ -166,6 +173,7 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
             tartan::PATH
         );
     }
+    println!("{line}");
     for d in [&layout.log_dir, &layout.state_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("could not create {}", d.display()))?;
     }
@@ -188,6 +196,154 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
         layout.log_dir.display()
     );
     Ok(())
+}
+
+/// A release as `--version` prints it: `MAJOR.MINOR.PATCH[-PRE]`, ordered as semver orders them
+/// (a pre-release before its release; pre-release tags compare as text, enough for ours).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Release {
+    numbers: [u64; 3],
+    pre: Option<String>,
+}
+
+impl Release {
+    fn parse(text: &str) -> Option<Release> {
+        let (core, pre) = match text.split_once('-') {
+            Some((core, pre)) => (core, Some(pre.to_owned())),
+            None => (text, None),
+        };
+        let mut parts = core.split('.').map(|n| n.parse::<u64>().ok());
+        let numbers = [parts.next()??, parts.next()??, parts.next()??];
+        parts.next().is_none().then_some(Release { numbers, pre })
+    }
+}
+
+impl Ord for Release {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering::{Greater, Less};
+        self.numbers
+            .cmp(&other.numbers)
+            .then_with(|| match (&self.pre, &other.pre) {
+                (None, None) => std::cmp::Ordering::Equal,
+                (None, Some(_)) => Greater,
+                (Some(_), None) => Less,
+                (Some(a), Some(b)) => a.cmp(b),
+            })
+    }
+}
+
+impl PartialOrd for Release {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The release in the output of `tartan-agent --version`: `tartan-agent 0.2.0 (commit abc…)`
+/// (releases before 0.2 print no commit).
+fn release_of_version_output(stdout: &str) -> Option<Release> {
+    let rest = stdout.trim().strip_prefix("tartan-agent ")?;
+    Release::parse(rest.split_whitespace().next()?)
+}
+
+/// The agent an install would replace: the binary named by the installed agent plist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Installed {
+    /// No agent plist: a first install.
+    Nothing,
+    /// The plist names this very binary (replaced in place, e.g. by a package manager): the
+    /// running agent's version cannot be asked of the file any more.
+    SameFile { binary: PathBuf },
+    /// Another binary, and what its `--version` printed (trimmed) or why it could not be run.
+    Other {
+        binary: PathBuf,
+        version: Result<String, String>,
+    },
+}
+
+/// Reads `<dir>/dev.tartan.agent.plist` and asks the binary it names for its `--version`.
+fn installed_agent(dir: &Path, ours: &Path) -> anyhow::Result<Installed> {
+    let plist = dir.join(format!("{}.plist", tartan_launchd::AGENT_LABEL));
+    let bytes = match std::fs::read(&plist) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Installed::Nothing),
+        Err(e) => return Err(e).with_context(|| format!("reading the installed agent plist {}", plist.display())),
+    };
+    let job = tartan_launchd::LaunchAgent::from_bytes(&bytes, &plist.display().to_string()).with_context(|| {
+        format!(
+            "the installed agent plist {} does not parse, so the agent it runs is unknown; \
+             `tartan-agent uninstall` removes it",
+            plist.display()
+        )
+    })?;
+    let Some(binary) = job.program_arguments.first().map(PathBuf::from) else {
+        bail!(
+            "the installed agent plist {} names no program; `tartan-agent uninstall` removes it",
+            plist.display()
+        );
+    };
+    if binary.canonicalize().is_ok_and(|b| b == ours) {
+        return Ok(Installed::SameFile { binary });
+    }
+    let version = match std::process::Command::new(&binary).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        Ok(out) => Err(format!(
+            "`{} --version` failed ({}): {}",
+            binary.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("could not run `{} --version`: {e}", binary.display())),
+    };
+    Ok(Installed::Other { binary, version })
+}
+
+/// What `install` prints about the agent it replaces, or why it refuses to: never a silent
+/// downgrade, and never over a binary whose version it cannot read, without `allow_downgrade`.
+fn replacement_line(installed: &Installed, ours: &Path, allow_downgrade: bool) -> anyhow::Result<String> {
+    let this = format!("tartan-agent {} at {}", crate::VERSION, ours.display());
+    let (binary, version) = match installed {
+        Installed::Nothing => return Ok(format!("installing {this} (no agent was installed)")),
+        Installed::SameFile { binary } => {
+            return Ok(format!(
+                "installing {this}; the installed plist already names {} (the binary was replaced in \
+                 place), so the running agent's version is not known",
+                binary.display()
+            ));
+        }
+        Installed::Other { binary, version } => (binary, version),
+    };
+    let hint = "pass --allow-downgrade to replace it anyway (docs/upgrading.md)";
+    let at = binary.display();
+    let text = match version {
+        Ok(text) => text,
+        // The plist names a binary that is gone: there is nothing newer left to protect.
+        Err(why) if !binary.exists() => {
+            return Ok(format!(
+                "installing {this}; the installed plist names {at}, which is gone ({why})"
+            ));
+        }
+        Err(why) if allow_downgrade => {
+            return Ok(format!(
+                "replacing the agent at {at} of unknown version ({why}) with {this} (--allow-downgrade)"
+            ));
+        }
+        Err(why) => {
+            bail!("refusing to replace the installed agent at {at}: {why}, so it may be newer than {this}; {hint}")
+        }
+    };
+    let ours = Release::parse(env!("CARGO_PKG_VERSION")).expect("the crate version is semver");
+    match release_of_version_output(text) {
+        Some(theirs) if theirs <= ours => Ok(format!("replacing {text} at {at} with {this}")),
+        Some(_) if allow_downgrade => Ok(format!("downgrading {text} at {at} to {this} (--allow-downgrade)")),
+        Some(_) => bail!("refusing to downgrade: the installed agent is {text} at {at}, newer than {this}; {hint}"),
+        None if allow_downgrade => Ok(format!(
+            "replacing the agent at {at}, whose --version printed {text:?}, with {this} (--allow-downgrade)"
+        )),
+        None => bail!(
+            "refusing to replace the installed agent at {at}: its --version printed {text:?}, which names no \
+             release, so it may be newer than {this}; {hint}"
+        ),
+    }
 }
 
 /// The dry run of `install`: each plist, then the commands that would run.
@@ -320,6 +476,87 @@ mod tests {
         fn program(&self) -> &Path {
             Path::new("/bin/launchctl")
         }
+    }
+
+    #[test]
+    fn releases_order_as_semver_does() {
+        let r = |s| Release::parse(s).unwrap_or_else(|| panic!("{s} should parse"));
+        assert!(r("0.1.0") < r("0.2.0"));
+        assert!(r("0.9.0") < r("0.10.0"), "numbers, not text");
+        assert!(r("1.0.0-rc.1") < r("1.0.0"));
+        assert!(r("1.0.0-alpha") < r("1.0.0-beta"));
+        assert_eq!(r("1.2.3"), r("1.2.3"));
+        for bad in ["", "1.2", "1.2.3.4", "v1.2.3", "1.x.3"] {
+            assert_eq!(Release::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            release_of_version_output("tartan-agent 0.3.1 (commit 0123abc)\n"),
+            Some(r("0.3.1"))
+        );
+        assert_eq!(
+            release_of_version_output("tartan-agent 0.1.0\n"),
+            Some(r("0.1.0")),
+            "before commits were printed"
+        );
+        assert_eq!(release_of_version_output("tart 2.0.0"), None);
+    }
+
+    fn other(version: Result<&str, &str>, binary: &Path) -> Installed {
+        Installed::Other {
+            binary: binary.into(),
+            version: version.map(str::to_owned).map_err(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_newer_or_unreadable_installed_agent_is_replaced_only_with_allow_downgrade() {
+        let ours = Path::new("/opt/new/tartan-agent");
+        // An existing file stands for the installed binary: its presence matters when it cannot run.
+        let exists = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let newer = other(Ok("tartan-agent 999.0.0 (commit feed)"), &exists);
+        let e = replacement_line(&newer, ours, false).unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to downgrade") && e.contains("999.0.0") && e.contains("--allow-downgrade"),
+            "{e}"
+        );
+        let line = replacement_line(&newer, ours, true).unwrap();
+        assert!(
+            line.starts_with("downgrading tartan-agent 999.0.0 (commit feed)"),
+            "{line}"
+        );
+
+        let unreadable = other(Err("`x --version` failed (exit status: 2): boom"), &exists);
+        let e = replacement_line(&unreadable, ours, false).unwrap_err().to_string();
+        assert!(e.contains("boom") && e.contains("--allow-downgrade"), "{e}");
+        assert!(replacement_line(&unreadable, ours, true).is_ok());
+        let garbled = other(Ok("something else"), &exists);
+        assert!(replacement_line(&garbled, ours, false).is_err());
+        assert!(replacement_line(&garbled, ours, true).is_ok());
+    }
+
+    #[test]
+    fn an_older_same_missing_or_absent_agent_is_replaced_and_named() {
+        let ours = Path::new("/opt/new/tartan-agent");
+        let exists = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let line = replacement_line(&other(Ok("tartan-agent 0.0.1 (commit abc)"), &exists), ours, false).unwrap();
+        assert_eq!(
+            line,
+            format!(
+                "replacing tartan-agent 0.0.1 (commit abc) at {} with tartan-agent {} at /opt/new/tartan-agent",
+                exists.display(),
+                crate::VERSION
+            )
+        );
+        let same = format!("tartan-agent {}", crate::VERSION);
+        let line = replacement_line(&other(Ok(&same), &exists), ours, false).unwrap();
+        assert!(line.starts_with(&format!("replacing {same} at ")), "{line}");
+        let gone = other(Err("could not run"), Path::new("/nonexistent/tartan-agent"));
+        let line = replacement_line(&gone, ours, false).unwrap();
+        assert!(line.contains("/nonexistent/tartan-agent, which is gone"), "{line}");
+        let line = replacement_line(&Installed::Nothing, ours, false).unwrap();
+        assert!(line.ends_with("(no agent was installed)"), "{line}");
+        let line = replacement_line(&Installed::SameFile { binary: ours.into() }, ours, false).unwrap();
+        assert!(line.contains("replaced in place"), "{line}");
     }
 
     #[test]

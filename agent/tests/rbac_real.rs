@@ -779,6 +779,62 @@ fn rendered_deploy_rbac() -> String {
     text.replace("namespace: ci\n", &format!("namespace: {NS}\n"))
 }
 
+/// `tartan-agent rbac --token-secret` for `mac-a`: the token controller fills the Secret in, and
+/// its token acts as mac-a's ServiceAccount (its own Lease yes, another agent's no), the way
+/// docs/install-on-mac.md builds the agent's kubeconfig.
+fn the_token_secret_authenticates_as_its_agent(cluster: &RealCluster) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let token = loop {
+        let token = cluster
+            .kubectl(
+                &[
+                    "-n",
+                    NS,
+                    "get",
+                    "secret",
+                    "tartan-agent-mac-a-token",
+                    "-o",
+                    "go-template={{if .data.token}}{{.data.token | base64decode}}{{end}}",
+                ],
+                None,
+            )
+            .unwrap();
+        if !token.is_empty() {
+            break token;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the token controller did not fill in Secret {NS}/tartan-agent-mac-a-token within 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let can_i = |lease: &str| {
+        let out = std::process::Command::new("kubectl")
+            .args([
+                "--server",
+                cluster.api_url(),
+                "--token",
+                &token,
+                "--certificate-authority",
+            ])
+            .arg(cluster.dir().join("certs/ca.crt"))
+            .args(["-n", NS, "auth", "can-i", "patch", &format!("leases/{lease}")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(
+        can_i("tartan-agent-mac-a"),
+        "yes",
+        "mac-a's token may renew its own Lease"
+    );
+    assert_eq!(
+        can_i("tartan-agent-mac-b"),
+        "no",
+        "mac-a's token must not renew mac-b's Lease"
+    );
+}
+
 /// `tartan-agent rbac ARGS` (the real binary).
 fn agent_rbac(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tartan-agent"))
@@ -841,8 +897,15 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
     }
     cluster.apply(&rendered_deploy_rbac()).unwrap();
     cluster
-        .apply(&agent_rbac(&["--agent-id", "mac-a", "--namespace", NS]))
+        .apply(&agent_rbac(&[
+            "--agent-id",
+            "mac-a",
+            "--namespace",
+            NS,
+            "--token-secret",
+        ]))
         .unwrap();
+    the_token_secret_authenticates_as_its_agent(&cluster);
     cluster
         .apply(&agent_rbac(&["--agent-id", "mac-b", "--namespace", NS]))
         .unwrap();

@@ -477,3 +477,120 @@ fn the_watchdog_watches_the_state_dir_of_the_config() {
         .unwrap();
     assert!(!out.status.success(), "a broken config must not be installed");
 }
+
+/// `git rev-parse HEAD` of the checkout, if git and `.git` are there (CI clones the repository).
+fn git_head() -> Option<String> {
+    let out = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    out.status.success().then(|| text(&out.stdout).trim().to_owned())
+}
+
+#[test]
+fn version_names_the_release_and_the_git_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tartan-agent"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let stdout = text(&out.stdout);
+    let commit = git_head().unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        stdout,
+        format!("tartan-agent {} (commit {commit})\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+impl Fixture {
+    /// Points the installed agent plist at a fake `tartan-agent` whose `--version` prints
+    /// `version_line`; returns the fake's path.
+    fn install_fake_agent(&self, version_line: &str) -> PathBuf {
+        let fake_agent = self.fake.join("old/tartan-agent");
+        fs::create_dir_all(fake_agent.parent().unwrap()).unwrap();
+        fs::write(&fake_agent, format!("#!/bin/sh\necho '{version_line}'\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&fake_agent, fs::Permissions::from_mode(0o755)).unwrap();
+        let plist = self.agents_dir().join("dev.tartan.agent.plist");
+        let mut job = LaunchAgent::from_bytes(&fs::read(&plist).unwrap(), "agent plist").unwrap();
+        job.program_arguments[0] = fake_agent.display().to_string();
+        fs::write(&plist, job.to_xml().unwrap()).unwrap();
+        fake_agent
+    }
+}
+
+#[test]
+fn install_refuses_to_downgrade_a_newer_agent_unless_allowed_and_names_what_it_replaces() {
+    let fx = Fixture::new();
+    let config = fx.config();
+    let install = ["install", "--config", config.to_str().unwrap()];
+    let out = fx.run(&install);
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("(no agent was installed)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let ours = PathBuf::from(env!("CARGO_BIN_EXE_tartan-agent"))
+        .canonicalize()
+        .unwrap();
+    let this = format!(
+        "tartan-agent {} (commit {}) at {}",
+        env!("CARGO_PKG_VERSION"),
+        git_head().unwrap_or_else(|| "unknown".into()),
+        ours.display()
+    );
+
+    let newer = fx.install_fake_agent("tartan-agent 99.0.0 (commit feed)");
+    let calls_before = fx.calls().len();
+    let plist = fx.agents_dir().join("dev.tartan.agent.plist");
+    let plist_before = fs::read(&plist).unwrap();
+    let out = fx.run(&install);
+    assert!(
+        !out.status.success(),
+        "a downgrade was installed: {}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "refusing to downgrade: the installed agent is tartan-agent 99.0.0 (commit feed) at {}, newer than {this}",
+            newer.display()
+        )) && stderr.contains("--allow-downgrade"),
+        "{stderr}"
+    );
+    assert_eq!(fx.calls().len(), calls_before, "launchctl ran although install refused");
+    assert_eq!(
+        fs::read(&plist).unwrap(),
+        plist_before,
+        "the plist was rewritten although install refused"
+    );
+
+    let out = fx.run(&[&install[..], &["--allow-downgrade"]].concat());
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "downgrading tartan-agent 99.0.0 (commit feed) at {} to {this} (--allow-downgrade)",
+            newer.display()
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let older = fx.install_fake_agent("tartan-agent 0.0.1 (commit abc)");
+    let out = fx.run(&install);
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "replacing tartan-agent 0.0.1 (commit abc) at {} with {this}",
+            older.display()
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    // After that install the plist names this binary itself.
+    let out = fx.run(&install);
+    assert_ok(&out);
+    assert!(text(&out.stdout).contains("replaced in place"), "{}", text(&out.stdout));
+}

@@ -6,9 +6,12 @@ use kube::CustomResourceExt as _;
 use std::io::Write as _;
 use tartan_api::MacBuild;
 
+/// The release and the git commit this binary was built from (`build-support/git-version.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TARTAN_GIT_COMMIT"), ")");
+
 /// The cluster side of Tartan: turns Tekton CustomRuns into MacBuilds and reports back.
 #[derive(Debug, Parser)]
-#[command(name = "tartan-controller", version, about)]
+#[command(name = "tartan-controller", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
