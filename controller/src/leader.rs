@@ -550,8 +550,10 @@ async fn elect(
                             cfg.retry_every
                         );
                     }
-                    if tx.borrow().clone() != (Role::Standby { holder: holder.clone() }) && holder.is_some() {
-                        info!("standing by: {holder:?} leads");
+                    if let Some(h) = &holder
+                        && *tx.borrow() != (Role::Standby { holder: holder.clone() })
+                    {
+                        info!("standing by: {h} leads");
                     }
                     if holder.is_some() || failure.is_some() {
                         tx.send_replace(Role::Standby { holder });

@@ -240,8 +240,17 @@ fn runs_held_by(store: &Store<CustomRun>, lease: &Lease) -> Vec<ObjectRef<Custom
 
 /// Runs the controller until SIGTERM/SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = kube_config(&args).await?;
+    let mut config = kube_config(&args).await?;
     let election = args.election()?;
+    // Which replica sent a request, for the API server's audit log (and the e2e emulator's).
+    let who = election
+        .as_ref()
+        .map_or(args.instance.as_str(), |e| e.identity.as_str());
+    let agent = format!("tartan-controller/{} ({who})", env!("CARGO_PKG_VERSION"));
+    match http::HeaderValue::from_str(&agent) {
+        Ok(v) => config.headers.push((http::header::USER_AGENT, v)),
+        Err(e) => warn!("not setting User-Agent {agent:?}: {e}; requests carry kube's default"),
+    }
     // Two clients: the elector's own (its Lease writes are fenced by resourceVersion), and the
     // one everything else writes with, whose every write passes the leader gate.
     let client = Client::try_from(config.clone()).context("building the Kubernetes client")?;
