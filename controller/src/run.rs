@@ -285,7 +285,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ready: ready.clone(),
             role: elector.as_ref().map(Elector::role),
         });
-    info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
+    let bound = listener.local_addr().map_or(args.metrics_address, |a| a);
+    // The bound address (port 0 picks one), in the message so that tests can find it.
+    info!("serving /metrics, /healthz, /readyz on {bound}");
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!("metrics/health server stopped: {e}");

@@ -456,6 +456,26 @@ impl Stack {
         eprintln!("[e2e] SIGCONT controller replica {id}");
     }
 
+    /// SIGTERM of replica `id` (a rollout or drain deleting its pod); waits for it to exit.
+    pub fn terminate_replica(&mut self, id: &str) {
+        let mut p = self.replicas.remove(id).expect("replica running");
+        eprintln!("[e2e] SIGTERM controller replica {id}");
+        p.terminate(Duration::from_secs(10));
+        self.dead.push(p);
+    }
+
+    /// `GET path` on replica `id`'s /metrics, /healthz, /readyz server: status and body.
+    pub fn replica_http(&self, id: &str, path: &str) -> (u16, String) {
+        let log = std::fs::read_to_string(self.replica(id).log()).unwrap_or_default();
+        let marker = "/readyz on ";
+        let addr = log
+            .lines()
+            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest))
+            .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '\u{1b}').next())
+            .unwrap_or_else(|| panic!("replica {id} logged no \"{marker}<address>\" line yet"));
+        crate::cluster::http_get(addr, path)
+    }
+
     /// The log of replica `id` (running or killed) so far.
     pub fn replica_log(&self, id: &str) -> String {
         let name = format!("tartan-controller {id}");

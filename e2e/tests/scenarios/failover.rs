@@ -25,6 +25,18 @@ async fn two_replicas_mid_build(s: &mut Stack, leader: &LeaderOptions) -> Lease 
             .ok_or("not yet".to_string())
     })
     .await;
+    // Readiness and metrics say who leads; a standby is Ready (it must not stall a rollout).
+    assert_eq!(s.replica_http("ctl-a", "/readyz"), (200, "ok: leading\n".to_string()));
+    assert_eq!(
+        s.replica_http("ctl-b", "/readyz"),
+        (200, "ok: standing by; ctl-a leads\n".to_string())
+    );
+    for (id, leading) in [("ctl-a", 1), ("ctl-b", 0)] {
+        let (status, metrics) = s.replica_http(id, "/metrics");
+        assert_eq!(status, 200);
+        let line = format!("tartan_controller_leader{{identity=\"{id}\"}} {leading}");
+        assert!(metrics.contains(&line), "{id}: no {line:?} in\n{metrics}");
+    }
     s.start_agent("agent-a").await;
     s.create_run("build-1", &s.build_params(true), None).await;
     wait_for("the build step to start", Duration::from_secs(60), || {
@@ -73,6 +85,30 @@ async fn leader_killed_mid_build_standby_takes_over() {
         .await;
     assert_eq!(result(&run, "attempt"), Some("build-1#1"));
     assert_eq!(s.builds_started(), 1, "the build ran once");
+
+    // A rollout: a new replica stands by, the leader gets SIGTERM and hands the Lease over at
+    // once (released), not after a lease duration.
+    s.start_replica("ctl-c", ControllerOptions::default(), &leader);
+    wait_for("ctl-c to stand by", Duration::from_secs(30), || {
+        s.replica_log("ctl-c")
+            .contains("standing by: ctl-b leads")
+            .then_some(())
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    let terminated = Instant::now();
+    s.terminate_replica("ctl-b");
+    s.wait_leader("ctl-c", Duration::from_secs(30)).await;
+    let handover = terminated.elapsed();
+    eprintln!(
+        "[e2e] HANDOVER (SIGTERM of the leader): ctl-c holds the leader Lease {:.2}s after the SIGTERM",
+        handover.as_secs_f64()
+    );
+    assert!(s.replica_log("ctl-b").contains("released the leader Lease"));
+    assert!(
+        handover < Duration::from_secs(4),
+        "not released: waited out the lease ({handover:?})"
+    );
     s.finish().await;
 }
 
