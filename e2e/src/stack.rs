@@ -113,23 +113,42 @@ impl ControllerOptions {
 }
 
 /// Leader-election flags of the replicas [`Stack::start_replica`] starts; [`LeaderOptions::default`]
-/// is shortened for tests (the source's defaults: 15 s, 5 s, 2 s, 5 s).
+/// is shortened for tests.
 #[derive(Clone, Debug)]
 pub struct LeaderOptions {
-    pub lease: &'static str,
-    pub renew_every: &'static str,
-    pub retry_every: &'static str,
-    pub margin: &'static str,
+    pub lease: Duration,
+    pub renew_every: Duration,
+    pub retry_every: Duration,
+    pub margin: Duration,
 }
 
 impl Default for LeaderOptions {
     fn default() -> Self {
         LeaderOptions {
-            lease: "4s",
-            renew_every: "1s",
-            retry_every: "500ms",
-            margin: "1500ms",
+            lease: Duration::from_secs(4),
+            renew_every: Duration::from_secs(1),
+            retry_every: Duration::from_millis(500),
+            margin: Duration::from_millis(1500),
         }
+    }
+}
+
+impl LeaderOptions {
+    /// The source's defaults: lease 15 s, renew every 5 s, poll every 2 s, margin 5 s.
+    pub fn source_defaults() -> Self {
+        LeaderOptions {
+            lease: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            retry_every: Duration::from_secs(2),
+            margin: Duration::from_secs(5),
+        }
+    }
+
+    /// The longest a standby may take to lead after the leader died: the lease duration from
+    /// the last record it saw (seen at most one poll after it was written, and written before the
+    /// death), then at most one poll until it looks again.
+    pub fn failover_bound(&self) -> Duration {
+        self.lease + 2 * self.retry_every
     }
 }
 
@@ -405,6 +424,7 @@ impl Stack {
         assert!(!self.replicas.contains_key(id), "replica {id} already running");
         self.controller_starts += 1;
         let mut cmd = self.controller_command(&opts, id);
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
         cmd.args([
             "--leader-elect",
             "--leader-lease-namespace",
@@ -414,15 +434,15 @@ impl Stack {
         ])
         .args([
             "--leader-lease",
-            leader.lease,
+            &ms(leader.lease),
             "--leader-renew-every",
-            leader.renew_every,
+            &ms(leader.renew_every),
         ])
         .args([
             "--leader-retry-every",
-            leader.retry_every,
+            &ms(leader.retry_every),
             "--leader-margin",
-            leader.margin,
+            &ms(leader.margin),
         ]);
         let log = self.dir.join(format!("controller-{id}-{}.log", self.controller_starts));
         self.replicas.insert(
