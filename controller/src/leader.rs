@@ -20,7 +20,7 @@
 //! - A leader that loses the Lease re-enters standby (the reconciler is rebuilt from fresh watches
 //!   if it leads again); exiting would only add a pod restart and crash-loop back-off to the
 //!   failover path. On SIGTERM the leader releases the Lease (fenced), so a rolling update hands
-//!   over at once instead of after a lease duration.
+//!   over at the standby's next poll instead of after a lease duration.
 
 use crate::metrics::Metrics;
 use futures::future::BoxFuture;
