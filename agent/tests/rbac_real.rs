@@ -41,6 +41,8 @@ enum Verb {
     PatchSpec,
     PatchStatus,
     Delete,
+    /// A replace (PUT) of the whole object.
+    Update,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +60,11 @@ const CUSTOMRUN: Res = ("tekton.dev", "v1beta1", "CustomRun", "customruns");
 const LEASE: Res = ("coordination.k8s.io", "v1", "Lease", "leases");
 const EVENT: Res = ("events.k8s.io", "v1", "Event", "events");
 const SECRET: Res = ("", "v1", "Secret", "secrets");
+
+/// The controllers' leader Lease (`controller/src/leader.rs`), in the namespace of deploy/rbac.yaml.
+const LEADER_LEASE: &str = "tartan-controller";
+const CONTROLLER_NS: &str = "tartan-system";
+const LEADER_FILE: &str = "controller/src/leader.rs";
 
 /// One request kind the code makes: who, on what, how, and where in the source (file, the Rust
 /// type the `Api` is of, and the call: a kube `Api` method, or `watcher` / `Controller::new` /
@@ -416,6 +423,10 @@ const CALLS: &[Call] = &[
         "CustomRun",
         "patch_status",
     ),
+    // Leader election among controller replicas: its own Lease only.
+    c(Controller, LEASE, Get, Namespaced, LEADER_FILE, "Lease", "get_opt"),
+    c(Controller, LEASE, Create, Namespaced, LEADER_FILE, "Lease", "create"),
+    c(Controller, LEASE, Update, Namespaced, LEADER_FILE, "Lease", "replace"),
 ];
 
 /// What must be refused (403), with the reason.
@@ -750,6 +761,16 @@ async fn attempt(client: &kube::Client, res: Res, verb: Verb, ns: Option<&str>, 
             api.patch(name, &dry_patch, &Patch::Merge(spec)).await.map(|_| 200)
         }
         PatchStatus => api.patch_status(name, &dry_patch, &label).await.map(|_| 200),
+        Update => {
+            let pp = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            // Without a resourceVersion: an authorized replace answers 409/422, after RBAC.
+            api.replace(name, &pp, &object(res, name, ns.unwrap_or(NS)))
+                .await
+                .map(|_| 200)
+        }
         Delete => api
             .delete(
                 name,
@@ -860,6 +881,7 @@ fn verb_name(v: Verb) -> &'static str {
         PatchSpec => "patch (spec)",
         PatchStatus => "patch status",
         Delete => "delete",
+        Update => "update",
     }
 }
 
@@ -932,6 +954,8 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
         (LEASE, "tartan-agent-mac-b", NS),
         (LEASE, "tartan-agent-mac-c", "leases"),
         (LEASE, "tartan-agent-shared", NS),
+        (LEASE, LEADER_LEASE, CONTROLLER_NS),
+        (LEASE, "not-the-leader-lease", CONTROLLER_NS),
     ] {
         api(&admin, res, Some(ns))
             .create(&pp, &object(res, name, ns))
@@ -978,7 +1002,9 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
                 .collect(),
         };
         for (who, client, lease, lease_ns) in runs {
-            let (name, ns) = if call.res == LEASE {
+            let (name, ns) = if call.file == LEADER_FILE {
+                (LEADER_LEASE, CONTROLLER_NS)
+            } else if call.res == LEASE {
                 (lease, lease_ns)
             } else {
                 ("probe", NS)
@@ -1028,6 +1054,19 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
             let got = attempt(client, LEASE, verb, Some(ns), lease).await;
             refusals.push((who, LEASE, verb, ns, lease, "only its own Lease", got));
         }
+    }
+    // The controller updates its leader Lease and no other (resourceNames).
+    for (lease, ns) in [("not-the-leader-lease", CONTROLLER_NS), ("tartan-agent-mac-a", NS)] {
+        let got = attempt(&controller, LEASE, Update, Some(ns), lease).await;
+        refusals.push((
+            "tartan-controller",
+            LEASE,
+            Update,
+            ns,
+            lease,
+            "only its leader Lease",
+            got,
+        ));
     }
     for (who, res, verb, ns, name, why, got) in refusals {
         let line = format!("{who:32} {:16} {:10} {name:20} {ns:16} {got:?}", verb_name(verb), res.3);

@@ -9,6 +9,7 @@ pub mod crd;
 pub mod deadline;
 pub mod destination;
 pub mod files;
+pub mod lease_clock;
 pub mod logs;
 pub mod names;
 pub mod text;

@@ -7,6 +7,7 @@
 pub mod customrun;
 pub mod decide;
 pub mod duration;
+pub mod leader;
 pub mod metrics;
 pub mod params;
 pub mod reconcile;

@@ -22,7 +22,7 @@ enum Command {
     /// Print the MacBuild CustomResourceDefinition as YAML, for `kubectl apply -f -`.
     Crd,
     /// Run the controller: CustomRun -> MacBuild, MacBuild status -> CustomRun status.
-    Run(tartan_controller::run::RunArgs),
+    Run(Box<tartan_controller::run::RunArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
                 .with_writer(std::io::stderr)
                 .init();
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            runtime.block_on(tartan_controller::run::run(args))?;
+            runtime.block_on(tartan_controller::run::run(*args))?;
         }
         Command::Crd => {
             let yaml = serde_saphyr::to_string(&MacBuild::crd())

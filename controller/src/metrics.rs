@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -14,6 +15,11 @@ pub struct ErrorLabels {
 pub struct OutcomeLabels {
     pub status: String,
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdentityLabels {
+    pub identity: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +37,10 @@ pub struct Metrics {
     pub customruns: Family<OutcomeLabels, Counter>,
     /// `CustomRunTimedOut` endings, by `vmRetirement`.
     pub timeouts: Family<RetirementLabels, Counter>,
+    /// 1 while this replica leads (label: its identity), 0 while it stands by.
+    pub leader: Family<IdentityLabels, Gauge>,
+    /// API writes refused because this replica did not hold the leader Lease.
+    pub refused_writes: Counter,
     registry: Registry,
 }
 
@@ -53,17 +63,40 @@ impl Default for Metrics {
             "CustomRunTimedOut endings by vmRetirement",
             timeouts.clone(),
         );
+        let leader = Family::<IdentityLabels, Gauge>::default();
+        let refused_writes = Counter::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease, 0 while it stands by",
+            leader.clone(),
+        );
+        registry.register(
+            "refused_writes",
+            "API writes refused because this replica did not hold the leader Lease",
+            refused_writes.clone(),
+        );
         Metrics {
             reconciles,
             errors,
             customruns,
             timeouts,
+            leader,
+            refused_writes,
             registry,
         }
     }
 }
 
 impl Metrics {
+    /// Sets `tartan_controller_leader{identity}`.
+    pub fn set_leader(&self, identity: &str, leading: bool) {
+        self.leader
+            .get_or_create(&IdentityLabels {
+                identity: identity.to_string(),
+            })
+            .set(i64::from(leading));
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -92,8 +125,15 @@ mod tests {
                 vm_retirement: "unconfirmed".into(),
             })
             .inc();
+        m.set_leader("tartan-controller-7d9-x2", true);
+        m.refused_writes.inc();
         let text = m.render();
         assert!(text.contains("tartan_controller_reconciles_total 1"), "{text}");
+        assert!(
+            text.contains("tartan_controller_leader{identity=\"tartan-controller-7d9-x2\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("tartan_controller_refused_writes_total 1"), "{text}");
         assert!(
             text.contains("tartan_controller_reconcile_errors_total{error=\"kube\"} 1"),
             "{text}"

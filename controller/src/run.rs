@@ -5,6 +5,7 @@
 use crate::customrun::CustomRun;
 use crate::decide::Timing;
 use crate::duration::parse_flag;
+use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
 use crate::reconcile::{Ctx, error_policy, reconcile};
 use crate::view::lease_agent;
@@ -16,6 +17,7 @@ use axum::routing::get;
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
@@ -60,9 +62,72 @@ pub struct RunArgs {
     /// Name reported as the Events' reporting instance (the pod name in a Deployment).
     #[arg(long, env = "POD_NAME", default_value = "tartan-controller")]
     pub instance: String,
+    /// Run as one of several replicas: only the holder of the leader Lease reconciles and writes;
+    /// the others stand by (docs/high-availability.md).
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease (the controller's own; in a pod, POD_NAMESPACE from the downward API).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "tartan-controller")]
+    pub leader_lease_name: String,
+    /// This replica's identity in the leader Lease; default: $POD_NAME, else <hostname>-<pid>.
+    #[arg(long)]
+    pub leader_identity: Option<String>,
+    /// Leader Lease duration: a standby takes over this long after the last renewal it saw.
+    #[arg(long, default_value = "15s", value_parser = parse_flag)]
+    pub leader_lease: Duration,
+    /// How often the leader renews the Lease.
+    #[arg(long, default_value = "5s", value_parser = parse_flag)]
+    pub leader_renew_every: Duration,
+    /// How often a standby looks at the Lease, and a failed renewal is retried.
+    #[arg(long, default_value = "2s", value_parser = parse_flag)]
+    pub leader_retry_every: Duration,
+    /// The leader stops writing this long before its Lease could expire without a renewal.
+    #[arg(long, default_value = "5s", value_parser = parse_flag)]
+    pub leader_margin: Duration,
 }
 
 impl RunArgs {
+    /// The leader-election settings, when `--leader-elect` is on.
+    pub fn election(&self) -> anyhow::Result<Option<ElectionConfig>> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let Some(namespace) = self.leader_lease_namespace.clone().filter(|n| !n.is_empty()) else {
+            bail!(
+                "--leader-elect needs the namespace of the leader Lease: pass --leader-lease-namespace or set \
+                 POD_NAMESPACE (deploy/controller.yaml sets it from the downward API)"
+            );
+        };
+        let identity = match &self.leader_identity {
+            Some(id) => id.clone(),
+            None => {
+                let pod = std::env::var("POD_NAME").ok();
+                let host = std::env::var("HOSTNAME")
+                    .ok()
+                    .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "tartan-controller".into());
+                crate::leader::identity(pod.as_deref(), &host, std::process::id())
+            }
+        };
+        let cfg = ElectionConfig {
+            namespace,
+            name: self.leader_lease_name.clone(),
+            identity,
+            lease: self.leader_lease,
+            renew_every: self.leader_renew_every,
+            retry_every: self.leader_retry_every,
+            margin: self.leader_margin,
+            api_timeout: self.api_timeout.min(self.leader_retry_every),
+        };
+        cfg.validate().map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
+        Ok(Some(cfg))
+    }
+
     pub fn timing(&self) -> Timing {
         Timing {
             default_timeout: self.default_timeout,
@@ -72,7 +137,7 @@ impl RunArgs {
     }
 }
 
-async fn client(args: &RunArgs) -> anyhow::Result<Client> {
+async fn kube_config(args: &RunArgs) -> anyhow::Result<Config> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -84,7 +149,7 @@ async fn client(args: &RunArgs) -> anyhow::Result<Client> {
             "no Kubernetes configuration found (tried $KUBECONFIG, ~/.kube/config and in-cluster); pass --kubeconfig",
         )?,
     };
-    Client::try_from(config).context("building the Kubernetes client")
+    Ok(config)
 }
 
 /// Fails fast, with the fix in the message, when a CRD we need is not served.
@@ -124,6 +189,8 @@ async fn check_crds(client: &Client, namespaces: &[Option<String>], limit: Durat
 struct Http {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    /// The elector's role; `None` without `--leader-elect`.
+    role: Option<tokio::sync::watch::Receiver<Role>>,
 }
 
 async fn metrics_handler(State(h): State<Http>) -> ([(&'static str, &'static str); 1], String) {
@@ -136,12 +203,19 @@ async fn metrics_handler(State(h): State<Http>) -> ([(&'static str, &'static str
     )
 }
 
-async fn ready_handler(State(h): State<Http>) -> (StatusCode, &'static str) {
-    if h.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+/// A standby is Ready (200) and says so: the controller has no Service, so readiness only paces a
+/// RollingUpdate, which must not wait for a replica that is meant to stand by.
+async fn ready_handler(State(h): State<Http>) -> (StatusCode, String) {
+    if !h.ready.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into());
     }
+    let body = match h.role.as_ref().map(|r| r.borrow().clone()) {
+        None => "ok\n".to_string(),
+        Some(Role::Leader { .. }) => "ok: leading\n".to_string(),
+        Some(Role::Standby { holder: Some(h) }) => format!("ok: standing by; {h} leads\n"),
+        Some(Role::Standby { holder: None }) => "ok: standing by; no leader seen yet\n".to_string(),
+    };
+    (StatusCode::OK, body)
 }
 
 /// The CustomRuns to look at when an agent's Lease changes: those whose last recorded holder is
@@ -166,7 +240,20 @@ fn runs_held_by(store: &Store<CustomRun>, lease: &Lease) -> Vec<ObjectRef<Custom
 
 /// Runs the controller until SIGTERM/SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let client = client(&args).await?;
+    let mut config = kube_config(&args).await?;
+    let election = args.election()?;
+    // Which replica sent a request, for the API server's audit log (and the e2e emulator's).
+    let who = election
+        .as_ref()
+        .map_or(args.instance.as_str(), |e| e.identity.as_str());
+    let agent = format!("tartan-controller/{} ({who})", env!("CARGO_PKG_VERSION"));
+    match http::HeaderValue::from_str(&agent) {
+        Ok(v) => config.headers.push((http::header::USER_AGENT, v)),
+        Err(e) => warn!("not setting User-Agent {agent:?}: {e}; requests carry kube's default"),
+    }
+    // Two clients: the elector's own (its Lease writes are fenced by resourceVersion), and the
+    // one everything else writes with, whose every write passes the leader gate.
+    let client = Client::try_from(config.clone()).context("building the Kubernetes client")?;
     let namespaces: Vec<Option<String>> = if args.namespaces.is_empty() {
         vec![None]
     } else {
@@ -174,6 +261,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(match &election {
+        Some(cfg) => Gate::new(cfg.write_window(), metrics.clone()),
+        None => Gate::always_open(metrics.clone()),
+    });
+    let gated = ClientBuilder::try_from(config)
+        .context("building the Kubernetes client")?
+        .with_layer(&GateLayer(gate.clone()))
+        .build();
+    let elector = election
+        .clone()
+        .map(|cfg| Elector::spawn(client.clone(), cfg, gate.clone(), metrics.clone()));
 
     let listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
@@ -185,8 +283,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_state(Http {
             metrics: metrics.clone(),
             ready: ready.clone(),
+            role: elector.as_ref().map(Elector::role),
         });
-    info!(address = %args.metrics_address, "serving /metrics, /healthz, /readyz");
+    let bound = listener.local_addr().map_or(args.metrics_address, |a| a);
+    // The bound address (port 0 picks one), in the message so that tests can find it.
+    info!("serving /metrics, /healthz, /readyz on {bound}");
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!("metrics/health server stopped: {e}");
@@ -200,16 +301,85 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         instance: Some(args.instance.clone()),
     };
     let ctx = Arc::new(Ctx {
-        client: client.clone(),
+        client: gated.clone(),
         timing: args.timing(),
         lease_namespace: args.agent_lease_namespace.clone(),
         api_timeout: args.api_timeout,
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(gated.clone(), reporter),
         metrics: metrics.clone(),
     });
 
+    let Some(elector) = elector else {
+        ready.store(true, Ordering::Relaxed);
+        futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx)).await;
+        info!("controller stopped");
+        server.abort();
+        return Ok(());
+    };
+    ready.store(true, Ordering::Relaxed);
+    let mut role = elector.role();
+    let mut stop = stop_signal();
+    loop {
+        // Standing by: nothing reconciles, nothing writes.
+        tokio::select! {
+            leading = role.wait_for(|r| matches!(r, Role::Leader { .. })) => {
+                leading.context("the leader elector stopped")?;
+            }
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        info!("leading: starting the reconcilers");
+        let loops = futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx));
+        tokio::select! {
+            // They end only on SIGTERM/SIGINT (`shutdown_on_signal`).
+            _ = loops => break,
+            lost = role.wait_for(|r| !matches!(r, Role::Leader { .. })) => {
+                lost.context("the leader elector stopped")?;
+                // Dropping the loops cancels every reconcile in flight; the gate already refuses
+                // their writes.
+                warn!("leadership lost: reconcilers stopped; standing by");
+            }
+        }
+    }
+    elector.shutdown().await;
+    info!("controller stopped");
+    server.abort();
+    Ok(())
+}
+
+/// Becomes true on SIGTERM or SIGINT.
+fn stop_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    warn!("cannot listen for SIGTERM ({e}); stopping on SIGINT only");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// One kube `Controller` per watched namespace, each ending on SIGTERM/SIGINT.
+fn controllers(
+    args: &RunArgs,
+    client: &Client,
+    namespaces: &[Option<String>],
+    ctx: &Arc<Ctx>,
+) -> Vec<futures::future::BoxFuture<'static, ()>> {
+    let client = client.clone();
     let mut loops = Vec::new();
-    for ns in &namespaces {
+    for ns in namespaces {
         let (runs, builds, leases): (Api<CustomRun>, Api<MacBuild>, Api<Lease>) =
             match (ns, &args.agent_lease_namespace) {
                 (Some(ns), Some(lns)) => (
@@ -255,9 +425,5 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .boxed(),
         );
     }
-    ready.store(true, Ordering::Relaxed);
-    futures::future::join_all(loops).await;
-    info!("controller stopped");
-    server.abort();
-    Ok(())
+    loops
 }

@@ -66,6 +66,14 @@ impl Harness {
             api_timeout: Duration::from_secs(5),
             metrics_address: "127.0.0.1:0".parse().unwrap(),
             instance: "test".into(),
+            leader_elect: false,
+            leader_lease_namespace: None,
+            leader_lease_name: "tartan-controller".into(),
+            leader_identity: None,
+            leader_lease: Duration::from_secs(15),
+            leader_renew_every: Duration::from_secs(5),
+            leader_retry_every: Duration::from_secs(2),
+            leader_margin: Duration::from_secs(5),
         }
     }
 

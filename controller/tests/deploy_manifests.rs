@@ -1,6 +1,7 @@
 //! The manifests in `deploy/` agree with the code: the Tekton example only uses params the
-//! controller understands, the Deployment runs one Recreate replica of `run`, and RBAC grants
-//! what the reconcile loop calls and nothing to write CustomRun specs.
+//! controller understands, the Deployment runs two leader-electing replicas of `run` with a
+//! PodDisruptionBudget, and RBAC grants what the reconcile loop and the elector call and nothing
+//! to write CustomRun specs.
 
 use serde_json::Value;
 use std::path::PathBuf;
@@ -38,16 +39,65 @@ fn tekton_example_uses_only_known_params_and_no_retries() {
     assert!(d.iter().any(|x| x["kind"] == "PipelineRun"));
 }
 
+/// `tartan-controller run` with `args` parsed as the binary parses them.
+#[derive(clap::Parser)]
+struct Run {
+    #[command(flatten)]
+    args: tartan_controller::run::RunArgs,
+}
+
 #[test]
-fn controller_is_one_recreate_replica_running_the_run_subcommand() {
+fn controller_is_two_leader_electing_replicas_with_a_disruption_budget() {
+    use clap::Parser as _;
     let d = docs("controller.yaml");
     let dep = kind(&d, "Deployment", "tartan-controller");
-    assert_eq!(dep["spec"]["replicas"], 1);
-    assert_eq!(dep["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    assert_eq!(dep["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
     let c = &dep["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["args"][0], "run");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no env {name}"))["valueFrom"]["fieldRef"]["fieldPath"]
+            .clone()
+    };
+    assert_eq!(env("POD_NAME"), "metadata.name", "the leader identity");
+    assert_eq!(
+        env("POD_NAMESPACE"),
+        "metadata.namespace",
+        "the leader Lease's namespace"
+    );
+
+    // The Deployment's flags parse, elect, and pass the elector's own checks.
+    let mut argv: Vec<String> = vec!["tartan-controller".into()];
+    argv.extend(
+        c["args"].as_array().unwrap()[1..]
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    argv.extend([
+        "--leader-lease-namespace=tartan-system".into(),
+        "--leader-identity=pod-a".into(),
+    ]);
+    let run = Run::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let election = run.args.election().unwrap().expect("--leader-elect is on");
+    assert_eq!(election.name, "tartan-controller");
+    assert_eq!(election.lease, std::time::Duration::from_secs(15));
+
+    let pdbs = docs("controller-pdb.yaml");
+    let pdb = kind(&pdbs, "PodDisruptionBudget", "tartan-controller");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["metadata"]["namespace"], dep["metadata"]["namespace"]);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        dep["spec"]["template"]["metadata"]["labels"]
+    );
 }
 
 fn allows(role: &Value, group: &str, resource: &str, verb: &str) -> bool {
@@ -76,6 +126,20 @@ fn rbac_is_least_privilege() {
     assert!(!allows(ctl, "tekton.dev", "customruns", "patch"));
     assert!(!allows(ctl, "tekton.dev", "customruns", "update"));
     assert!(!allows(ctl, "tartan.dev", "macbuilds/status", "patch"));
+    // The leader Lease: get/update on that one name, create (which resourceNames cannot restrict).
+    let leader = kind(&d, "Role", "tartan-controller-leader");
+    assert_eq!(leader["metadata"]["namespace"], "tartan-system");
+    let rules = leader["rules"].as_array().unwrap();
+    assert_eq!(rules[0]["resourceNames"], serde_json::json!(["tartan-controller"]));
+    assert_eq!(rules[0]["verbs"], serde_json::json!(["get", "update"]));
+    assert_eq!(rules[1]["verbs"], serde_json::json!(["create"]));
+    assert!(allows(leader, "coordination.k8s.io", "leases", "update"));
+    assert!(
+        !allows(ctl, "coordination.k8s.io", "leases", "update"),
+        "no other Lease"
+    );
+    let binding = kind(&d, "RoleBinding", "tartan-controller-leader");
+    assert_eq!(binding["subjects"][0]["name"], "tartan-controller");
     let agent = kind(&d, "Role", "tartan-agent");
     for (g, r, v) in [
         ("tartan.dev", "macbuilds", "watch"),

@@ -251,6 +251,17 @@ impl Cluster {
         }
     }
 
+    /// Every API request the emulator saw (`GET /emulator/requests`); `None` on a real cluster.
+    pub fn api_requests(&self) -> Option<Vec<String>> {
+        match self {
+            Cluster::Emulator { control, .. } => Some(
+                serde_json::from_str(&emulator_get(control, "/emulator/requests"))
+                    .expect("the emulator's request log is a JSON list of strings"),
+            ),
+            Cluster::Real(_) => None,
+        }
+    }
+
     /// Replaces the parts of the emulator's faults given in `update` (`POST /emulator/faults`:
     /// `availability` + `forMs`, `latencyMs`, `watchesStalled`, `deny`). Emulator only: a real
     /// cluster cannot be made to fail on purpose, so this panics there.
@@ -698,6 +709,60 @@ fn emulator_post(url: &str, path: &str, body: &Value) {
     let _ = stream.read_to_string(&mut response);
     let status = response.split_whitespace().nth(1).unwrap_or("");
     assert!(status.starts_with('2'), "emulator {path} answered: {response}");
+}
+
+/// The body of `GET path` on the emulator's control endpoint.
+fn emulator_get(url: &str, path: &str) -> String {
+    let (status, body) = http_get(url, path);
+    assert!(
+        (200..300).contains(&status),
+        "emulator {path} answered {status}: {body}"
+    );
+    body
+}
+
+/// `GET path` over plain HTTP/1.1 on `url` (`http://host:port` or `host:port`): status and body.
+pub fn http_get(url: &str, path: &str) -> (u16, String) {
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("cannot reach {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{addr}{path} answered no HTTP response: {response}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{addr}{path}: no status in {head:?}"));
+    (status, dechunk(head, body, path))
+}
+
+/// The body of a response, chunked or not.
+fn dechunk(head: &str, body: &str, path: &str) -> String {
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return body.to_string();
+    }
+    // Chunked: "<hex size>\r\n<data>\r\n" until size 0.
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size =
+            usize::from_str_radix(size.trim(), 16).unwrap_or_else(|e| panic!("{path}: bad chunk size {size:?}: {e}"));
+        if size == 0 {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 #[cfg(test)]

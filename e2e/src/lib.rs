@@ -17,5 +17,5 @@ pub mod stack;
 pub mod sweep;
 pub mod wait;
 
-pub use stack::{AgentOptions, ControllerOptions, KillMode, Stack};
+pub use stack::{AgentOptions, ControllerOptions, KillMode, LEADER_LEASE, LeaderOptions, Stack};
 pub use wait::{wait_for, wait_for_async};

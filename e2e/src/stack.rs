@@ -112,6 +112,49 @@ impl ControllerOptions {
     }
 }
 
+/// Leader-election flags of the replicas [`Stack::start_replica`] starts; [`LeaderOptions::default`]
+/// is shortened for tests.
+#[derive(Clone, Debug)]
+pub struct LeaderOptions {
+    pub lease: Duration,
+    pub renew_every: Duration,
+    pub retry_every: Duration,
+    pub margin: Duration,
+}
+
+impl Default for LeaderOptions {
+    fn default() -> Self {
+        LeaderOptions {
+            lease: Duration::from_secs(4),
+            renew_every: Duration::from_secs(1),
+            retry_every: Duration::from_millis(500),
+            margin: Duration::from_millis(1500),
+        }
+    }
+}
+
+impl LeaderOptions {
+    /// The source's defaults: lease 15 s, renew every 5 s, poll every 2 s, margin 5 s.
+    pub fn source_defaults() -> Self {
+        LeaderOptions {
+            lease: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            retry_every: Duration::from_secs(2),
+            margin: Duration::from_secs(5),
+        }
+    }
+
+    /// The longest a standby may take to lead after the leader died: the lease duration from
+    /// the last record it saw (seen at most one poll after it was written, and written before the
+    /// death), then at most one poll until it looks again.
+    pub fn failover_bound(&self) -> Duration {
+        self.lease + 2 * self.retry_every
+    }
+}
+
+/// The leader Lease of the replicas (`--leader-lease-name` default).
+pub const LEADER_LEASE: &str = "tartan-controller";
+
 /// How an agent dies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KillMode {
@@ -230,6 +273,8 @@ pub struct Stack {
     controller: Option<Proc>,
     controller_opts: ControllerOptions,
     controller_starts: u32,
+    /// Controller replicas under leader election, by identity ([`Stack::start_replica`]).
+    replicas: BTreeMap<String, Proc>,
     agents: BTreeMap<String, Agent>,
     planted: Vec<(String, String)>,
     dead: Vec<Proc>,
@@ -290,6 +335,7 @@ impl Stack {
             controller: None,
             controller_opts: ControllerOptions::default(),
             controller_starts: 0,
+            replicas: BTreeMap::new(),
             agents: BTreeMap::new(),
             planted: vec![],
             dead: vec![],
@@ -342,15 +388,7 @@ impl Stack {
         assert!(self.controller.is_none(), "controller already running");
         self.controller_opts = opts.clone();
         self.controller_starts += 1;
-        let mut cmd = Command::new(bin("tartan-controller"));
-        cmd.arg("run")
-            .arg("--kubeconfig")
-            .arg(&self.credentials.controller)
-            .args(["-n", &self.ns, "--agent-lease-namespace", &self.ns])
-            .args(["--grace", opts.grace, "--lease-duration", opts.lease_duration])
-            .args(["--default-timeout", opts.default_timeout])
-            .args(["--metrics-address", "127.0.0.1:0", "--instance", "e2e-controller"])
-            .env("RUST_LOG", "info");
+        let cmd = self.controller_command(&opts, "e2e-controller");
         let log = self.dir.join(format!("controller-{}.log", self.controller_starts));
         self.controller = Some(Proc::spawn("tartan-controller", cmd, &log));
     }
@@ -364,6 +402,140 @@ impl Stack {
 
     pub fn restart_controller(&mut self) {
         self.start_controller(self.controller_opts.clone());
+    }
+
+    /// The `tartan-controller run` command of [`Stack::start_controller`].
+    fn controller_command(&self, opts: &ControllerOptions, instance: &str) -> Command {
+        let mut cmd = Command::new(bin("tartan-controller"));
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(&self.credentials.controller)
+            .args(["-n", &self.ns, "--agent-lease-namespace", &self.ns])
+            .args(["--grace", opts.grace, "--lease-duration", opts.lease_duration])
+            .args(["--default-timeout", opts.default_timeout])
+            .args(["--metrics-address", "127.0.0.1:0", "--instance", instance])
+            .env("RUST_LOG", "info");
+        cmd
+    }
+
+    /// Starts controller replica `id` with `--leader-elect` (identity `id`, leader Lease in the
+    /// stack's namespace): one of several, as in a two-replica Deployment.
+    pub fn start_replica(&mut self, id: &str, opts: ControllerOptions, leader: &LeaderOptions) {
+        assert!(!self.replicas.contains_key(id), "replica {id} already running");
+        self.controller_starts += 1;
+        let mut cmd = self.controller_command(&opts, id);
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        cmd.args([
+            "--leader-elect",
+            "--leader-lease-namespace",
+            &self.ns,
+            "--leader-identity",
+            id,
+        ])
+        .args([
+            "--leader-lease",
+            &ms(leader.lease),
+            "--leader-renew-every",
+            &ms(leader.renew_every),
+        ])
+        .args([
+            "--leader-retry-every",
+            &ms(leader.retry_every),
+            "--leader-margin",
+            &ms(leader.margin),
+        ]);
+        let log = self.dir.join(format!("controller-{id}-{}.log", self.controller_starts));
+        self.replicas.insert(
+            id.to_string(),
+            Proc::spawn(&format!("tartan-controller {id}"), cmd, &log),
+        );
+    }
+
+    fn replica(&self, id: &str) -> &Proc {
+        self.replicas
+            .get(id)
+            .unwrap_or_else(|| panic!("no controller replica {id} running"))
+    }
+
+    /// `kill -9` of replica `id` (a node lost with its pod).
+    pub fn kill_replica(&mut self, id: &str) {
+        let mut p = self.replicas.remove(id).expect("replica running");
+        p.kill9_group();
+        eprintln!("[e2e] kill -9 controller replica {id}");
+        self.dead.push(p);
+    }
+
+    /// SIGSTOP of replica `id` (a frozen node, a long GC pause, a paused VM).
+    pub fn freeze_replica(&self, id: &str) {
+        self.replica(id).signal(Signal::SIGSTOP);
+        eprintln!("[e2e] SIGSTOP controller replica {id}");
+    }
+
+    pub fn thaw_replica(&self, id: &str) {
+        self.replica(id).signal(Signal::SIGCONT);
+        eprintln!("[e2e] SIGCONT controller replica {id}");
+    }
+
+    /// SIGTERM of replica `id` (a rollout or drain deleting its pod); waits for it to exit.
+    pub fn terminate_replica(&mut self, id: &str) {
+        let mut p = self.replicas.remove(id).expect("replica running");
+        eprintln!("[e2e] SIGTERM controller replica {id}");
+        p.terminate(Duration::from_secs(10));
+        self.dead.push(p);
+    }
+
+    /// `GET path` on replica `id`'s /metrics, /healthz, /readyz server: status and body.
+    pub fn replica_http(&self, id: &str, path: &str) -> (u16, String) {
+        let log = std::fs::read_to_string(self.replica(id).log()).unwrap_or_default();
+        let marker = "/readyz on ";
+        let addr = log
+            .lines()
+            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest))
+            .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '\u{1b}').next())
+            .unwrap_or_else(|| panic!("replica {id} logged no \"{marker}<address>\" line yet"));
+        crate::cluster::http_get(addr, path)
+    }
+
+    /// The log of replica `id` (running or killed) so far.
+    pub fn replica_log(&self, id: &str) -> String {
+        let name = format!("tartan-controller {id}");
+        self.replicas
+            .values()
+            .chain(self.dead.iter())
+            .filter(|p| p.name() == name)
+            .map(|p| std::fs::read_to_string(p.log()).unwrap_or_default())
+            .collect()
+    }
+
+    /// The controllers' leader Lease, if it exists.
+    pub async fn leader_lease(&self) -> Option<Lease> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        api.get_opt(LEADER_LEASE).await.expect("reading the leader Lease")
+    }
+
+    /// Waits until the leader Lease names `id`; returns the Lease.
+    pub async fn wait_leader(&self, id: &str, limit: Duration) -> Lease {
+        crate::wait_for_async(
+            &format!("controller replica {id} to hold the leader Lease"),
+            limit,
+            || async {
+                let lease = self.leader_lease().await;
+                let holder = lease
+                    .as_ref()
+                    .and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.clone());
+                match (lease, holder) {
+                    (Some(l), Some(h)) if h == id => Ok(l),
+                    (_, h) => Err(format!("held by {h:?}")),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The API requests the emulator saw (`METHOD /path?query ua=USER-AGENT`); `None` on a real cluster.
+    pub fn api_requests(&self) -> Option<Vec<String>> {
+        self.cluster.api_requests()
     }
 
     // ---- agents ----
@@ -1256,6 +1428,7 @@ compaction_interval = "{compaction_interval}"
         let mut logs: Vec<PathBuf> = self
             .controller
             .iter()
+            .chain(self.replicas.values())
             .chain(self.dead.iter())
             .map(|p| p.log().to_path_buf())
             .collect();
@@ -1310,6 +1483,11 @@ compaction_interval = "{compaction_interval}"
         if let Some(mut c) = self.controller.take() {
             c.terminate(Duration::from_secs(2));
         }
+        for (_, mut c) in std::mem::take(&mut self.replicas) {
+            // A frozen replica cannot act on SIGTERM.
+            c.signal(Signal::SIGCONT);
+            c.terminate(Duration::from_secs(2));
+        }
         for a in self.agents.values_mut() {
             if let Some(mut p) = a.proc.take() {
                 p.terminate(Duration::from_secs(2));
@@ -1325,6 +1503,9 @@ compaction_interval = "{compaction_interval}"
         eprintln!("[e2e] {} FAILED; files kept in {}", self.name, self.dir.display());
         let mut logs: Vec<(String, PathBuf)> = vec![];
         if let Some(c) = &self.controller {
+            logs.push((c.name().into(), c.log().into()));
+        }
+        for c in self.replicas.values() {
             logs.push((c.name().into(), c.log().into()));
         }
         for a in self.agents.values() {

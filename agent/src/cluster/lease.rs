@@ -121,13 +121,16 @@ impl LeaseState {
     /// clock (`now`) and on the wall clock (`wall`): after the Mac slept, the monotonic clock has
     /// not counted the sleep, the wall clock has.
     pub fn fresh_at(&self, now: Instant, wall: Timestamp) -> bool {
-        let duration = k8s_openapi::jiff::SignedDuration::try_from(self.duration)
-            .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
         self.held_by_other.is_none()
-            && self.expires_at().is_some_and(|expiry| now < expiry)
-            && self
-                .last_renewed_wall
-                .is_none_or(|at| at.checked_add(duration).is_ok_and(|expiry| wall < expiry))
+            && self.last_renewed.is_some_and(|at| {
+                tartan_api::lease_clock::within(
+                    at.into_std(),
+                    self.last_renewed_wall,
+                    self.duration,
+                    now.into_std(),
+                    wall,
+                )
+            })
     }
 }
 

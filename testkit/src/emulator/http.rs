@@ -131,7 +131,13 @@ pub async fn handle(
         if st.requests.len() >= 20_000 {
             st.requests.drain(..10_000);
         }
-        st.requests.push(format!("{method} {}", req.uri()));
+        // The User-Agent says which process sent it (two controllers share one ServiceAccount).
+        let agent = req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-");
+        st.requests.push(format!("{method} {} ua={agent}", req.uri()));
         if st.faults.is_partitioned(user.as_deref()) {
             return Err(Partitioned {
                 user: user.unwrap_or_default(),

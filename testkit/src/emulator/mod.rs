@@ -252,7 +252,7 @@ impl EmulatorHandle {
         self.inner.state.lock().expect("state lock").rv()
     }
 
-    /// API requests seen so far (the most recent 10,000 to 20,000), as `METHOD /path?query`.
+    /// API requests seen so far (the most recent 10,000 to 20,000), as `METHOD /path?query ua=USER-AGENT`.
     pub fn requests(&self) -> Vec<String> {
         self.inner.state.lock().expect("state lock").requests.clone()
     }
