@@ -146,6 +146,49 @@ pub struct Step {
     /// argv, run directly (no shell), e.g. `[xcodebuild, -scheme, App, build]`.
     #[schemars(length(min = 1), inner(length(min = 1)))]
     pub run: Vec<String>,
+    /// Longest the step may run, in seconds, counted from its start (also across an agent
+    /// restart); a step still running then is killed in the guest and the build fails with
+    /// `StepTimedOut`. At most the build's `timeoutSeconds`, whose deadline bounds every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub timeout_seconds: Option<u32>,
+}
+
+impl Step {
+    /// A step named `name` running `run`, without a timeout of its own.
+    pub fn new(name: impl Into<String>, run: Vec<String>) -> Step {
+        Step {
+            name: name.into(),
+            run,
+            timeout_seconds: None,
+        }
+    }
+}
+
+/// Checks every step's `timeoutSeconds`: more than 0 and at most the build's `timeoutSeconds`
+/// (a longer one could never fire: the build's deadline ends the step first). Returns what is
+/// wrong, naming the step.
+pub fn check_step_timeouts(spec: &MacBuildSpec) -> Result<(), String> {
+    for step in &spec.steps {
+        match step.timeout_seconds {
+            None => {}
+            Some(0) => {
+                return Err(format!(
+                    "step {:?}: timeoutSeconds must be at least 1, got 0",
+                    step.name
+                ));
+            }
+            Some(t) if t > spec.timeout_seconds => {
+                return Err(format!(
+                    "step {:?}: timeoutSeconds {t} is longer than the build's timeoutSeconds {}; \
+                     the build's deadline would end the step first",
+                    step.name, spec.timeout_seconds
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Files to publish after the steps succeed.
@@ -408,5 +451,30 @@ fn kubernetes_schema_fixes(schema: &mut schemars::Schema) {
         if let serde_json::Value::Object(fixed) = value {
             *root = fixed;
         }
+    }
+}
+
+#[cfg(test)]
+mod step_timeout_tests {
+    use super::*;
+
+    #[test]
+    fn step_timeouts_must_fit_in_the_build_timeout() {
+        let mut spec = MacBuildSpec::new("img", vec![Step::new("build", vec!["make".into()])]);
+        spec.timeout_seconds = 600;
+        assert_eq!(check_step_timeouts(&spec), Ok(()));
+        for (t, ok) in [(1, true), (600, true), (601, false), (0, false), (u32::MAX, false)] {
+            spec.steps[0].timeout_seconds = Some(t);
+            assert_eq!(check_step_timeouts(&spec).is_ok(), ok, "{t}");
+        }
+        spec.steps[0].timeout_seconds = Some(601);
+        assert_eq!(
+            check_step_timeouts(&spec).unwrap_err(),
+            "step \"build\": timeoutSeconds 601 is longer than the build's timeoutSeconds 600; \
+             the build's deadline would end the step first"
+        );
+        // Left out, it is not written back.
+        let json = serde_json::to_value(Step::new("b", vec!["x".into()])).unwrap();
+        assert_eq!(json, serde_json::json!({"name": "b", "run": ["x"]}));
     }
 }

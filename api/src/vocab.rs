@@ -166,6 +166,8 @@ vocabulary! {
         CancelRequested => "CancelRequested",
         /// The MacBuild's owner (the CustomRun) was deleted.
         OwnerDeleted => "OwnerDeleted",
+        /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
+        StepTimedOut => "StepTimedOut",
     }
 }
 

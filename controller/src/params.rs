@@ -9,7 +9,7 @@
 //! | param | type | MacBuild field |
 //! |---|---|---|
 //! | `image` | string | `spec.image` (tart image to clone, e.g. `ghcr.io/cirruslabs/macos-sequoia-xcode:16`) |
-//! | `steps` | string: a YAML/JSON list of `{name, run: [argv…]}`; or array: one shell command per element, run as `/bin/sh -c` and named `step-1`, `step-2`, … | `spec.steps` |
+//! | `steps` | string: a YAML/JSON list of `{name, run: [argv…], timeoutSeconds?}`; or array: one shell command per element, run as `/bin/sh -c` and named `step-1`, `step-2`, … | `spec.steps` |
 //! | `git-url` | string | `spec.source.git` |
 //! | `git-revision` | string | `spec.source.revision` |
 //! | `test-report` | string (path of a JUnit XML file in the guest) | `spec.testReport` |
@@ -305,7 +305,37 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
         let secs = wanted.map_or(cap, |w| w.min(cap));
         spec.insert("timeoutSeconds".into(), json!(secs));
     }
+    check_step_timeouts(&spec, run.params.iter().any(|p| p.name == "steps"))?;
     Ok(Value::Object(spec))
+}
+
+/// `steps[].timeoutSeconds` against the build's final `timeoutSeconds` (after the CustomRun's
+/// cap): a longer one could never fire. Only a spec of the right shape is checked here (a wrong
+/// shape is refused when the MacBuild is made).
+fn check_step_timeouts(spec: &Map<String, Value>, from_param: bool) -> Result<(), SpecError> {
+    let invalid = |e: String| {
+        if from_param {
+            SpecError::Params(format!("param \"steps\": {e}"))
+        } else {
+            SpecError::Spec(format!("customSpec.spec.steps: {e}"))
+        }
+    };
+    for step in spec.get("steps").and_then(Value::as_array).into_iter().flatten() {
+        let Some(t) = step.get("timeoutSeconds") else { continue };
+        if !t.as_u64().is_some_and(|n| (1..=604_800).contains(&n)) {
+            let name = step
+                .get("name")
+                .map_or_else(|| "(unnamed)".to_string(), Value::to_string);
+            let shown: String = t.to_string().chars().take(64).collect();
+            return Err(invalid(format!(
+                "step {name}: timeoutSeconds must be a whole number of seconds from 1 to 604800, got {shown}"
+            )));
+        }
+    }
+    let Ok(typed) = serde_json::from_value::<tartan_api::MacBuildSpec>(Value::Object(spec.clone())) else {
+        return Ok(());
+    };
+    tartan_api::crd::check_step_timeouts(&typed).map_err(invalid)
 }
 
 #[cfg(test)]
@@ -724,5 +754,61 @@ mod tests {
                 prop_assert!(err.to_string().contains(&format!("unknown param {name:?}")), "{}", err);
             }
         }
+    }
+
+    #[test]
+    fn step_timeouts_ride_in_the_steps_param_and_hostile_ones_are_refused() {
+        let with = |steps: &str, timeout: Option<u64>| {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: img}}, {{name: steps, value: '{steps}'}}]"
+            ));
+            macbuild_spec(&run, timeout.map(Duration::from_secs))
+        };
+        let got = with("[{name: build, run: [make], timeoutSeconds: 600}]", None).unwrap();
+        assert_eq!(got["steps"][0]["timeoutSeconds"], 600);
+        for (steps, timeout, want) in [
+            (
+                "[{name: b, run: [x], timeoutSeconds: 0}]",
+                None,
+                "from 1 to 604800, got 0",
+            ),
+            ("[{name: b, run: [x], timeoutSeconds: -5}]", None, "got -5"),
+            ("[{name: b, run: [x], timeoutSeconds: 1.5}]", None, "got 1.5"),
+            ("[{name: b, run: [x], timeoutSeconds: \"10m\"}]", None, "got \"10m\""),
+            (
+                "[{name: b, run: [x], timeoutSeconds: 99999999999999999999}]",
+                None,
+                "timeoutSeconds must be",
+            ),
+            ("[{name: b, run: [x], timeoutSeconds: 604801}]", None, "got 604801"),
+            ("[{name: b, run: [x], timeoutSeconds: null}]", None, "got null"),
+            (
+                "[{name: b, run: [x], timeoutSeconds: 7200}]",
+                None,
+                "step \"b\": timeoutSeconds 7200 is longer than the build's timeoutSeconds 3600",
+            ),
+            // The CustomRun's timeout caps the build's; the step's must fit under that.
+            (
+                "[{name: b, run: [x], timeoutSeconds: 600}]",
+                Some(300),
+                "timeoutSeconds 600 is longer than the build's timeoutSeconds 300",
+            ),
+        ] {
+            let e = with(steps, timeout).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams", "{steps}");
+            assert!(e.to_string().contains(want), "{steps}: {e}");
+            assert!(e.to_string().starts_with("param \"steps\": step"), "{e}");
+        }
+        // In an embedded spec it is the spec that is invalid.
+        let run = spec(
+            "customSpec: {apiVersion: tartan.dev/v1alpha1, kind: MacBuild, spec: {image: i, timeoutSeconds: 60, \
+             steps: [{name: b, run: [x], timeoutSeconds: 61}]}}",
+        );
+        let e = macbuild_spec(&run, None).unwrap_err();
+        assert_eq!(e.reason(), "InvalidMacBuildSpec");
+        assert!(
+            e.to_string().contains("longer than the build's timeoutSeconds 60"),
+            "{e}"
+        );
     }
 }
