@@ -24,6 +24,7 @@ mod refused_past_deadline;
 mod resume;
 mod retiring_kept;
 mod stale_writer;
+mod step_timeout;
 mod task_fault;
 mod two_agents;
 mod two_slots_killed;
