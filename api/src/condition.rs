@@ -106,6 +106,8 @@ vocabulary! {
         NoTimeToRetry => "NoTimeToRetry",
         /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
         StepTimedOut => "StepTimedOut",
+        /// The MacBuild asks for a mount the agent's config does not declare; nothing was cloned.
+        MountNotDeclared => "MountNotDeclared",
     }
 }
 
@@ -135,6 +137,7 @@ impl From<Reason> for ConditionReason {
             Reason::CancelRequested => ConditionReason::CancelRequested,
             Reason::OwnerDeleted => ConditionReason::OwnerDeleted,
             Reason::StepTimedOut => ConditionReason::StepTimedOut,
+            Reason::MountNotDeclared => ConditionReason::MountNotDeclared,
         }
     }
 }

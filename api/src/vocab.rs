@@ -168,6 +168,9 @@ vocabulary! {
         OwnerDeleted => "OwnerDeleted",
         /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
         StepTimedOut => "StepTimedOut",
+        /// The MacBuild asks for a mount (`spec.mounts`) the agent's config does not declare;
+        /// nothing was cloned.
+        MountNotDeclared => "MountNotDeclared",
     }
 }
 

@@ -20,6 +20,7 @@
 //! | `cpu` | string integer | `spec.resources.cpu` |
 //! | `memory-mib` | string integer | `spec.resources.memoryMiB` |
 //! | `host-selector` | object, or `key=value,key=value` string; keys and values as Kubernetes labels allow them | `spec.hostSelector` |
+//! | `mounts` | array, or a comma-separated string, of names the agent's `[[mounts]]` declare (at most 16) | `spec.mounts` (`[{name}]`) |
 //!
 //! With `taskSpec` (→ `customSpec.spec`) the embedded object is the MacBuild spec itself in its
 //! camelCase form; params given as well override its fields. Unknown param names are refused
@@ -43,6 +44,7 @@ pub const PARAM_NAMES: &[&str] = &[
     "cpu",
     "memory-mib",
     "host-selector",
+    "mounts",
 ];
 
 /// Why a CustomRun cannot become a MacBuild. Each maps to a specific `Succeeded=False` reason.
@@ -184,6 +186,18 @@ fn param_selector(p: &Param) -> Result<Value, SpecError> {
     Ok(Value::Object(m))
 }
 
+/// `mounts`: names (a list, or `a,b`) → `[{name}]`, each checked, none twice. Whether the agent
+/// declares them is the agent's to decide (its config).
+fn param_mounts(p: &Param) -> Result<Value, SpecError> {
+    let requests: Vec<tartan_api::crd::MountRequest> = param_list(p)?
+        .into_iter()
+        .map(|name| tartan_api::crd::MountRequest { name })
+        .collect();
+    tartan_api::crd::check_mount_requests(&requests)
+        .map_err(|e| SpecError::Params(format!("param \"mounts\": {e}")))?;
+    Ok(json!(requests))
+}
+
 fn object_at<'a>(spec: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
     let slot = spec.entry(key.to_string()).or_insert_with(|| Value::Object(Map::new()));
     if !slot.is_object() {
@@ -270,6 +284,9 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             }
             "host-selector" => {
                 spec.insert("hostSelector".into(), param_selector(p)?);
+            }
+            "mounts" => {
+                spec.insert("mounts".into(), param_mounts(p)?);
             }
             other => {
                 return Err(SpecError::Params(format!(
@@ -733,6 +750,13 @@ mod tests {
                         "artifact-paths" => {
                             prop_assert!(spec["artifacts"]["paths"].is_array());
                         }
+                        "mounts" => {
+                            let mounts = spec["mounts"].as_array().expect("mounts");
+                            prop_assert!(mounts.len() <= tartan_api::crd::MAX_MOUNTS);
+                            for m in mounts {
+                                prop_assert!(tartan_api::crd::check_mount_name(m["name"].as_str().unwrap()).is_ok(), "{}", m);
+                            }
+                        }
                         other => prop_assert!(false, "unexpected param {other}"),
                     }
                 }
@@ -809,6 +833,40 @@ mod tests {
         assert!(
             e.to_string().contains("longer than the build's timeoutSeconds 60"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn mounts_are_names_checked_before_a_macbuild_exists() {
+        let with = |value: &str| {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [x]}}, {{name: mounts, value: {value}}}]"
+            ));
+            macbuild_spec(&run, None)
+        };
+        assert_eq!(
+            with("'spm, pods'").unwrap()["mounts"],
+            json!([{"name": "spm"}, {"name": "pods"}])
+        );
+        assert_eq!(with("[spm]").unwrap()["mounts"], json!([{"name": "spm"}]));
+        for (value, want) in [
+            ("'spm,spm'", "mount \"spm\" is asked for twice"),
+            ("'../etc'", "mount name \"../etc\" must be"),
+            ("'spm:/etc'", "mount name \"spm:/etc\" must be"),
+            ("'SPM'", "mount name \"SPM\" must be"),
+            ("[1]", "must list strings"),
+            ("{a: b}", "must be a string or a list of strings"),
+        ] {
+            let e = with(value).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams", "{value}");
+            assert!(e.to_string().contains(want), "{value}: {e}");
+        }
+        let many = (0..17).map(|i| format!("m{i}")).collect::<Vec<_>>().join(",");
+        assert!(
+            with(&format!("'{many}'"))
+                .unwrap_err()
+                .to_string()
+                .contains("at most 16")
         );
     }
 }

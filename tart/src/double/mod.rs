@@ -24,6 +24,7 @@
 
 pub mod faults;
 pub mod guests;
+pub mod run_flags;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -168,6 +169,12 @@ enum Cmd {
         no_audio: bool,
         #[arg(long)]
         no_clipboard: bool,
+        #[arg(long)]
+        net_softnet_allow: Option<String>,
+        #[arg(long)]
+        net_softnet_block: Option<String>,
+        #[arg(long)]
+        net_softnet_expose: Option<String>,
     },
     /// Execute CMD in the VM (here: on the host, in the VM folder). Flags must precede NAME.
     Exec {
@@ -348,7 +355,34 @@ fn dispatch(cli: Cli, exec_tail: Option<Vec<OsString>>) -> Outcome {
             random_serial,
             disk_size,
         } => cmd_set(&home, &name, cpu, memory, display, random_mac, random_serial, disk_size),
-        Cmd::Run { name, .. } => cmd_run(&home, &name),
+        Cmd::Run {
+            name,
+            dir,
+            net_bridged,
+            net_softnet,
+            net_host,
+            net_softnet_allow,
+            net_softnet_block,
+            net_softnet_expose,
+            ..
+        } => {
+            let net = run_flags::NetFlags {
+                bridged: &net_bridged,
+                softnet: net_softnet,
+                softnet_allow: net_softnet_allow.as_deref(),
+                softnet_block: net_softnet_block.as_deref(),
+                softnet_expose: net_softnet_expose.as_deref(),
+                host: net_host,
+            };
+            let record = match run_flags::check(&name, &dir, &net) {
+                Ok(r) => r,
+                Err(run_flags::Refused::Usage(m)) => return Err(Fail::Usage(m)),
+                Err(run_flags::Refused::Start(m)) => return Err(Fail::Error(m)),
+            };
+            run_flags::record(&home, &record)
+                .map_err(|e| io_fail("cannot append to", &run_flags::runs_file(&home), e))?;
+            cmd_run(&home, &name)
+        }
         Cmd::Exec {
             interactive,
             tty,
