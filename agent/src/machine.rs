@@ -329,6 +329,9 @@ pub enum Event {
         killed: String,
         output: String,
     },
+    /// The MacBuild asks for a mount the agent's config does not declare (or a malformed list):
+    /// found before the clone, so nothing was cloned.
+    MountRefused { error: String },
 }
 
 macro_rules! event_kinds {
@@ -380,6 +383,7 @@ event_kinds! {
     VmDeleted,
     DeleteFailed,
     StepTimedOut,
+    MountRefused,
 }
 
 impl fmt::Display for EventKind {
@@ -926,6 +930,14 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                 DeleteContext::Normal,
             ))
         }
+        (S::Admitted | S::Booting, Event::MountRefused { error }) => Ok(retire(
+            a,
+            t,
+            Reason::MountNotDeclared,
+            Outcome::Failed,
+            error,
+            DeleteContext::Normal,
+        )),
         (
             S::Running,
             Event::StepTimedOut {

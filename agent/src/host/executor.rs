@@ -132,6 +132,10 @@ pub struct ExecutorConfig {
     /// How long a step's guest folder may lack its job's pid before the start counts as cut
     /// short before the launch ([`super::guest_job::FollowConfig::no_pid_limit`]).
     pub step_no_pid_limit: Duration,
+    /// Host folders a MacBuild may mount (the agent config's `[[mounts]]`).
+    pub mounts: Vec<crate::config::MountConfig>,
+    /// The VMs' network (the agent config's `network` and `softnet_allow`).
+    pub network: tartan_tart::RunNetwork,
 }
 
 impl ExecutorConfig {
@@ -153,6 +157,8 @@ impl ExecutorConfig {
             detach_vm: false,
             step_poll: Duration::from_secs(1),
             step_no_pid_limit: super::guest_job::FollowConfig::default().no_pid_limit,
+            mounts: Vec::new(),
+            network: tartan_tart::RunNetwork::Shared,
         }
     }
 }
@@ -427,6 +433,18 @@ impl AttemptExecutor {
         if let Some(Err(refused)) = self.artifact_destination() {
             return self.fail_start(format!("{refused}; nothing was cloned"));
         }
+        match super::mounts::shares_for(&self.attempt.spec.mounts, &self.cfg.mounts) {
+            Ok(_) => {}
+            Err(super::mounts::MountRefused::NotDeclared(e)) => {
+                tracing::warn!(vm = %self.attempt.vm, error = %e, "mount refused; nothing is cloned");
+                return Performed::Event(Event::MountRefused {
+                    error: format!("{e}; nothing was cloned"),
+                });
+            }
+            Err(super::mounts::MountRefused::Unusable(e)) => {
+                return self.fail_start(format!("{e}; nothing was cloned"));
+            }
+        }
         let a = &self.attempt;
         let file = DeadlineFile {
             vm: a.vm.clone(),
@@ -524,9 +542,17 @@ impl AttemptExecutor {
                 logs.display()
             ));
         }
+        // Checked at the admission; checked again, as the folders may have gone since.
+        let extra_args = match super::mounts::shares_for(&self.attempt.spec.mounts, &self.cfg.mounts)
+            .map_err(|e| e.to_string())
+            .and_then(|shares| tartan_tart::run_args(&shares, &self.cfg.network))
+        {
+            Ok(args) => args,
+            Err(e) => return self.fail_start(format!("{e}; tart run not started")),
+        };
         let options = RunOptions {
             log_path: Some(logs.join("_tart-run.log")),
-            extra_args: Vec::new(),
+            extra_args,
             detached: self.cfg.detach_vm,
         };
         self.boot_started = Some(Instant::now());

@@ -32,6 +32,7 @@ pub mod executor;
 pub mod guest_job;
 pub mod junit;
 pub mod logs;
+pub mod mounts;
 pub mod step_timeout;
 pub mod steps;
 

@@ -124,6 +124,10 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             context: DeleteContext::Normal,
             error: "tart delete exited 1".into(),
         },
+        EventKind::MountRefused => Event::MountRefused {
+            error: "mount \"pods\" is not declared by this agent's config ([[mounts]]: it declares spm); nothing was cloned"
+                .into(),
+        },
         EventKind::StepTimedOut => Event::StepTimedOut {
             step: "build".into(),
             timeout_seconds: 600,
@@ -142,7 +146,7 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Requested, E::Admit) => Some(S::Admitted),
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
         (S::Admitted, E::Boot) => Some(S::Booting),
-        (S::Admitted | S::Booting, E::VmStartFailed) => Some(S::Retiring),
+        (S::Admitted | S::Booting, E::VmStartFailed | E::MountRefused) => Some(S::Retiring),
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
         (S::Running, E::StepStarting) => Some(S::Running),
@@ -200,7 +204,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 53, "the size of the allowed set");
+    assert_eq!(allowed, 55, "the size of the allowed set");
 }
 
 #[test]
@@ -354,6 +358,12 @@ fn every_ending_maps_to_its_outcome() {
             S::Running,
             EventKind::StepTimedOut,
             Reason::StepTimedOut,
+            Outcome::Failed,
+        ),
+        (
+            S::Admitted,
+            EventKind::MountRefused,
+            Reason::MountNotDeclared,
             Outcome::Failed,
         ),
         (

@@ -56,6 +56,8 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
         local_images: shared.config.local_images.clone(),
         detach_vm: shared.machine.resume_after_restart,
         step_poll: shared.config.timing.step_poll,
+        mounts: shared.config.mounts.clone(),
+        network: shared.config.network.clone(),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
