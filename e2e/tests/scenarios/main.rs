@@ -14,6 +14,7 @@ mod harness;
 mod image_local_vm;
 mod journal_blip;
 mod mac_sleep;
+mod mounts_network;
 mod old_journal_max_attempts;
 mod partition;
 mod quarantine;
