@@ -811,6 +811,10 @@ mod tests {
             "max_age",
             "max_total_mib",
             "[timing]",
+            "network",
+            "softnet_allow",
+            "[[mounts]]",
+            "read_only",
         ] {
             assert!(Config::documented_example().contains(key), "{key}");
         }
