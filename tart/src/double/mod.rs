@@ -71,6 +71,13 @@ its descendants). A graceful end of `run` (SIGINT, SIGUSR2), `stop` and `delete`
 the VM's mark, as a real VM's guest dies with it. A `run` killed at once leaves them until the next `stop`,
 `delete` or `run` of that VM; `list` and `get` ignore them (running = the VM lock is held).
 
+RUN FLAGS: `--dir [name:]path[:ro,tag=T]` is parsed as tart parses it (the last `:` part is options when one of
+them is `ro` or `tag=`; several shares of one tag must all be named, else a usage error; a missing folder fails
+the run, exit 1); `--net-softnet-allow|-block|-expose` imply `--net-softnet`; `--net-bridged`, `--net-softnet`
+and `--net-host` are mutually exclusive (usage error); a malformed CIDR fails the run like a Softnet death (exit
+1). Each accepted run appends {vm, dir: [{name, path, read_only, tag}], net_softnet, net_softnet_allow,
+net_softnet_block} as one JSON line to $TART_HOME/double-runs.jsonl (kept after the VM is deleted).
+
 Clone sources containing `/` are registry images: the first clone synthesises one into
 cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
 
