@@ -60,6 +60,40 @@ pub struct Config {
     pub on_restart: OnRestart,
     /// Timing constants.
     pub timing: Timing,
+    /// Host folders a MacBuild may mount by name (`[[mounts]]`), each checked at load.
+    pub mounts: Vec<MountConfig>,
+    /// The VMs' network (`network`, `softnet_allow`).
+    pub network: tartan_tart::RunNetwork,
+}
+
+/// One `[[mounts]]` entry: host folder `host_path` (resolved, existing), shared into a VM that
+/// asks for `name` as `tart run --dir name:host_path[:ro]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountConfig {
+    pub name: String,
+    pub host_path: PathBuf,
+    pub read_only: bool,
+}
+
+/// `[[mounts]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMount {
+    name: String,
+    host_path: PathBuf,
+    #[serde(default)]
+    read_only: bool,
+}
+
+/// `network`: the VMs' network mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum NetworkMode {
+    /// tart's shared (NAT) network.
+    #[default]
+    Shared,
+    /// Softnet isolation (`tart run --net-softnet`).
+    Softnet,
 }
 
 /// What an agent restart does to the builds running on the host (`on_restart`).
@@ -247,6 +281,12 @@ struct RawConfig {
     logs: RawLogs,
     #[serde(default)]
     timing: RawTiming,
+    #[serde(default)]
+    mounts: Vec<RawMount>,
+    #[serde(default)]
+    network: NetworkMode,
+    #[serde(default)]
+    softnet_allow: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -483,6 +523,26 @@ impl Config {
                 return Err(invalid("artifacts.allowed_file_roots", detail));
             }
         }
+        let mounts = check_mounts(raw.mounts, &protected).map_err(|d| invalid("mounts", d))?;
+        let mut allow = Vec::new();
+        for cidr in &raw.softnet_allow {
+            allow.push(
+                cidr.parse::<tartan_tart::Ipv4Cidr>()
+                    .map_err(|e| invalid("softnet_allow", e))?,
+            );
+        }
+        let network = match raw.network {
+            NetworkMode::Softnet => tartan_tart::RunNetwork::Softnet { allow },
+            NetworkMode::Shared if allow.is_empty() => tartan_tart::RunNetwork::Shared,
+            NetworkMode::Shared => {
+                return Err(invalid(
+                    "softnet_allow",
+                    "is set but network is \"shared\"; set network = \"softnet\" (the list only opens Softnet's isolation)"
+                        .into(),
+                ));
+            }
+        };
+
         for bucket in &raw.artifacts.allowed_buckets {
             check_bucket(bucket).map_err(|why| {
                 invalid(
@@ -560,6 +620,8 @@ impl Config {
             metrics_address,
             on_restart: raw.on_restart,
             timing,
+            mounts,
+            network,
         })
     }
 
@@ -589,6 +651,60 @@ fn overlaps(dir: &Path, protected: &[(&'static str, PathBuf)], around: bool) -> 
             None
         }
     })
+}
+
+/// Checks `[[mounts]]`: unique names a MacBuild can ask for, host folders that are absolute,
+/// plainly written (no `..`), existing, fit for tart's `--dir` syntax, and neither inside nor
+/// around the agent's own folders (`protected`, as for artifact destinations: checked as written
+/// and resolved). Returns them with their folders resolved.
+fn check_mounts(raw: Vec<RawMount>, protected: &[(&'static str, PathBuf)]) -> Result<Vec<MountConfig>, String> {
+    let mut out: Vec<MountConfig> = Vec::new();
+    for m in raw {
+        tartan_api::crd::check_mount_name(&m.name)?;
+        if out.iter().any(|o| o.name == m.name) {
+            return Err(format!("mount {:?} is declared twice", m.name));
+        }
+        let at = |detail: String| format!("mount {:?}: host_path {}", m.name, detail);
+        let written = m.host_path.clone();
+        if !written.is_absolute() {
+            return Err(at(format!(
+                "{} is not an absolute path (launchd expands neither ~ nor $HOME)",
+                written.display()
+            )));
+        }
+        if written.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(at(format!(
+                "{} contains '..'; write the folder plainly",
+                written.display()
+            )));
+        }
+        let resolved = std::fs::canonicalize(&written)
+            .map_err(|e| at(format!("{}: {e}; create the folder first", written.display())))?;
+        if !resolved.is_dir() {
+            return Err(at(format!("{} is not a folder", written.display())));
+        }
+        let resolved_protected: Vec<(&'static str, PathBuf)> = protected
+            .iter()
+            .map(|(k, p)| (*k, std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())))
+            .collect();
+        if let Some(detail) =
+            overlaps(&written, protected, true).or_else(|| overlaps(&resolved, &resolved_protected, true))
+        {
+            return Err(at(detail));
+        }
+        let share = tartan_tart::DirShare {
+            name: m.name.clone(),
+            path: resolved.clone(),
+            read_only: m.read_only,
+        };
+        share.render().map_err(|e| at(format!("cannot be shared: {e}")))?;
+        out.push(MountConfig {
+            name: m.name,
+            host_path: resolved,
+            read_only: m.read_only,
+        });
+    }
+    Ok(out)
 }
 
 impl Timing {
@@ -710,6 +826,10 @@ mod tests {
             "max_age",
             "max_total_mib",
             "[timing]",
+            "network",
+            "softnet_allow",
+            "[[mounts]]",
+            "read_only",
         ] {
             assert!(Config::documented_example().contains(key), "{key}");
         }
@@ -951,5 +1071,135 @@ compaction_interval = "90s"
             .unwrap_err()
             .to_string();
         assert!(err.contains("agent_id"), "{err}");
+    }
+
+    #[test]
+    fn mounts_are_checked_at_load_and_hostile_ones_refused() {
+        let base = tempfile::tempdir().unwrap();
+        let b = base.path().canonicalize().unwrap();
+        let state = b.join("state");
+        let home = b.join("tart");
+        let cache = b.join("cache/spm");
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::create_dir_all(state.join("logs")).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        std::os::unix::fs::symlink(state.join("logs"), b.join("sneaky")).unwrap();
+        std::fs::write(b.join("file"), b"x").unwrap();
+        let odd = b.join("a,ro");
+        std::fs::create_dir_all(&odd).unwrap();
+        let head = format!("state_dir = {:?}\ntart_home = {:?}\n", state, home);
+        let load = |mounts: &str| parse(&format!("{head}{mounts}"));
+        let c = load(&format!(
+            "[[mounts]]\nname = \"spm\"\nhost_path = {cache:?}\n[[mounts]]\nname = \"seed\"\nhost_path = {cache:?}\nread_only = true\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.mounts,
+            vec![
+                MountConfig {
+                    name: "spm".into(),
+                    host_path: cache.clone(),
+                    read_only: false
+                },
+                MountConfig {
+                    name: "seed".into(),
+                    host_path: cache.clone(),
+                    read_only: true
+                },
+            ]
+        );
+        assert!(parse("").unwrap().mounts.is_empty());
+        let one = |name: &str, path: &str| load(&format!("[[mounts]]\nname = {name:?}\nhost_path = {path:?}\n"));
+        let cases: Vec<(String, String, &str)> = vec![
+            ("SPM".into(), cache.display().to_string(), "mount name \"SPM\" must be"),
+            ("a:b".into(), cache.display().to_string(), "mount name \"a:b\""),
+            ("".into(), cache.display().to_string(), "mount name \"\""),
+            ("x".repeat(5000), cache.display().to_string(), "must be 1-63"),
+            ("spm".into(), "cache/spm".into(), "is not an absolute path"),
+            (
+                "spm".into(),
+                format!("{}/cache/../cache/spm", b.display()),
+                "contains '..'",
+            ),
+            (
+                "spm".into(),
+                b.join("missing").display().to_string(),
+                "create the folder first",
+            ),
+            ("spm".into(), b.join("file").display().to_string(), "is not a folder"),
+            (
+                "spm".into(),
+                state.join("logs").display().to_string(),
+                "is inside state_dir",
+            ),
+            (
+                "spm".into(),
+                home.join("vms").display().to_string(),
+                "create the folder first",
+            ),
+            ("spm".into(), home.display().to_string(), "is inside tart_home"),
+            ("spm".into(), b.display().to_string(), "holds state_dir"),
+            (
+                "spm".into(),
+                b.join("sneaky").display().to_string(),
+                "is inside state_dir",
+            ),
+            ("spm".into(), odd.display().to_string(), "cannot be shared"),
+        ];
+        for (name, path, want) in cases {
+            let e = one(&name, &path).unwrap_err().to_string();
+            assert!(e.contains("mounts: ") && e.contains(want), "{name:?} {path:?}: {e}");
+            assert!(e.len() < 1000, "{e}");
+        }
+        let twice = load(&format!(
+            "[[mounts]]\nname = \"spm\"\nhost_path = {cache:?}\n[[mounts]]\nname = \"spm\"\nhost_path = {cache:?}\n"
+        ));
+        assert!(
+            twice
+                .unwrap_err()
+                .to_string()
+                .contains("mount \"spm\" is declared twice")
+        );
+        let unknown = load(&format!(
+            "[[mounts]]\nname = \"spm\"\nhost_path = {cache:?}\nmode = \"rw\"\n"
+        ));
+        assert!(unknown.unwrap_err().to_string().contains("unknown field `mode`"));
+    }
+
+    #[test]
+    fn network_is_shared_or_softnet_with_checked_cidrs() {
+        use tartan_tart::RunNetwork;
+        assert_eq!(parse("").unwrap().network, RunNetwork::Shared);
+        assert_eq!(parse("network = \"shared\"").unwrap().network, RunNetwork::Shared);
+        assert_eq!(
+            parse("network = \"softnet\"").unwrap().network,
+            RunNetwork::Softnet { allow: vec![] }
+        );
+        let c = parse("network = \"softnet\"\nsoftnet_allow = [\"10.0.0.0/8\", \"192.168.1.0/24\"]").unwrap();
+        assert_eq!(
+            c.network,
+            RunNetwork::Softnet {
+                allow: vec!["10.0.0.0/8".parse().unwrap(), "192.168.1.0/24".parse().unwrap()]
+            }
+        );
+        for (text, want) in [
+            ("network = \"bridged\"", "unknown variant `bridged`"),
+            (
+                "network = \"softnet\"\nsoftnet_allow = [\"10.0.0.1/8\"]",
+                "write 10.0.0.0/8",
+            ),
+            (
+                "network = \"softnet\"\nsoftnet_allow = [\"10.0.0.0/8,0.0.0.0/0\"]",
+                "not an IPv4 CIDR",
+            ),
+            (
+                "network = \"softnet\"\nsoftnet_allow = [\"fd00::/8\"]",
+                "not an IPv4 CIDR",
+            ),
+            ("softnet_allow = [\"10.0.0.0/8\"]", "set network = \"softnet\""),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 }

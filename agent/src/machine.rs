@@ -97,6 +97,10 @@ pub struct Attempt {
     /// The step (0-based) the last `StepStarted` record started; `None` while the first one runs
     /// (entering `Running` starts step 0).
     pub step: Option<u32>,
+    /// When the current step started: the time of the record that started it (entering `Running`
+    /// for step 0, its `StepStarted` record for a later one). Not journaled on its own: replaying
+    /// the journal gives it back, so a resumed step's `timeoutSeconds` counts from its first start.
+    pub step_since: Option<Timestamp>,
 }
 
 impl Attempt {
@@ -121,6 +125,7 @@ impl Attempt {
             last_seq: None,
             last_time: None,
             step: None,
+            step_since: None,
         }
     }
 
@@ -152,6 +157,9 @@ impl Attempt {
             self.max_attempts_journaled = true;
         }
         self.step = r.step.or(self.step);
+        if r.to == AttemptState::Running && matches!(r.reason, Some(Reason::GuestReady | Reason::StepStarted)) {
+            self.step_since = Some(r.time);
+        }
         self.last_seq = Some(r.seq);
         self.last_time = Some(r.time);
     }
@@ -313,6 +321,17 @@ pub enum Event {
     VmDeleted { how: Deleted },
     /// `tart delete` failed (or the VM is still listed).
     DeleteFailed { context: DeleteContext, error: String },
+    /// Step `step` ran longer than its `timeoutSeconds` (`timeout_seconds`); `killed` says how its
+    /// job in the guest was stopped, `output` is the end of its output.
+    StepTimedOut {
+        step: String,
+        timeout_seconds: u32,
+        killed: String,
+        output: String,
+    },
+    /// The MacBuild asks for a mount the agent's config does not declare (or a malformed list):
+    /// found before the clone, so nothing was cloned.
+    MountRefused { error: String },
 }
 
 macro_rules! event_kinds {
@@ -363,6 +382,8 @@ event_kinds! {
     AgentFault,
     VmDeleted,
     DeleteFailed,
+    StepTimedOut,
+    MountRefused,
 }
 
 impl fmt::Display for EventKind {
@@ -391,7 +412,9 @@ pub enum Action {
     /// Start step `index` in the guest as a detached job unless it was started already, and
     /// follow it to its exit → `StepStarting` for the next one, `StepsSucceeded` after the last,
     /// or `StepFailed`.
-    RunStep { vm: String, index: u32 },
+    /// `since` is when the step started (its `timeoutSeconds` counts from it, also when a
+    /// restarted agent re-attaches).
+    RunStep { vm: String, index: u32, since: Timestamp },
     /// Gather the test report → `TestsFailed` when it lists failures, `TestReportUnusable` when it
     /// cannot be counted, else go on.
     CollectResults { vm: String },
@@ -739,7 +762,11 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
         )),
         (S::Booting, Event::GuestReady { after }) => {
             let mut actions = deliver(a);
-            actions.push(Action::RunStep { vm, index: 0 });
+            actions.push(Action::RunStep {
+                vm,
+                index: 0,
+                since: now,
+            });
             Ok(t(
                 S::Running,
                 Some(Reason::GuestReady),
@@ -769,7 +796,7 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                 S::Running,
                 Some(Reason::StepStarted),
                 format!("step {previous} exited 0; starting {name} ({}/{of})", index + 1),
-                vec![Action::RunStep { vm, index }],
+                vec![Action::RunStep { vm, index, since: now }],
             );
             tr.step = Some(index);
             Ok(tr)
@@ -834,6 +861,9 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                 S::Running => vec![Action::RunStep {
                     vm: vm.clone(),
                     index: a.current_step(),
+                    // A journal always has the record that entered `Running`; `now` only
+                    // guards a damaged one (the step then gets its full time again).
+                    since: a.step_since.unwrap_or(now),
                 }],
                 _ => vec![
                     Action::CollectResults { vm: vm.clone() },
@@ -895,6 +925,37 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                 a,
                 t,
                 Reason::StepFailed,
+                Outcome::Failed,
+                detail,
+                DeleteContext::Normal,
+            ))
+        }
+        (S::Admitted | S::Booting, Event::MountRefused { error }) => Ok(retire(
+            a,
+            t,
+            Reason::MountNotDeclared,
+            Outcome::Failed,
+            error,
+            DeleteContext::Normal,
+        )),
+        (
+            S::Running,
+            Event::StepTimedOut {
+                step,
+                timeout_seconds,
+                killed,
+                output,
+            },
+        ) => {
+            let what = format!("step {step} ran longer than its timeoutSeconds ({timeout_seconds}s); {killed}");
+            let detail = match output.as_str() {
+                "" => what,
+                last => format!("{what}; its output ends:\n{last}"),
+            };
+            Ok(retire(
+                a,
+                t,
+                Reason::StepTimedOut,
                 Outcome::Failed,
                 detail,
                 DeleteContext::Normal,

@@ -294,6 +294,7 @@ async fn a_step_whose_argv_the_os_refuses_fails_with_that_cause() {
     let huge = Step {
         name: "build".into(),
         run: vec!["echo".into(), "x".repeat(4 << 20)],
+        timeout_seconds: None,
     };
     let (_cancel, signal) = cancel_pair();
     let (mut a, mut exec) = attempt(&rig, "e2big", spec(vec![huge]), signal);
@@ -325,6 +326,7 @@ async fn a_step_whose_argv_the_os_refuses_fails_with_that_cause() {
     let nul = Step {
         name: "build".into(),
         run: vec!["echo".into(), "a\0b".into()],
+        timeout_seconds: None,
     };
     let (_cancel, signal) = cancel_pair();
     let (mut a, mut exec) = attempt(&rig, "nul", spec(vec![nul]), signal);

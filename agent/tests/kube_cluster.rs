@@ -58,6 +58,7 @@ async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
                 vec![Step {
                     name: "build".into(),
                     run: vec!["true".into()],
+                    timeout_seconds: None,
                 }],
             )
         },

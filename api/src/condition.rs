@@ -104,6 +104,10 @@ vocabulary! {
         /// An interrupted attempt was not retried: less than 120 s were left before the host
         /// execution deadline.
         NoTimeToRetry => "NoTimeToRetry",
+        /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
+        StepTimedOut => "StepTimedOut",
+        /// The MacBuild asks for a mount the agent's config does not declare; nothing was cloned.
+        MountNotDeclared => "MountNotDeclared",
     }
 }
 
@@ -132,6 +136,8 @@ impl From<Reason> for ConditionReason {
             Reason::UnknownVM => ConditionReason::UnknownVM,
             Reason::CancelRequested => ConditionReason::CancelRequested,
             Reason::OwnerDeleted => ConditionReason::OwnerDeleted,
+            Reason::StepTimedOut => ConditionReason::StepTimedOut,
+            Reason::MountNotDeclared => ConditionReason::MountNotDeclared,
         }
     }
 }

@@ -90,6 +90,13 @@ pub struct MacBuildSpec {
     /// records `Cancelled` and never retries.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cancel_requested: bool,
+
+    /// Host folders shared into the VM (`tart run --dir`), by the names the agent's config
+    /// declares (`[[mounts]]`); a name the agent does not declare fails the build before any VM
+    /// is cloned. In a macOS guest each appears at `/Volumes/My Shared Files/<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub mounts: Vec<MountRequest>,
 }
 
 impl MacBuildSpec {
@@ -107,6 +114,7 @@ impl MacBuildSpec {
             resources: None,
             host_selector: BTreeMap::new(),
             cancel_requested: false,
+            mounts: Vec::new(),
         }
     }
 }
@@ -146,6 +154,97 @@ pub struct Step {
     /// argv, run directly (no shell), e.g. `[xcodebuild, -scheme, App, build]`.
     #[schemars(length(min = 1), inner(length(min = 1)))]
     pub run: Vec<String>,
+    /// Longest the step may run, in seconds, counted from its start (also across an agent
+    /// restart); a step still running then is killed in the guest and the build fails with
+    /// `StepTimedOut`. At most the build's `timeoutSeconds`, whose deadline bounds every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub timeout_seconds: Option<u32>,
+}
+
+impl Step {
+    /// A step named `name` running `run`, without a timeout of its own.
+    pub fn new(name: impl Into<String>, run: Vec<String>) -> Step {
+        Step {
+            name: name.into(),
+            run,
+            timeout_seconds: None,
+        }
+    }
+}
+
+/// The most mounts a MacBuild may ask for.
+pub const MAX_MOUNTS: usize = 16;
+
+/// A host folder the build asks for, by the name the agent's config gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MountRequest {
+    /// A `[[mounts]] name` of the agent's config.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+}
+
+/// Checks a mount name: 1–63 of `a-z`, `0-9` and `-`, starting and ending with a letter or digit
+/// (as a step name). tart takes it as the folder's name in the guest (`/Volumes/My Shared
+/// Files/<name>`) and splits `--dir name:path:options` at `:`, so nothing else may appear in it.
+pub fn check_mount_name(name: &str) -> Result<(), String> {
+    let shown: String = name.chars().take(80).collect();
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "mount name {shown:?} must be 1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Checks a spec's `mounts`: at most [`MAX_MOUNTS`], each name well formed and named once.
+pub fn check_mount_requests(mounts: &[MountRequest]) -> Result<(), String> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(format!("{} mounts asked for; at most {MAX_MOUNTS}", mounts.len()));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for m in mounts {
+        check_mount_name(&m.name)?;
+        if !seen.insert(m.name.as_str()) {
+            return Err(format!("mount {:?} is asked for twice", m.name));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every step's `timeoutSeconds`: more than 0 and at most the build's `timeoutSeconds`
+/// (a longer one could never fire: the build's deadline ends the step first). Returns what is
+/// wrong, naming the step.
+pub fn check_step_timeouts(spec: &MacBuildSpec) -> Result<(), String> {
+    for step in &spec.steps {
+        match step.timeout_seconds {
+            None => {}
+            Some(0) => {
+                return Err(format!(
+                    "step {:?}: timeoutSeconds must be at least 1, got 0",
+                    step.name
+                ));
+            }
+            Some(t) if t > spec.timeout_seconds => {
+                return Err(format!(
+                    "step {:?}: timeoutSeconds {t} is longer than the build's timeoutSeconds {}; \
+                     the build's deadline would end the step first",
+                    step.name, spec.timeout_seconds
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Files to publish after the steps succeed.
@@ -415,5 +514,74 @@ fn kubernetes_schema_fixes(schema: &mut schemars::Schema) {
         if let serde_json::Value::Object(fixed) = value {
             *root = fixed;
         }
+    }
+}
+
+#[cfg(test)]
+mod step_timeout_tests {
+    use super::*;
+
+    #[test]
+    fn step_timeouts_must_fit_in_the_build_timeout() {
+        let mut spec = MacBuildSpec::new("img", vec![Step::new("build", vec!["make".into()])]);
+        spec.timeout_seconds = 600;
+        assert_eq!(check_step_timeouts(&spec), Ok(()));
+        for (t, ok) in [(1, true), (600, true), (601, false), (0, false), (u32::MAX, false)] {
+            spec.steps[0].timeout_seconds = Some(t);
+            assert_eq!(check_step_timeouts(&spec).is_ok(), ok, "{t}");
+        }
+        spec.steps[0].timeout_seconds = Some(601);
+        assert_eq!(
+            check_step_timeouts(&spec).unwrap_err(),
+            "step \"build\": timeoutSeconds 601 is longer than the build's timeoutSeconds 600; \
+             the build's deadline would end the step first"
+        );
+        // Left out, it is not written back.
+        let json = serde_json::to_value(Step::new("b", vec!["x".into()])).unwrap();
+        assert_eq!(json, serde_json::json!({"name": "b", "run": ["x"]}));
+    }
+}
+
+#[cfg(test)]
+mod mount_tests {
+    use super::*;
+
+    #[test]
+    fn mount_names_are_plain_labels_and_asked_for_once() {
+        for good in ["spm", "cocoapods-cache", "a", "0", &"x".repeat(63)] {
+            assert_eq!(check_mount_name(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "SPM",
+            "-a",
+            "a-",
+            "a:b",
+            "a/b",
+            "..",
+            "a b",
+            "a,ro",
+            "tag=x",
+            "é",
+            "a\n",
+            "a\0b",
+            &"x".repeat(64),
+        ] {
+            let e = check_mount_name(bad).unwrap_err();
+            assert!(e.starts_with("mount name "), "{bad:?}: {e}");
+        }
+        // A hostile name is shown cut, not whole.
+        assert!(check_mount_name(&"X".repeat(100_000)).unwrap_err().len() < 300);
+        let m = |n: &str| MountRequest { name: n.into() };
+        assert_eq!(check_mount_requests(&[m("spm"), m("pods")]), Ok(()));
+        assert_eq!(
+            check_mount_requests(&[m("spm"), m("spm")]).unwrap_err(),
+            "mount \"spm\" is asked for twice"
+        );
+        let many: Vec<_> = (0..17).map(|i| m(&format!("m{i}"))).collect();
+        assert_eq!(
+            check_mount_requests(&many).unwrap_err(),
+            "17 mounts asked for; at most 16"
+        );
     }
 }

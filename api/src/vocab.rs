@@ -166,6 +166,11 @@ vocabulary! {
         CancelRequested => "CancelRequested",
         /// The MacBuild's owner (the CustomRun) was deleted.
         OwnerDeleted => "OwnerDeleted",
+        /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
+        StepTimedOut => "StepTimedOut",
+        /// The MacBuild asks for a mount (`spec.mounts`) the agent's config does not declare;
+        /// nothing was cloned.
+        MountNotDeclared => "MountNotDeclared",
     }
 }
 

@@ -9,7 +9,7 @@
 //! | param | type | MacBuild field |
 //! |---|---|---|
 //! | `image` | string | `spec.image` (tart image to clone, e.g. `ghcr.io/cirruslabs/macos-sequoia-xcode:16`) |
-//! | `steps` | string: a YAML/JSON list of `{name, run: [argv…]}`; or array: one shell command per element, run as `/bin/sh -c` and named `step-1`, `step-2`, … | `spec.steps` |
+//! | `steps` | string: a YAML/JSON list of `{name, run: [argv…], timeoutSeconds?}`; or array: one shell command per element, run as `/bin/sh -c` and named `step-1`, `step-2`, … | `spec.steps` |
 //! | `git-url` | string | `spec.source.git` |
 //! | `git-revision` | string | `spec.source.revision` |
 //! | `test-report` | string (path of a JUnit XML file in the guest) | `spec.testReport` |
@@ -20,6 +20,7 @@
 //! | `cpu` | string integer | `spec.resources.cpu` |
 //! | `memory-mib` | string integer | `spec.resources.memoryMiB` |
 //! | `host-selector` | object, or `key=value,key=value` string; keys and values as Kubernetes labels allow them | `spec.hostSelector` |
+//! | `mounts` | array, or a comma-separated string, of names the agent's `[[mounts]]` declare (at most 16) | `spec.mounts` (`[{name}]`) |
 //!
 //! With `taskSpec` (→ `customSpec.spec`) the embedded object is the MacBuild spec itself in its
 //! camelCase form; params given as well override its fields. Unknown param names are refused
@@ -43,6 +44,7 @@ pub const PARAM_NAMES: &[&str] = &[
     "cpu",
     "memory-mib",
     "host-selector",
+    "mounts",
 ];
 
 /// Why a CustomRun cannot become a MacBuild. Each maps to a specific `Succeeded=False` reason.
@@ -184,6 +186,18 @@ fn param_selector(p: &Param) -> Result<Value, SpecError> {
     Ok(Value::Object(m))
 }
 
+/// `mounts`: names (a list, or `a,b`) → `[{name}]`, each checked, none twice. Whether the agent
+/// declares them is the agent's to decide (its config).
+fn param_mounts(p: &Param) -> Result<Value, SpecError> {
+    let requests: Vec<tartan_api::crd::MountRequest> = param_list(p)?
+        .into_iter()
+        .map(|name| tartan_api::crd::MountRequest { name })
+        .collect();
+    tartan_api::crd::check_mount_requests(&requests)
+        .map_err(|e| SpecError::Params(format!("param \"mounts\": {e}")))?;
+    Ok(json!(requests))
+}
+
 fn object_at<'a>(spec: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
     let slot = spec.entry(key.to_string()).or_insert_with(|| Value::Object(Map::new()));
     if !slot.is_object() {
@@ -271,6 +285,9 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             "host-selector" => {
                 spec.insert("hostSelector".into(), param_selector(p)?);
             }
+            "mounts" => {
+                spec.insert("mounts".into(), param_mounts(p)?);
+            }
             other => {
                 return Err(SpecError::Params(format!(
                     "unknown param {other:?}; MacBuild takes {}",
@@ -305,7 +322,37 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
         let secs = wanted.map_or(cap, |w| w.min(cap));
         spec.insert("timeoutSeconds".into(), json!(secs));
     }
+    check_step_timeouts(&spec, run.params.iter().any(|p| p.name == "steps"))?;
     Ok(Value::Object(spec))
+}
+
+/// `steps[].timeoutSeconds` against the build's final `timeoutSeconds` (after the CustomRun's
+/// cap): a longer one could never fire. Only a spec of the right shape is checked here (a wrong
+/// shape is refused when the MacBuild is made).
+fn check_step_timeouts(spec: &Map<String, Value>, from_param: bool) -> Result<(), SpecError> {
+    let invalid = |e: String| {
+        if from_param {
+            SpecError::Params(format!("param \"steps\": {e}"))
+        } else {
+            SpecError::Spec(format!("customSpec.spec.steps: {e}"))
+        }
+    };
+    for step in spec.get("steps").and_then(Value::as_array).into_iter().flatten() {
+        let Some(t) = step.get("timeoutSeconds") else { continue };
+        if !t.as_u64().is_some_and(|n| (1..=604_800).contains(&n)) {
+            let name = step
+                .get("name")
+                .map_or_else(|| "(unnamed)".to_string(), Value::to_string);
+            let shown: String = t.to_string().chars().take(64).collect();
+            return Err(invalid(format!(
+                "step {name}: timeoutSeconds must be a whole number of seconds from 1 to 604800, got {shown}"
+            )));
+        }
+    }
+    let Ok(typed) = serde_json::from_value::<tartan_api::MacBuildSpec>(Value::Object(spec.clone())) else {
+        return Ok(());
+    };
+    tartan_api::crd::check_step_timeouts(&typed).map_err(invalid)
 }
 
 #[cfg(test)]
@@ -703,6 +750,13 @@ mod tests {
                         "artifact-paths" => {
                             prop_assert!(spec["artifacts"]["paths"].is_array());
                         }
+                        "mounts" => {
+                            let mounts = spec["mounts"].as_array().expect("mounts");
+                            prop_assert!(mounts.len() <= tartan_api::crd::MAX_MOUNTS);
+                            for m in mounts {
+                                prop_assert!(tartan_api::crd::check_mount_name(m["name"].as_str().unwrap()).is_ok(), "{}", m);
+                            }
+                        }
                         other => prop_assert!(false, "unexpected param {other}"),
                     }
                 }
@@ -724,5 +778,95 @@ mod tests {
                 prop_assert!(err.to_string().contains(&format!("unknown param {name:?}")), "{}", err);
             }
         }
+    }
+
+    #[test]
+    fn step_timeouts_ride_in_the_steps_param_and_hostile_ones_are_refused() {
+        let with = |steps: &str, timeout: Option<u64>| {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: img}}, {{name: steps, value: '{steps}'}}]"
+            ));
+            macbuild_spec(&run, timeout.map(Duration::from_secs))
+        };
+        let got = with("[{name: build, run: [make], timeoutSeconds: 600}]", None).unwrap();
+        assert_eq!(got["steps"][0]["timeoutSeconds"], 600);
+        for (steps, timeout, want) in [
+            (
+                "[{name: b, run: [x], timeoutSeconds: 0}]",
+                None,
+                "from 1 to 604800, got 0",
+            ),
+            ("[{name: b, run: [x], timeoutSeconds: -5}]", None, "got -5"),
+            ("[{name: b, run: [x], timeoutSeconds: 1.5}]", None, "got 1.5"),
+            ("[{name: b, run: [x], timeoutSeconds: \"10m\"}]", None, "got \"10m\""),
+            (
+                "[{name: b, run: [x], timeoutSeconds: 99999999999999999999}]",
+                None,
+                "timeoutSeconds must be",
+            ),
+            ("[{name: b, run: [x], timeoutSeconds: 604801}]", None, "got 604801"),
+            ("[{name: b, run: [x], timeoutSeconds: null}]", None, "got null"),
+            (
+                "[{name: b, run: [x], timeoutSeconds: 7200}]",
+                None,
+                "step \"b\": timeoutSeconds 7200 is longer than the build's timeoutSeconds 3600",
+            ),
+            // The CustomRun's timeout caps the build's; the step's must fit under that.
+            (
+                "[{name: b, run: [x], timeoutSeconds: 600}]",
+                Some(300),
+                "timeoutSeconds 600 is longer than the build's timeoutSeconds 300",
+            ),
+        ] {
+            let e = with(steps, timeout).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams", "{steps}");
+            assert!(e.to_string().contains(want), "{steps}: {e}");
+            assert!(e.to_string().starts_with("param \"steps\": step"), "{e}");
+        }
+        // In an embedded spec it is the spec that is invalid.
+        let run = spec(
+            "customSpec: {apiVersion: tartan.dev/v1alpha1, kind: MacBuild, spec: {image: i, timeoutSeconds: 60, \
+             steps: [{name: b, run: [x], timeoutSeconds: 61}]}}",
+        );
+        let e = macbuild_spec(&run, None).unwrap_err();
+        assert_eq!(e.reason(), "InvalidMacBuildSpec");
+        assert!(
+            e.to_string().contains("longer than the build's timeoutSeconds 60"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mounts_are_names_checked_before_a_macbuild_exists() {
+        let with = |value: &str| {
+            let run = spec(&format!(
+                "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [x]}}, {{name: mounts, value: {value}}}]"
+            ));
+            macbuild_spec(&run, None)
+        };
+        assert_eq!(
+            with("'spm, pods'").unwrap()["mounts"],
+            json!([{"name": "spm"}, {"name": "pods"}])
+        );
+        assert_eq!(with("[spm]").unwrap()["mounts"], json!([{"name": "spm"}]));
+        for (value, want) in [
+            ("'spm,spm'", "mount \"spm\" is asked for twice"),
+            ("'../etc'", "mount name \"../etc\" must be"),
+            ("'spm:/etc'", "mount name \"spm:/etc\" must be"),
+            ("'SPM'", "mount name \"SPM\" must be"),
+            ("[1]", "must list strings"),
+            ("{a: b}", "must be a string or a list of strings"),
+        ] {
+            let e = with(value).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams", "{value}");
+            assert!(e.to_string().contains(want), "{value}: {e}");
+        }
+        let many = (0..17).map(|i| format!("m{i}")).collect::<Vec<_>>().join(",");
+        assert!(
+            with(&format!("'{many}'"))
+                .unwrap_err()
+                .to_string()
+                .contains("at most 16")
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod double;
 pub mod driver;
 pub mod error;
 pub mod lock;
+pub mod run_args;
 pub mod types;
 
 pub use discovery::{
@@ -27,4 +28,5 @@ pub use driver::{
 pub use error::TartError;
 pub use lock::LockProbe;
 pub use nix::unistd::Pid;
+pub use run_args::{DirShare, Ipv4Cidr, Network as RunNetwork, run_args};
 pub use types::{VmInfo, VmListEntry, VmState};

@@ -489,6 +489,7 @@ mod tests {
                     vec![Step {
                         name: "build".into(),
                         run: vec!["true".into()],
+                        timeout_seconds: None,
                     }],
                 )
             },

@@ -135,6 +135,10 @@ pub struct ExecutorConfig {
     pub step_no_pid_limit: Duration,
     /// Shipping of the step logs to the artifact destination while the attempt runs.
     pub log_ship: ShipSettings,
+    /// Host folders a MacBuild may mount (the agent config's `[[mounts]]`).
+    pub mounts: Vec<crate::config::MountConfig>,
+    /// The VMs' network (the agent config's `network` and `softnet_allow`).
+    pub network: tartan_tart::RunNetwork,
 }
 
 impl ExecutorConfig {
@@ -157,6 +161,8 @@ impl ExecutorConfig {
             step_poll: Duration::from_secs(1),
             step_no_pid_limit: super::guest_job::FollowConfig::default().no_pid_limit,
             log_ship: ShipSettings::default(),
+            mounts: Vec::new(),
+            network: tartan_tart::RunNetwork::Shared,
         }
     }
 }
@@ -371,9 +377,9 @@ impl AttemptExecutor {
             Action::SetVm { .. } => self.guarded(|s| Box::pin(s.set_vm())).await,
             Action::StartVm { .. } => self.guarded(|s| Box::pin(s.start_vm())).await,
             Action::ProbeReady { .. } => self.guarded(|s| Box::pin(s.probe_ready())).await,
-            Action::RunStep { index, .. } => {
-                let index = *index;
-                self.guarded(move |s| Box::pin(s.run_step(index))).await
+            Action::RunStep { index, since, .. } => {
+                let (index, since) = (*index, *since);
+                self.guarded(move |s| Box::pin(s.run_step(index, since))).await
             }
             Action::CollectResults { .. } => self.guarded(|s| Box::pin(s.collect_results())).await,
             Action::UploadArtifacts { .. } => self.guarded(|s| Box::pin(s.upload_artifacts())).await,
@@ -525,6 +531,18 @@ impl AttemptExecutor {
         if let Some(Err(refused)) = self.artifact_destination() {
             return self.fail_start(format!("{refused}; nothing was cloned"));
         }
+        match super::mounts::shares_for(&self.attempt.spec.mounts, &self.cfg.mounts) {
+            Ok(_) => {}
+            Err(super::mounts::MountRefused::NotDeclared(e)) => {
+                tracing::warn!(vm = %self.attempt.vm, error = %e, "mount refused; nothing is cloned");
+                return Performed::Event(Event::MountRefused {
+                    error: format!("{e}; nothing was cloned"),
+                });
+            }
+            Err(super::mounts::MountRefused::Unusable(e)) => {
+                return self.fail_start(format!("{e}; nothing was cloned"));
+            }
+        }
         let a = &self.attempt;
         let file = DeadlineFile {
             vm: a.vm.clone(),
@@ -622,9 +640,17 @@ impl AttemptExecutor {
                 logs.display()
             ));
         }
+        // Checked at the admission; checked again, as the folders may have gone since.
+        let extra_args = match super::mounts::shares_for(&self.attempt.spec.mounts, &self.cfg.mounts)
+            .map_err(|e| e.to_string())
+            .and_then(|shares| tartan_tart::run_args(&shares, &self.cfg.network))
+        {
+            Ok(args) => args,
+            Err(e) => return self.fail_start(format!("{e}; tart run not started")),
+        };
         let options = RunOptions {
             log_path: Some(logs.join("_tart-run.log")),
-            extra_args: Vec::new(),
+            extra_args,
             detached: self.cfg.detach_vm,
         };
         self.boot_started = Some(Instant::now());
@@ -709,8 +735,9 @@ impl AttemptExecutor {
         Ok(commands)
     }
 
-    /// Runs guest command `index` to its exit; the next one's start goes through the journal first.
-    async fn run_step(&mut self, index: u32) -> Performed {
+    /// Runs guest command `index` (started at `since`) to its exit, or stops it at its
+    /// `timeoutSeconds`; the next one's start goes through the journal first.
+    async fn run_step(&mut self, index: u32, since: Timestamp) -> Performed {
         let vm = self.attempt.vm.clone();
         let commands = match self.guest_commands() {
             Ok(c) => c,
@@ -738,7 +765,26 @@ impl AttemptExecutor {
         let job = super::guest_job::Job::new(&vm, index as usize, &cmd.name, cmd.argv.clone());
         let host_log = step_log(&self.cfg.state_dir, &vm, &cmd.name);
         tracing::info!(%vm, step = %cmd.name, index, job = %job.dir, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started or re-attached");
-        match super::guest_job::run_or_attach(&self.tart, &job, &host_log, &follow).await {
+        // The checkout's commands come first and have no limit of their own.
+        let limit = (index as usize)
+            .checked_sub(commands.len() - self.attempt.spec.steps.len())
+            .and_then(|i| self.attempt.spec.steps.get(i))
+            .and_then(|s| s.timeout_seconds);
+        let followed = match limit {
+            None => super::guest_job::run_or_attach(&self.tart, &job, &host_log, &follow).await,
+            Some(secs) => {
+                let at = super::step_timeout::step_deadline(since, secs);
+                tokio::select! {
+                    end = super::guest_job::run_or_attach(&self.tart, &job, &host_log, &follow) => end,
+                    () = until(at) => match self.stop_timed_out_step(&job, &host_log, &follow, secs).await {
+                        Some(timed_out) => return timed_out,
+                        // It had exited on its own at its limit: its own end counts.
+                        None => super::guest_job::run_or_attach(&self.tart, &job, &host_log, &follow).await,
+                    },
+                }
+            }
+        };
+        match followed {
             Ok(end) => {
                 tracing::info!(%vm, step = %cmd.name, code = end.exit_code, took = ?end.elapsed, attached = end.attached, "step finished");
                 if end.exit_code != 0 {
@@ -758,6 +804,62 @@ impl AttemptExecutor {
             }
         }
         self.after_step(index, &cmd.name, &commands)
+    }
+
+    /// Stops the job of a step that ran past its `timeoutSeconds` (`secs`) and reads its end
+    /// (bounded: the VM's deletion that follows ends whatever is left). Returns the `StepTimedOut`
+    /// event, or `None` if the job had already exited on its own.
+    async fn stop_timed_out_step(
+        &mut self,
+        job: &super::guest_job::Job,
+        host_log: &Path,
+        follow: &super::guest_job::FollowConfig,
+        secs: u32,
+    ) -> Option<Performed> {
+        use super::step_timeout::{Stopped, host_log_tail, stop};
+        let vm = &self.attempt.vm;
+        tracing::warn!(%vm, step = %job.step, timeout_seconds = secs, "step ran past its timeoutSeconds; stopping its guest job");
+        let stopped = stop(
+            &self.tart,
+            job,
+            host_log,
+            follow.exec_timeout,
+            follow.unresponsive_limit,
+        )
+        .await;
+        let killed = match &stopped {
+            Ok(Stopped::Exited(code)) => {
+                tracing::info!(%vm, step = %job.step, code, "the step had exited on its own at its timeout");
+                return None;
+            }
+            Ok(Stopped::Killed(n)) => format!("it was killed in the guest ({n} process(es))"),
+            Ok(Stopped::NoPid) => "its guest job had no pid to kill; the VM's deletion ends it".to_string(),
+            Err(e) => format!("stopping it in the guest failed ({e}); the VM's deletion ends it"),
+        };
+        // Read what the step wrote up to its death (its job now exits 137 at once).
+        let drained = match stopped {
+            Ok(Stopped::Killed(_)) => tokio::time::timeout(
+                follow.exec_timeout,
+                super::guest_job::run_or_attach(&self.tart, job, host_log, follow),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok),
+            _ => None,
+        };
+        let tail = match drained {
+            Some(end) => end.tail,
+            None => host_log_tail(host_log, self.cfg.tail_bytes as u64),
+        };
+        let output = last_lines(tail.as_bytes(), TAIL_LINES, TAIL_BYTES);
+        self.last_step = Some((job.step.clone(), output.clone()));
+        tracing::warn!(%vm, step = %job.step, %killed, "step timed out");
+        Some(Performed::Event(Event::StepTimedOut {
+            step: job.step.clone(),
+            timeout_seconds: secs,
+            killed,
+            output: clean_str(&output, TAIL_BYTES),
+        }))
     }
 
     /// What follows guest command `index`, which exited 0: the next one's start, or the end.

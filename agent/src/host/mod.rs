@@ -33,6 +33,8 @@ pub mod guest_job;
 pub mod junit;
 pub mod log_shipper;
 pub mod logs;
+pub mod mounts;
+pub mod step_timeout;
 pub mod steps;
 
 pub use artifacts::{Destination, DestinationPolicy, DestinationRefused, UploadPolicy};

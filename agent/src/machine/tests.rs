@@ -124,6 +124,16 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             context: DeleteContext::Normal,
             error: "tart delete exited 1".into(),
         },
+        EventKind::MountRefused => Event::MountRefused {
+            error: "mount \"pods\" is not declared by this agent's config ([[mounts]]: it declares spm); nothing was cloned"
+                .into(),
+        },
+        EventKind::StepTimedOut => Event::StepTimedOut {
+            step: "build".into(),
+            timeout_seconds: 600,
+            killed: "it was killed in the guest (2 process(es))".into(),
+            output: "Compiling App.swift".into(),
+        },
     };
     (ev, before)
 }
@@ -136,12 +146,12 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Requested, E::Admit) => Some(S::Admitted),
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
         (S::Admitted, E::Boot) => Some(S::Booting),
-        (S::Admitted | S::Booting, E::VmStartFailed) => Some(S::Retiring),
+        (S::Admitted | S::Booting, E::VmStartFailed | E::MountRefused) => Some(S::Retiring),
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
         (S::Running, E::StepStarting) => Some(S::Running),
         (S::Booting | S::Running | S::Collecting, E::Detach | E::Resume) => Some(state),
-        (S::Running, E::StepFailed) => Some(S::Retiring),
+        (S::Running, E::StepFailed | E::StepTimedOut) => Some(S::Retiring),
         (S::Collecting, E::TestsPassed | E::TestsFailed | E::TestReportUnusable | E::ArtifactUploadFailed) => {
             Some(S::Retiring)
         }
@@ -194,7 +204,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 52, "the size of the allowed set");
+    assert_eq!(allowed, 55, "the size of the allowed set");
 }
 
 #[test]
@@ -271,7 +281,14 @@ fn a_build_runs_end_to_end_with_the_sources_journal_lines_and_actions() {
     );
     assert_eq!(
         ready,
-        vec![Action::DeliverStatus, Action::RunStep { vm: vm(), index: 0 }]
+        vec![
+            Action::DeliverStatus,
+            Action::RunStep {
+                vm: vm(),
+                index: 0,
+                since: t0 + secs(15)
+            }
+        ]
     );
     let collect = d.go(Event::StepsSucceeded { steps: 2 }, t0 + secs(300));
     assert_eq!(
@@ -337,6 +354,18 @@ fn every_ending_maps_to_its_outcome() {
             Outcome::Failed,
         ),
         (S::Running, EventKind::StepFailed, Reason::StepFailed, Outcome::Failed),
+        (
+            S::Running,
+            EventKind::StepTimedOut,
+            Reason::StepTimedOut,
+            Outcome::Failed,
+        ),
+        (
+            S::Admitted,
+            EventKind::MountRefused,
+            Reason::MountNotDeclared,
+            Outcome::Failed,
+        ),
         (
             S::Collecting,
             EventKind::TestReportUnusable,
@@ -1063,7 +1092,14 @@ fn each_step_is_started_once_and_in_order() {
     }
     let t = step(&a, starting(1), now, &Config::default()).unwrap();
     assert_eq!(t.step, Some(1));
-    assert_eq!(t.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
+    assert_eq!(
+        t.actions,
+        vec![Action::RunStep {
+            vm: vm(),
+            index: 1,
+            since: now
+        }]
+    );
     let r = a.record(&t, 9);
     assert_eq!(r.step, Some(1));
     assert_eq!(
@@ -1077,21 +1113,30 @@ fn each_step_is_started_once_and_in_order() {
         again.to_string(),
         "StepStarting refused in state Running: step 1 is not the one after step 1; a step is never started twice"
     );
-    // A later record without a step keeps the one the journal started.
-    let detach = step(&a, Event::Detach, now, &Config::default()).unwrap();
+    // A later record without a step keeps the one the journal started, and its start time: a
+    // resumed step's timeoutSeconds counts from its first start, not from the resume.
+    let detach = step(&a, Event::Detach, now + secs(100), &Config::default()).unwrap();
     a.observe(&a.record(&detach, 10));
     assert_eq!(a.current_step(), 1);
+    assert_eq!(a.step_since, Some(now));
     let resume = step(
         &a,
         Event::Resume {
             after: secs(4),
             clone_again: false,
         },
-        now,
+        now + secs(300),
         &Config::default(),
     )
     .unwrap();
-    assert_eq!(resume.actions, vec![Action::RunStep { vm: vm(), index: 1 }]);
+    assert_eq!(
+        resume.actions,
+        vec![Action::RunStep {
+            vm: vm(),
+            index: 1,
+            since: now
+        }]
+    );
     assert_eq!(
         (resume.from, resume.to, resume.reason),
         (Some(S::Running), S::Running, Some(Reason::Resumed))
@@ -1138,4 +1183,44 @@ fn a_boot_stopped_before_its_clone_finished_resumes_with_the_clone() {
         let r = step(&mk_attempt(1, state), again(true), now, &Config::default());
         assert!(matches!(r, Err(Refusal::NotAllowed { .. })), "{state}: {r:?}");
     }
+}
+
+#[test]
+fn a_timed_out_step_fails_the_build_naming_the_step_and_its_limit() {
+    let a = mk_attempt(1, S::Running);
+    let (ev, now) = sample(EventKind::StepTimedOut);
+    let t = step(&a, ev, now, &Config::default()).unwrap();
+    assert_eq!(
+        (t.to, t.reason, t.outcome),
+        (S::Retiring, Some(Reason::StepTimedOut), Some(Outcome::Failed))
+    );
+    assert_eq!(
+        t.detail,
+        "step build ran longer than its timeoutSeconds (600s); it was killed in the guest (2 process(es)); \
+         its output ends:\nCompiling App.swift"
+    );
+}
+
+#[test]
+fn the_step_start_is_the_time_of_the_record_that_started_it() {
+    let mut a = mk_attempt(1, S::Booting);
+    a.step_since = None;
+    let t0 = ts(DEADLINE) - secs(900);
+    let ready = step(&a, Event::GuestReady { after: secs(12) }, t0, &Config::default()).unwrap();
+    a.observe(&a.record(&ready, 20));
+    assert_eq!(a.step_since, Some(t0));
+    let next = step(
+        &a,
+        Event::StepStarting {
+            index: 1,
+            of: 2,
+            name: "test".into(),
+            previous: "build".into(),
+        },
+        t0 + secs(40),
+        &Config::default(),
+    )
+    .unwrap();
+    a.observe(&a.record(&next, 21));
+    assert_eq!(a.step_since, Some(t0 + secs(40)));
 }

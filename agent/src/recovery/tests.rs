@@ -1485,7 +1485,10 @@ fn running_world(vm: &str, guest_answers: bool) -> World {
 fn a_running_vm_whose_guest_answers_is_resumed_as_the_same_attempt() {
     for (found, follow) in [
         (S::Booting, "ProbeReady { vm: \"mb-ci-build-42-mac-build-a1\" }"),
-        (S::Running, "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }"),
+        (
+            S::Running,
+            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0, since: 2026-10-05T02:26:21.653639Z }",
+        ),
         (S::Collecting, "CollectResults { vm: \"mb-ci-build-42-mac-build-a1\" }"),
     ] {
         let mut j = Journal::new(1);
@@ -1554,7 +1557,8 @@ fn a_resumed_running_attempt_goes_on_with_the_step_the_journal_started() {
             "guest of mb-ci-build-42-mac-build-a1 answers",
             "#7 a1 Running -> Running (Resumed) mb-ci-build-42-mac-build-a1 running and its guest answering 2.00s \
              after the agent started; following step 3 again",
-            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 2 }",
+            // The step's own start (its StepStarted record), not the resume: its timeout counts from it.
+            "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 2, since: 2026-10-05T02:32:46.653639Z }",
         ],
     );
 }
@@ -1710,7 +1714,10 @@ fn a_detached_attempt_is_resumed_like_a_running_one() {
     let w = running_world(&vm_of(1), true);
     let (plan, log) = recover(&j, mk_cluster(vec![mk_view(1, 4)]), w, t0() + secs(310));
     assert!(matches!(plan[..], [RecoveryAction::Resume { .. }]));
-    assert_eq!(log[2], "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0 }");
+    assert_eq!(
+        log[2],
+        "RunStep { vm: \"mb-ci-build-42-mac-build-a1\", index: 0, since: 2026-10-05T02:26:21.653639Z }"
+    );
 }
 
 #[test]

@@ -60,6 +60,8 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
             interval: shared.config.logs.ship_interval,
             ..Default::default()
         },
+        mounts: shared.config.mounts.clone(),
+        network: shared.config.network.clone(),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())

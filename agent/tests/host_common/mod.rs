@@ -117,6 +117,7 @@ pub fn step(name: &str, script: &str) -> Step {
     Step {
         name: name.into(),
         run: vec!["sh".into(), "-c".into(), script.into()],
+        timeout_seconds: None,
     }
 }
 

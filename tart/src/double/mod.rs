@@ -24,6 +24,7 @@
 
 pub mod faults;
 pub mod guests;
+pub mod run_flags;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -69,6 +70,13 @@ GUEST PROCESSES: every command exec starts carries TART_DOUBLE_GUEST=\"<run pid>
 its descendants). A graceful end of `run` (SIGINT, SIGUSR2), `stop` and `delete` SIGKILL every process carrying
 the VM's mark, as a real VM's guest dies with it. A `run` killed at once leaves them until the next `stop`,
 `delete` or `run` of that VM; `list` and `get` ignore them (running = the VM lock is held).
+
+RUN FLAGS: `--dir [name:]path[:ro,tag=T]` is parsed as tart parses it (the last `:` part is options when one of
+them is `ro` or `tag=`; several shares of one tag must all be named, else a usage error; a missing folder fails
+the run, exit 1); `--net-softnet-allow|-block|-expose` imply `--net-softnet`; `--net-bridged`, `--net-softnet`
+and `--net-host` are mutually exclusive (usage error); a malformed CIDR fails the run like a Softnet death (exit
+1). Each accepted run appends {vm, dir: [{name, path, read_only, tag}], net_softnet, net_softnet_allow,
+net_softnet_block} as one JSON line to $TART_HOME/double-runs.jsonl (kept after the VM is deleted).
 
 Clone sources containing `/` are registry images: the first clone synthesises one into
 cache/OCIs/<host>/<repo>/<tag> (a symlink to sha256:<digest>/).
@@ -168,6 +176,12 @@ enum Cmd {
         no_audio: bool,
         #[arg(long)]
         no_clipboard: bool,
+        #[arg(long)]
+        net_softnet_allow: Option<String>,
+        #[arg(long)]
+        net_softnet_block: Option<String>,
+        #[arg(long)]
+        net_softnet_expose: Option<String>,
     },
     /// Execute CMD in the VM (here: on the host, in the VM folder). Flags must precede NAME.
     Exec {
@@ -348,7 +362,34 @@ fn dispatch(cli: Cli, exec_tail: Option<Vec<OsString>>) -> Outcome {
             random_serial,
             disk_size,
         } => cmd_set(&home, &name, cpu, memory, display, random_mac, random_serial, disk_size),
-        Cmd::Run { name, .. } => cmd_run(&home, &name),
+        Cmd::Run {
+            name,
+            dir,
+            net_bridged,
+            net_softnet,
+            net_host,
+            net_softnet_allow,
+            net_softnet_block,
+            net_softnet_expose,
+            ..
+        } => {
+            let net = run_flags::NetFlags {
+                bridged: &net_bridged,
+                softnet: net_softnet,
+                softnet_allow: net_softnet_allow.as_deref(),
+                softnet_block: net_softnet_block.as_deref(),
+                softnet_expose: net_softnet_expose.as_deref(),
+                host: net_host,
+            };
+            let record = match run_flags::check(&name, &dir, &net) {
+                Ok(r) => r,
+                Err(run_flags::Refused::Usage(m)) => return Err(Fail::Usage(m)),
+                Err(run_flags::Refused::Start(m)) => return Err(Fail::Error(m)),
+            };
+            run_flags::record(&home, &record)
+                .map_err(|e| io_fail("cannot append to", &run_flags::runs_file(&home), e))?;
+            cmd_run(&home, &name)
+        }
         Cmd::Exec {
             interactive,
             tty,
