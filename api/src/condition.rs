@@ -104,6 +104,13 @@ vocabulary! {
         /// An interrupted attempt was not retried: less than 120 s were left before the host
         /// execution deadline.
         NoTimeToRetry => "NoTimeToRetry",
+        /// `spec.env` names a Secret this agent is not allowed to read; nothing was cloned.
+        SecretNotAllowed => "SecretNotAllowed",
+        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
+        SecretMissing => "SecretMissing",
+        /// A Secret `spec.env` names could not be read, or holds a value no environment variable
+        /// can carry.
+        SecretUnreadable => "SecretUnreadable",
     }
 }
 
@@ -132,6 +139,9 @@ impl From<Reason> for ConditionReason {
             Reason::UnknownVM => ConditionReason::UnknownVM,
             Reason::CancelRequested => ConditionReason::CancelRequested,
             Reason::OwnerDeleted => ConditionReason::OwnerDeleted,
+            Reason::SecretNotAllowed => ConditionReason::SecretNotAllowed,
+            Reason::SecretMissing => ConditionReason::SecretMissing,
+            Reason::SecretUnreadable => ConditionReason::SecretUnreadable,
         }
     }
 }

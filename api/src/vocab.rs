@@ -166,6 +166,14 @@ vocabulary! {
         CancelRequested => "CancelRequested",
         /// The MacBuild's owner (the CustomRun) was deleted.
         OwnerDeleted => "OwnerDeleted",
+        /// `spec.env` names a Secret this agent is not allowed to read (its `[secrets] allowed`
+        /// list); nothing was cloned.
+        SecretNotAllowed => "SecretNotAllowed",
+        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
+        SecretMissing => "SecretMissing",
+        /// A Secret `spec.env` names could not be read (RBAC refused, API unreachable) or holds a
+        /// value no environment variable can carry.
+        SecretUnreadable => "SecretUnreadable",
     }
 }
 
