@@ -313,6 +313,11 @@ pub enum Event {
     VmDeleted { how: Deleted },
     /// `tart delete` failed (or the VM is still listed).
     DeleteFailed { context: DeleteContext, error: String },
+    /// `spec.env` could not be made (a Secret not allowed, missing, or unreadable): the build
+    /// fails with `reason` (`SecretNotAllowed`, `SecretMissing`, `SecretUnreadable`) and `error`,
+    /// which names the variable and the Secret, never a value. Sent before the clone, or when a
+    /// restarted agent reads the Secrets again for a running attempt.
+    EnvRefused { reason: Reason, error: String },
 }
 
 macro_rules! event_kinds {
@@ -363,6 +368,7 @@ event_kinds! {
     AgentFault,
     VmDeleted,
     DeleteFailed,
+    EnvRefused,
 }
 
 impl fmt::Display for EventKind {
@@ -865,6 +871,14 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             ]);
             Ok(t(S::Collecting, None, format!("{steps} step(s) succeeded"), actions))
         }
+        (S::Admitted | S::Booting | S::Running, Event::EnvRefused { reason, error }) => Ok(retire(
+            a,
+            t,
+            reason,
+            Outcome::Failed,
+            error,
+            DeleteContext::Normal,
+        )),
         (S::Admitted | S::Booting, Event::VmStartFailed { error }) => Ok(retire(
             a,
             t,

@@ -124,6 +124,10 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             context: DeleteContext::Normal,
             error: "tart delete exited 1".into(),
         },
+        EventKind::EnvRefused => Event::EnvRefused {
+            reason: Reason::SecretMissing,
+            error: "env T: Secret ci/gone does not exist; nothing was cloned".into(),
+        },
     };
     (ev, before)
 }
@@ -137,6 +141,7 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
         (S::Admitted, E::Boot) => Some(S::Booting),
         (S::Admitted | S::Booting, E::VmStartFailed) => Some(S::Retiring),
+        (S::Admitted | S::Booting | S::Running, E::EnvRefused) => Some(S::Retiring),
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
         (S::Running, E::StepStarting) => Some(S::Running),
@@ -194,7 +199,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 52, "the size of the allowed set");
+    assert_eq!(allowed, 55, "the size of the allowed set");
 }
 
 #[test]
@@ -355,6 +360,7 @@ fn every_ending_maps_to_its_outcome() {
             Reason::VMStartFailed,
             Outcome::Failed,
         ),
+        (S::Admitted, EventKind::EnvRefused, Reason::SecretMissing, Outcome::Failed),
         (
             S::Collecting,
             EventKind::ArtifactUploadFailed,

@@ -56,6 +56,13 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
         local_images: shared.config.local_images.clone(),
         detach_vm: shared.machine.resume_after_restart,
         step_poll: shared.config.timing.step_poll,
+        secrets: (!shared.config.secrets.allowed.is_empty()).then(|| crate::host::env::SecretAccess {
+            allowed: shared.config.secrets.allowed.iter().cloned().collect(),
+            source: Arc::new(crate::host::env::KubeSecrets {
+                client: shared.client.clone(),
+                timeout: shared.config.timing.api_timeout,
+            }),
+        }),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
