@@ -669,7 +669,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     let mut starting_since: Option<Instant> = None;
     let (code, size) = loop {
         let from = log.place.offset;
-        let max = request(from, cfg.chunk_bytes, cfg.log_cap);
+        // A value's length more than a chunk: what is held back (less than a value) never keeps
+        // a full reply from making progress.
+        let max = request(from, cfg.chunk_bytes + cfg.mask.max_len() as u64, cfg.log_cap);
         let reply = f.poll(from, max).await?;
         let (write, note, next) = advance(from, reply.bytes.len() as u64, reply.size, cfg.log_cap);
         // The end of what was read may be the start of a secret value: unless the job's output
