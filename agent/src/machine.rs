@@ -871,14 +871,9 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
             ]);
             Ok(t(S::Collecting, None, format!("{steps} step(s) succeeded"), actions))
         }
-        (S::Admitted | S::Booting | S::Running, Event::EnvRefused { reason, error }) => Ok(retire(
-            a,
-            t,
-            reason,
-            Outcome::Failed,
-            error,
-            DeleteContext::Normal,
-        )),
+        (S::Admitted | S::Booting | S::Running, Event::EnvRefused { reason, error }) => {
+            Ok(retire(a, t, reason, Outcome::Failed, error, DeleteContext::Normal))
+        }
         (S::Admitted | S::Booting, Event::VmStartFailed { error }) => Ok(retire(
             a,
             t,

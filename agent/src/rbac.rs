@@ -139,7 +139,9 @@ pub fn render(
         let (ns, name) =
             crate::config::check_allowed_secret(entry).map_err(|why| anyhow::anyhow!("--secret: {why}"))?;
         if !namespaces.iter().any(|n| n == ns) {
-            bail!("--secret {entry}: namespace {ns:?} is not a --namespace; a build reads only Secrets of its own namespace");
+            bail!(
+                "--secret {entry}: namespace {ns:?} is not a --namespace; a build reads only Secrets of its own namespace"
+            );
         }
         let names = allowed.entry(ns).or_default();
         if !names.contains(&name) {
@@ -234,7 +236,12 @@ pub fn run(args: RbacArgs) -> anyhow::Result<()> {
         let config = crate::config::Config::load(path)?;
         secrets.extend(config.secrets.allowed);
     }
-    let yaml = render(&args.agent_id, &args.namespaces, args.lease_namespace.as_deref(), &secrets)?;
+    let yaml = render(
+        &args.agent_id,
+        &args.namespaces,
+        args.lease_namespace.as_deref(),
+        &secrets,
+    )?;
     print!("{yaml}");
     Ok(())
 }
@@ -329,7 +336,12 @@ mod tests {
 
     #[test]
     fn allowed_secrets_get_a_get_rule_by_name_in_their_namespace_only() {
-        let secrets = ["ci/asc-key".to_string(), "ci/signing".into(), "release/asc-key".into(), "ci/asc-key".into()];
+        let secrets = [
+            "ci/asc-key".to_string(),
+            "ci/signing".into(),
+            "release/asc-key".into(),
+            "ci/asc-key".into(),
+        ];
         let yaml = render("m1", &["ci".into(), "release".into()], None, &secrets).unwrap();
         let d = docs(&yaml);
         let rule = |ns: &str| {
@@ -344,7 +356,9 @@ mod tests {
         };
         assert_eq!(
             rule("ci"),
-            vec![json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["asc-key", "signing"], "verbs": ["get"]})]
+            vec![
+                json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["asc-key", "signing"], "verbs": ["get"]})
+            ]
         );
         assert_eq!(rule("release")[0]["resourceNames"], json!(["asc-key"]));
         // No rule anywhere names secrets without resourceNames, or lists or watches them.
@@ -355,11 +369,17 @@ mod tests {
                 }
             }
         }
-        let e = render("m1", &["ci".into()], None, &["prod/x".into()]).unwrap_err().to_string();
+        let e = render("m1", &["ci".into()], None, &["prod/x".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"prod\" is not a --namespace"), "{e}");
-        let e = render("m1", &["ci".into()], None, &["asc-key".into()]).unwrap_err().to_string();
+        let e = render("m1", &["ci".into()], None, &["asc-key".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--secret") && e.contains("not namespace/name"), "{e}");
-        let e = render("m1", &["ci".into()], None, &["ci/Bad_Name".into()]).unwrap_err().to_string();
+        let e = render("m1", &["ci".into()], None, &["ci/Bad_Name".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RFC 1123"), "{e}");
     }
 

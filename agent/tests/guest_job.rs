@@ -785,7 +785,10 @@ async fn secret_values_are_masked_across_tiny_chunks_and_a_new_follower() {
     assert_eq!(end.exit_code, 3);
     let guest = step.guest_log();
     let host = step.host_log();
-    assert!(!host.windows(secret.len()).any(|w| w == secret.as_bytes()), "the value is in the host log");
+    assert!(
+        !host.windows(secret.len()).any(|w| w == secret.as_bytes()),
+        "the value is in the host log"
+    );
     assert_eq!(
         String::from_utf8(host).unwrap(),
         String::from_utf8(masker.mask(&guest, true).0).unwrap(),

@@ -77,7 +77,12 @@ fn literal(name: &str, value: &str) -> EnvVar {
     }
 }
 
-fn executor(rig: &Rig, name: &str, spec: tartan_api::MacBuildSpec, secrets: SecretAccess) -> (Attempt, AttemptExecutor) {
+fn executor(
+    rig: &Rig,
+    name: &str,
+    spec: tartan_api::MacBuildSpec,
+    secrets: SecretAccess,
+) -> (Attempt, AttemptExecutor) {
     let b = build(name);
     let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
     let a = Attempt::new(b.clone(), 1, vm.clone(), 2);
@@ -124,7 +129,12 @@ fn sha256(bytes: &[u8]) -> String {
         .unwrap();
     child.stdin.take().unwrap().write_all(bytes).unwrap();
     let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap().split(' ').next().unwrap().to_string()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,13 +174,20 @@ async fn a_secret_reaches_the_step_masked_in_every_log_and_message_and_never_on_
         }
     });
     let mut hooks = journal.clone();
-    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &Config::default(), &mut hooks))
-        .await
-        .expect("attempt finished in time")
-        .unwrap();
+    let end = tokio::time::timeout(
+        LIMIT,
+        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut hooks),
+    )
+    .await
+    .expect("attempt finished in time")
+    .unwrap();
     assert_eq!(end, S::Retired);
     assert_eq!(*source.reads.lock().unwrap(), vec!["ci/registry"]);
-    assert_eq!(*seen_removed.lock().unwrap(), Some(true), "the env file is gone after the last step");
+    assert_eq!(
+        *seen_removed.lock().unwrap(),
+        Some(true),
+        "the env file is gone after the last step"
+    );
 
     // The step could use the value, and the env file was private.
     let logs = rig.state.path().join("logs").join(&vm);
@@ -236,10 +253,13 @@ async fn a_secret_not_allowed_or_missing_fails_the_build_before_anything_is_clon
         let vm = a.vm.clone();
         let journal = MemJournal::new();
         let mut hooks = journal.clone();
-        let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &Config::default(), &mut hooks))
-            .await
-            .expect("attempt finished in time")
-            .unwrap();
+        let end = tokio::time::timeout(
+            LIMIT,
+            drive(&mut exec, &mut a, admit(600), &Config::default(), &mut hooks),
+        )
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
         assert_eq!(end, S::Retired);
         assert_eq!(a.outcome, Some(Outcome::Failed));
         assert_eq!(journal.states(), vec![S::Admitted, S::Retiring, S::Retired]);
@@ -248,9 +268,15 @@ async fn a_secret_not_allowed_or_missing_fails_the_build_before_anything_is_clon
         assert!(refused.detail.contains(says), "{refused}");
         assert!(refused.detail.ends_with("nothing was cloned"), "{refused}");
         assert!(rig.vms().is_empty(), "nothing was cloned");
-        assert!(!rig.deadline_file(&vm).exists(), "no deadline file for a build that never cloned");
+        assert!(
+            !rig.deadline_file(&vm).exists(),
+            "no deadline file for a build that never cloned"
+        );
         if reason == Reason::SecretNotAllowed {
-            assert!(source.reads.lock().unwrap().is_empty(), "a Secret not allowed is never read");
+            assert!(
+                source.reads.lock().unwrap().is_empty(),
+                "a Secret not allowed is never read"
+            );
         }
     }
 }

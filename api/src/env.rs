@@ -53,7 +53,9 @@ pub fn check_env_name(name: &str) -> Result<(), String> {
         ));
     }
     if name.starts_with(RESERVED_PREFIX) {
-        return Err(format!("env name {name:?} is reserved: names starting with {RESERVED_PREFIX} are Tartan's"));
+        return Err(format!(
+            "env name {name:?} is reserved: names starting with {RESERVED_PREFIX} are Tartan's"
+        ));
     }
     Ok(())
 }
@@ -70,7 +72,9 @@ pub fn check_secret_name(name: &str) -> Result<(), String> {
 pub fn check_secret_key(key: &str) -> Result<(), String> {
     let ok = !key.is_empty()
         && key.len() <= 253
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
     if !ok {
         return Err(format!(
             "Secret key {key:?} is not a valid key: use 1 to 253 of a-z, A-Z, 0-9, '-', '.' and '_'"
@@ -84,7 +88,10 @@ pub fn check_secret_key(key: &str) -> Result<(), String> {
 /// bytes, valid Secret names and keys. Returns what is wrong with the first bad entry.
 pub fn check_env(env: &[EnvVar]) -> Result<(), String> {
     if env.len() > ENV_MAX_ENTRIES {
-        return Err(format!("env has {} entries; at most {ENV_MAX_ENTRIES} are allowed", env.len()));
+        return Err(format!(
+            "env has {} entries; at most {ENV_MAX_ENTRIES} are allowed",
+            env.len()
+        ));
     }
     let mut seen = BTreeSet::new();
     for var in env {
@@ -111,7 +118,10 @@ pub fn check_env(env: &[EnvVar]) -> Result<(), String> {
                     ));
                 }
                 if value.contains('\0') {
-                    return Err(format!("env {:?}: value contains a NUL byte, which no environment can hold", var.name));
+                    return Err(format!(
+                        "env {:?}: value contains a NUL byte, which no environment can hold",
+                        var.name
+                    ));
                 }
             }
             (None, Some(from)) => {
@@ -200,7 +210,10 @@ mod tests {
             (vec![secret("S", "", "k")], "Secret name is empty"),
             (vec![secret("S", "ok", "a/b")], "not a valid key"),
             (vec![secret("S", "ok", "")], "not a valid key"),
-            ((0..=ENV_MAX_ENTRIES).map(|i| lit(&format!("V{i}"), "")).collect(), "at most 100"),
+            (
+                (0..=ENV_MAX_ENTRIES).map(|i| lit(&format!("V{i}"), "")).collect(),
+                "at most 100",
+            ),
         ] {
             let e = check_env(&env).unwrap_err();
             assert!(e.contains(want), "{env:?}: {e} lacks {want:?}");
@@ -209,7 +222,10 @@ mod tests {
 
     #[test]
     fn secret_refs_parse_as_secret_slash_key() {
-        assert_eq!(parse_secret_ref("asc-key/key.p8"), Ok(("asc-key".into(), "key.p8".into())));
+        assert_eq!(
+            parse_secret_ref("asc-key/key.p8"),
+            Ok(("asc-key".into(), "key.p8".into()))
+        );
         for (bad, want) in [
             ("nokey", "not secret/key"),
             ("/k", "empty"),

@@ -196,7 +196,11 @@ fn param_env(p: &Param) -> Result<Vec<Value>, SpecError> {
         Value::String(text) if text.trim().is_empty() => Map::new(),
         Value::String(text) => serde_saphyr::from_str::<Map<String, Value>>(text)
             .map_err(|e| invalid(format!("must be a YAML or JSON map of NAME: value: {e}")))?,
-        other => return Err(invalid(format!("must be a map of NAME: value or a YAML/JSON string of one, got {other}"))),
+        other => {
+            return Err(invalid(format!(
+                "must be a map of NAME: value or a YAML/JSON string of one, got {other}"
+            )));
+        }
     };
     map.into_iter()
         .map(|(name, value)| match value {
@@ -673,7 +677,10 @@ mod tests {
 params: [{{name: env, value: {{A: new}}}}]"
         ));
         let got = macbuild_spec(&run, None).unwrap();
-        assert_eq!(got["env"], json!([{"name": "B", "value": "kept"}, {"name": "A", "value": "new"}]));
+        assert_eq!(
+            got["env"],
+            json!([{"name": "B", "value": "kept"}, {"name": "A", "value": "new"}])
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
 use tartan_api::{EnvVar, Reason};
 
 /// Secret values shorter than this are not masked (see the module documentation).
@@ -268,7 +270,7 @@ impl SecretSource for KubeSecrets {
         name: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<SecretData, SecretReadError>> + Send + 'a>> {
         Box::pin(async move {
-            let api: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.client.clone(), namespace);
+            let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
             match tokio::time::timeout(self.timeout, api.get_opt(name)).await {
                 Err(_) => Err(SecretReadError::Failed(format!("no answer within {:?}", self.timeout))),
                 Ok(Err(kube::Error::Api(e))) if e.code == 403 => Err(SecretReadError::Forbidden(e.message.clone())),
@@ -291,7 +293,11 @@ impl SecretSource for KubeSecrets {
 /// checked against the allowed list first (all of them, before any is read), then read once.
 /// Fails with the reason the build ends with and a message naming the variable, the Secret and
 /// the key. Never puts a value into a message.
-pub async fn resolve(env: &[EnvVar], namespace: &str, access: Option<&SecretAccess>) -> Result<ResolvedEnv, EnvRefused> {
+pub async fn resolve(
+    env: &[EnvVar],
+    namespace: &str,
+    access: Option<&SecretAccess>,
+) -> Result<ResolvedEnv, EnvRefused> {
     let refuse = |reason, message| EnvRefused { reason, message };
     tartan_api::env::check_env(env).map_err(|e| refuse(Reason::SecretUnreadable, format!("spec.env: {e}")))?;
     for var in env {
@@ -343,7 +349,10 @@ pub async fn resolve(env: &[EnvVar], namespace: &str, access: Option<&SecretAcce
                         Err(SecretReadError::Failed(why)) => {
                             return Err(refuse(
                                 Reason::SecretUnreadable,
-                                format!("env {}: reading Secret {id} failed: {why}; nothing was cloned", var.name),
+                                format!(
+                                    "env {}: reading Secret {id} failed: {why}; nothing was cloned",
+                                    var.name
+                                ),
                             ));
                         }
                     };
@@ -352,10 +361,7 @@ pub async fn resolve(env: &[EnvVar], namespace: &str, access: Option<&SecretAcce
                 let Some(value) = read[secret].get(key) else {
                     return Err(refuse(
                         Reason::SecretMissing,
-                        format!(
-                            "env {}: Secret {id} has no key {key:?}; nothing was cloned",
-                            var.name
-                        ),
+                        format!("env {}: Secret {id} has no key {key:?}; nothing was cloned", var.name),
                     ));
                 };
                 if value.contains(&0) {
@@ -438,7 +444,11 @@ mod tests {
             let (tail, used2) = masker.mask(&rest, true);
             assert_eq!(used2, rest.len());
             out.extend(tail);
-            assert_eq!(String::from_utf8(out).unwrap(), "before *** after s3cr3t-val", "cut {cut}");
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                "before *** after s3cr3t-val",
+                "cut {cut}"
+            );
         }
         // Output that cannot start a value is not held.
         assert_eq!(masker.mask(b"plain text", false), (b"plain text".to_vec(), 10));
@@ -501,7 +511,10 @@ mod tests {
         assert!(!std::path::Path::new("/tmp/tartan-pwned").exists());
     }
 
-    struct Fake(BTreeMap<String, BTreeMap<String, Vec<u8>>>, std::sync::Mutex<Vec<String>>);
+    struct Fake(
+        BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+        std::sync::Mutex<Vec<String>>,
+    );
 
     impl SecretSource for Fake {
         fn get<'a>(
@@ -578,22 +591,63 @@ mod tests {
     async fn each_refusal_names_the_variable_secret_and_key_and_reads_nothing_not_allowed() {
         let (a, fake) = access(&["ci/asc", "ci/gone", "ci/forbidden"]);
         for (env, ns, reason, want) in [
-            (from_secret("T", "other", "k"), "ci", Reason::SecretNotAllowed, "env T: Secret ci/other is not allowed"),
-            (from_secret("T", "asc", "key"), "prod", Reason::SecretNotAllowed, "Secret prod/asc is not allowed"),
-            (from_secret("T", "gone", "k"), "ci", Reason::SecretMissing, "env T: Secret ci/gone does not exist"),
-            (from_secret("T", "asc", "nokey"), "ci", Reason::SecretMissing, "Secret ci/asc has no key \"nokey\""),
-            (from_secret("T", "asc", "nul"), "ci", Reason::SecretUnreadable, "NUL byte"),
-            (from_secret("T", "forbidden", "k"), "ci", Reason::SecretUnreadable, "refused"),
+            (
+                from_secret("T", "other", "k"),
+                "ci",
+                Reason::SecretNotAllowed,
+                "env T: Secret ci/other is not allowed",
+            ),
+            (
+                from_secret("T", "asc", "key"),
+                "prod",
+                Reason::SecretNotAllowed,
+                "Secret prod/asc is not allowed",
+            ),
+            (
+                from_secret("T", "gone", "k"),
+                "ci",
+                Reason::SecretMissing,
+                "env T: Secret ci/gone does not exist",
+            ),
+            (
+                from_secret("T", "asc", "nokey"),
+                "ci",
+                Reason::SecretMissing,
+                "Secret ci/asc has no key \"nokey\"",
+            ),
+            (
+                from_secret("T", "asc", "nul"),
+                "ci",
+                Reason::SecretUnreadable,
+                "NUL byte",
+            ),
+            (
+                from_secret("T", "forbidden", "k"),
+                "ci",
+                Reason::SecretUnreadable,
+                "refused",
+            ),
         ] {
             let e = resolve(&[env.clone()], ns, Some(&a)).await.unwrap_err();
             assert_eq!(e.reason, reason, "{env:?}: {}", e.message);
-            assert!(e.message.contains(want) && e.message.contains("nothing was cloned"), "{}", e.message);
+            assert!(
+                e.message.contains(want) && e.message.contains("nothing was cloned"),
+                "{}",
+                e.message
+            );
             assert!(!e.message.contains("asc-secret-value"));
         }
-        let e = resolve(&[from_secret("T", "asc", "key")], "ci", None).await.unwrap_err();
+        let e = resolve(&[from_secret("T", "asc", "key")], "ci", None)
+            .await
+            .unwrap_err();
         assert_eq!(e.reason, Reason::SecretNotAllowed);
         assert!(
-            !fake.1.lock().unwrap().iter().any(|s| s == "ci/other" || s.starts_with("prod/")),
+            !fake
+                .1
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s == "ci/other" || s.starts_with("prod/")),
             "a Secret not allowed is never read"
         );
     }

@@ -651,7 +651,11 @@ impl AttemptExecutor {
 
     /// The VM's guest folder, which holds the env file and the step jobs' folders.
     fn guest_vm_dir(&self) -> String {
-        format!("{}/{}", super::guest_job::GUEST_ROOT, super::steps::safe_name(&self.attempt.vm))
+        format!(
+            "{}/{}",
+            super::guest_job::GUEST_ROOT,
+            super::steps::safe_name(&self.attempt.vm)
+        )
     }
 
     /// Writes the env file into the guest through `tart exec -i` stdin (never argv), unless there
@@ -702,8 +706,12 @@ impl AttemptExecutor {
         let argv = super::env::remove_script_argv(&self.guest_vm_dir());
         match self.tart.exec(&self.attempt.vm, &argv, &options).await {
             Ok(o) if o.exit_code == 0 => tracing::info!(vm = %self.attempt.vm, "env file removed from the guest"),
-            Ok(o) => tracing::warn!(vm = %self.attempt.vm, code = o.exit_code, "env file not removed from the guest; the VM is deleted next"),
-            Err(error) => tracing::warn!(vm = %self.attempt.vm, %error, "env file not removed from the guest; the VM is deleted next"),
+            Ok(o) => {
+                tracing::warn!(vm = %self.attempt.vm, code = o.exit_code, "env file not removed from the guest; the VM is deleted next")
+            }
+            Err(error) => {
+                tracing::warn!(vm = %self.attempt.vm, %error, "env file not removed from the guest; the VM is deleted next")
+            }
         }
         let _ = std::fs::remove_file(&log);
         self.env_written = false;

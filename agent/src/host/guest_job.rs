@@ -353,7 +353,10 @@ impl Place {
     pub fn render(&self) -> String {
         let started = if self.started { " started" } else { "" };
         let logged = self.logged.map_or(String::new(), |l| format!(" logged {l}"));
-        format!("tartan-follow {} {} {}{started}{logged}\n", self.dir, self.base, self.offset)
+        format!(
+            "tartan-follow {} {} {}{started}{logged}\n",
+            self.dir, self.base, self.offset
+        )
     }
 
     /// Reads [`render`](Self::render)'s line; `None` for anything else (the sidecar is then ignored).
@@ -680,7 +683,11 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
         let seen = from + reply.bytes.len() as u64;
         let complete = matches!(reply.state, JobState::Exited(_)) && seen >= reply.size;
         let (masked, used) = cfg.mask.mask(&reply.bytes[..write as usize], note || complete);
-        let next = if (used as u64) < write { from + used as u64 } else { next };
+        let next = if (used as u64) < write {
+            from + used as u64
+        } else {
+            next
+        };
         if next != from || note {
             log.append(&masked, note, next).map_err(|(a, p, s)| f.io(a, p, s))?;
         }
@@ -734,7 +741,8 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     tracing::info!(vm = %job.vm, step = %job.step, code, bytes = size, "step job exited");
     Ok(JobEnd {
         exit_code: code,
-        tail: String::from_utf8_lossy(&cfg.mask.mask_window(&tail.bytes, (tail_from - window_from) as usize)).into_owned(),
+        tail: String::from_utf8_lossy(&cfg.mask.mask_window(&tail.bytes, (tail_from - window_from) as usize))
+            .into_owned(),
         output_bytes: size,
         truncated: size > cfg.log_cap,
         attached,

@@ -360,7 +360,12 @@ fn every_ending_maps_to_its_outcome() {
             Reason::VMStartFailed,
             Outcome::Failed,
         ),
-        (S::Admitted, EventKind::EnvRefused, Reason::SecretMissing, Outcome::Failed),
+        (
+            S::Admitted,
+            EventKind::EnvRefused,
+            Reason::SecretMissing,
+            Outcome::Failed,
+        ),
         (
             S::Collecting,
             EventKind::ArtifactUploadFailed,
