@@ -7,6 +7,7 @@ mod agent_restart;
 mod api_down_at_start;
 mod cancel;
 mod controller_restart;
+mod env_secrets;
 mod finalizer_outage;
 mod frozen_cancel;
 mod happy_path;
