@@ -994,7 +994,12 @@ allowed = [{secrets}]
         use base64::Engine as _;
         let data: serde_json::Map<String, Value> = data
             .iter()
-            .map(|(k, v)| (k.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(v))))
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    json!(base64::engine::general_purpose::STANDARD.encode(v)),
+                )
+            })
             .collect();
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": self.ns}, "data": data});
         let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), &self.ns);

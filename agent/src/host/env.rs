@@ -628,7 +628,7 @@ mod tests {
                 "refused",
             ),
         ] {
-            let e = resolve(&[env.clone()], ns, Some(&a)).await.unwrap_err();
+            let e = resolve(std::slice::from_ref(&env), ns, Some(&a)).await.unwrap_err();
             assert_eq!(e.reason, reason, "{env:?}: {}", e.message);
             assert!(
                 e.message.contains(want) && e.message.contains("nothing was cloned"),

@@ -697,7 +697,7 @@ impl AttemptExecutor {
     /// Removes the env file from the guest once no step needs it (best effort: the VM is
     /// deleted next anyway).
     async fn remove_env_file(&mut self) {
-        if !self.env.as_ref().is_some_and(|e| !e.vars.is_empty()) {
+        if self.env.as_ref().is_none_or(|e| e.vars.is_empty()) {
             return;
         }
         let log = self.tmp_dir().join("env-remove.log");

@@ -43,7 +43,12 @@ fn sha256(bytes: &[u8]) -> String {
         .expect("sha256sum runs");
     child.stdin.take().unwrap().write_all(bytes).unwrap();
     let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap().split(' ').next().unwrap().to_string()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +90,10 @@ async fn secrets_reach_the_steps_masked_and_a_secret_not_allowed_or_missing_fail
     let vm = s
         .journal("agent-a")
         .iter()
-        .find_map(|r| r.vm.clone().filter(|_| r.build.as_ref().is_some_and(|b| b.name == "uses")))
+        .find_map(|r| {
+            r.vm.clone()
+                .filter(|_| r.build.as_ref().is_some_and(|b| b.name == "uses"))
+        })
         .expect("a journal record of the build");
     let logs = s.agent("agent-a").state_dir.join("logs").join(&vm);
     let first = std::fs::read_to_string(logs.join("step-1.log")).unwrap();
@@ -124,8 +132,9 @@ async fn secrets_reach_the_steps_masked_and_a_secret_not_allowed_or_missing_fail
         eprintln!("[e2e] {name}: {text}");
         assert!(text.contains(&says) && text.contains("nothing was cloned"), "{text}");
         assert!(
-            !s.journal("agent-a").iter().any(|r| r.build.as_ref().is_some_and(|b| b.name == name)
-                && r.to == AttemptState::Booting),
+            !s.journal("agent-a")
+                .iter()
+                .any(|r| r.build.as_ref().is_some_and(|b| b.name == name) && r.to == AttemptState::Booting),
             "{name}: refused before any clone"
         );
     }
@@ -139,9 +148,16 @@ async fn secrets_reach_the_steps_masked_and_a_secret_not_allowed_or_missing_fail
         objects.push_str(&s.macbuild(name).await.unwrap().to_string());
     }
     for needle in [TOKEN, "line-two-of-the-token", "other-secret-value"] {
-        assert_eq!(files_containing(&state, needle.as_bytes()), Vec::<String>::new(), "{needle:?}");
+        assert_eq!(
+            files_containing(&state, needle.as_bytes()),
+            Vec::<String>::new(),
+            "{needle:?}"
+        );
         assert!(!objects.contains(needle), "{needle:?} in the cluster's objects");
-        assert!(!s.agent_log("agent-a").contains(needle), "{needle:?} in the agent's log");
+        assert!(
+            !s.agent_log("agent-a").contains(needle),
+            "{needle:?} in the agent's log"
+        );
     }
     s.finish().await;
 }
