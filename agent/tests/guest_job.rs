@@ -799,3 +799,37 @@ async fn secret_values_are_masked_across_tiny_chunks_and_a_new_follower() {
     assert!(guest.ends_with(b"after 49 SECRET-value-42\n"));
     assert_eq!(end.tail, "***\n");
 }
+
+#[tokio::test]
+async fn a_masked_follower_after_an_unmasked_one_replaces_what_it_logged() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-remask").await;
+    let secret = "another-secret-99";
+    let script = format!("echo 'first {secret}'; while [ ! -f go ]; do sleep 0.02; done; echo 'then {secret}'");
+    let step = Step::new(&rig, "mb-remask", 0, "remask", sh(&script));
+    {
+        // A follower that masks nothing (as an agent without the values had) logs the first line.
+        let plain = cfg();
+        let follower = step.run(&plain);
+        tokio::pin!(follower);
+        let log = step.log.clone();
+        let seen = async {
+            wait_for("the first line in the host log", Duration::from_secs(30), || {
+                std::fs::read_to_string(&log).is_ok_and(|t| t.contains("first"))
+            })
+            .await
+        };
+        tokio::select! {
+            r = &mut follower => panic!("the follower ended before it was dropped: {r:?}"),
+            () = seen => {}
+        }
+    }
+    std::fs::write(rig.vm_dir("mb-remask").join("go"), "").unwrap();
+    let masked = FollowConfig {
+        mask: tartan_agent::host::env::Masker::new([secret.as_bytes()]),
+        ..cfg()
+    };
+    let end = step.run(&masked).await.unwrap();
+    assert_eq!(end.exit_code, 0);
+    assert_eq!(String::from_utf8(step.host_log()).unwrap(), "first ***\nthen ***\n");
+}

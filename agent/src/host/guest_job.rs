@@ -631,12 +631,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     let mut log =
         HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
     if !cfg.mask.is_empty() && log.place.logged.is_none() {
-        if log.place.offset > 0 {
-            // A place kept without masking (an older agent's): the output starts over, masked.
-            log.restart().map_err(|(a, p, s)| f.io(a, p, s))?;
-        }
-        log.place.logged = Some(0);
-        log.save().map_err(|(a, p, s)| f.io(a, p, s))?;
+        // A place kept without masking (an older agent's): what it logged is replaced by the
+        // job's whole output, fetched again and masked.
+        log.start_over_masked().map_err(|(a, p, s)| f.io(a, p, s))?;
     }
     let attached = if log.place.started {
         // Started before, as the guest confirmed: followed, never started again (a folder that
@@ -808,6 +805,17 @@ impl HostLog {
         self.place.base = len;
         self.place.offset = 0;
         self.place.logged = self.place.logged.map(|_| 0);
+        self.save()
+    }
+
+    /// Cuts the log back to the job's base and starts its output over, counting the host bytes
+    /// (masked output does not map one for one to the guest's).
+    fn start_over_masked(&mut self) -> Result<(), IoFail> {
+        self.file
+            .set_len(self.place.base)
+            .map_err(|e| ("could not cut back the step log", self.path.clone(), e))?;
+        self.place.offset = 0;
+        self.place.logged = Some(0);
         self.save()
     }
 
