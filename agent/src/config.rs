@@ -64,6 +64,8 @@ pub struct Config {
     pub mounts: Vec<MountConfig>,
     /// The VMs' network (`network`, `softnet_allow`).
     pub network: tartan_tart::RunNetwork,
+    /// The Secrets a MacBuild's `spec.env` may read.
+    pub secrets: SecretsConfig,
 }
 
 /// One `[[mounts]]` entry: host folder `host_path` (resolved, existing), shared into a VM that
@@ -94,6 +96,35 @@ enum NetworkMode {
     Shared,
     /// Softnet isolation (`tart run --net-softnet`).
     Softnet,
+}
+
+/// `[secrets]`: which Secrets builds on this agent may read into their environment. The agent's
+/// RBAC must grant `get` on exactly these (`tartan-agent rbac --config FILE` prints it from this
+/// list), and a MacBuild naming any other fails with `SecretNotAllowed` before its VM is cloned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// `namespace/name` of each Secret; the namespace is the MacBuild's own (a build reads only
+    /// Secrets of its namespace). Empty: no build may use `valueFrom.secretKeyRef`.
+    #[serde(default)]
+    pub allowed: Vec<String>,
+}
+
+/// Checks one `[secrets] allowed` entry: `namespace/name`, both valid names.
+pub fn check_allowed_secret(entry: &str) -> Result<(&str, &str), String> {
+    let Some((ns, name)) = entry.split_once('/') else {
+        return Err(format!("{entry:?} is not namespace/name"));
+    };
+    let ns_ok = !ns.is_empty()
+        && ns.len() <= 63
+        && ns.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
+        && !ns.starts_with('-')
+        && !ns.ends_with('-');
+    if !ns_ok {
+        return Err(format!("{entry:?}: {ns:?} is not a namespace name"));
+    }
+    tartan_api::env::check_secret_name(name).map_err(|e| format!("{entry:?}: {e}"))?;
+    Ok((ns, name))
 }
 
 /// What an agent restart does to the builds running on the host (`on_restart`).
@@ -287,6 +318,8 @@ struct RawConfig {
     network: NetworkMode,
     #[serde(default)]
     softnet_allow: Vec<String>,
+    #[serde(default)]
+    secrets: SecretsConfig,
 }
 
 #[derive(Deserialize, Default)]
@@ -603,6 +636,23 @@ impl Config {
         };
         timing.check().map_err(|(key, detail)| invalid(key, detail))?;
 
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in &raw.secrets.allowed {
+            let (ns, _) = check_allowed_secret(entry).map_err(|d| invalid("secrets.allowed", d))?;
+            if !raw.namespaces.is_empty() && !raw.namespaces.iter().any(|n| n == ns) {
+                return Err(invalid(
+                    "secrets.allowed",
+                    format!(
+                        "{entry:?} is in namespace {ns:?}, which this agent does not serve (namespaces); a build \
+                         reads only Secrets of its own namespace"
+                    ),
+                ));
+            }
+            if !seen.insert(entry.as_str()) {
+                return Err(invalid("secrets.allowed", format!("{entry:?} is listed twice")));
+            }
+        }
+
         Ok(Config {
             agent_id,
             state_dir,
@@ -622,6 +672,7 @@ impl Config {
             timing,
             mounts,
             network,
+            secrets: raw.secrets,
         })
     }
 

@@ -332,6 +332,11 @@ pub enum Event {
     /// The MacBuild asks for a mount the agent's config does not declare (or a malformed list):
     /// found before the clone, so nothing was cloned.
     MountRefused { error: String },
+    /// `spec.env` could not be made (a Secret not allowed, missing, or unreadable): the build
+    /// fails with `reason` (`SecretNotAllowed`, `SecretMissing`, `SecretUnreadable`) and `error`,
+    /// which names the variable and the Secret, never a value. Sent before the clone, or when a
+    /// restarted agent reads the Secrets again for a running attempt.
+    EnvRefused { reason: Reason, error: String },
 }
 
 macro_rules! event_kinds {
@@ -384,6 +389,7 @@ event_kinds! {
     DeleteFailed,
     StepTimedOut,
     MountRefused,
+    EnvRefused,
 }
 
 impl fmt::Display for EventKind {
@@ -894,6 +900,9 @@ pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<T
                 Action::UploadArtifacts { vm },
             ]);
             Ok(t(S::Collecting, None, format!("{steps} step(s) succeeded"), actions))
+        }
+        (S::Admitted | S::Booting | S::Running, Event::EnvRefused { reason, error }) => {
+            Ok(retire(a, t, reason, Outcome::Failed, error, DeleteContext::Normal))
         }
         (S::Admitted | S::Booting, Event::VmStartFailed { error }) => Ok(retire(
             a,

@@ -14,9 +14,13 @@
 //!   of them and needs only the namespaced Role (the binding then only grants reading);
 //! - in each served namespace: patch MacBuilds (finalizer and agent label, `cluster/claim.rs`),
 //!   patch `macbuilds/status` (claim and delivery), create `events.k8s.io` Events (`cluster/events.rs`);
-//! - in the Lease namespace: create Leases; get and patch its own Lease (`cluster/lease.rs`).
+//! - in the Lease namespace: create Leases; get and patch its own Lease (`cluster/lease.rs`);
+//! - only for the Secrets the operator allows (`--secret NS/NAME`, or `[secrets] allowed` of the
+//!   agent config given with `--config`): `get` on exactly those names (`resourceNames`) in their
+//!   namespace (`host/env.rs` reads them at attempt start for `spec.env`).
 //!
-//! Never: create or delete MacBuilds, anything on CustomRuns, Secrets, other agents' Leases.
+//! Never: create or delete MacBuilds, anything on CustomRuns, list, watch or read any other
+//! Secret, other agents' Leases.
 
 use std::fmt::Write as _;
 
@@ -45,6 +49,14 @@ pub struct RbacArgs {
     /// (Kubernetes fills in its token; the agent's kubeconfig uses it, docs/install-on-mac.md).
     #[arg(long)]
     pub token_secret: bool,
+    /// A Secret builds may read into their environment, as NAMESPACE/NAME (repeat for several);
+    /// its namespace must be a --namespace. Grants `get` on that Secret only.
+    #[arg(long = "secret", value_name = "NS/NAME")]
+    pub secrets: Vec<String>,
+    /// The agent's config file: its `[secrets] allowed` list is added to --secret, so the Role
+    /// and the config agree.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
 }
 
 /// The name of the agent's token Secret (`--token-secret`).
@@ -120,9 +132,29 @@ fn lease_rules(agent_id: &str) -> String {
     )
 }
 
+fn secret_rules(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    format!(
+        "\
+# Only the Secrets the operator allows ([secrets] allowed), by name: never list, watch or others.
+- apiGroups: [\"\"]
+  resources: [\"secrets\"]
+  resourceNames: [{}]
+  verbs: [\"get\"]
+",
+        quoted.join(", ")
+    )
+}
+
 /// The YAML documents for one agent: ServiceAccount, the shared watch ClusterRole and its
-/// binding, and a Role + RoleBinding in each served namespace and in the Lease namespace.
-pub fn render(agent_id: &str, namespaces: &[String], lease_namespace: Option<&str>) -> anyhow::Result<String> {
+/// binding, and a Role + RoleBinding in each served namespace and in the Lease namespace; the
+/// Role of a namespace with allowed `secrets` (`namespace/name`) may `get` those by name.
+pub fn render(
+    agent_id: &str,
+    namespaces: &[String],
+    lease_namespace: Option<&str>,
+    secrets: &[String],
+) -> anyhow::Result<String> {
     check_agent_id(agent_id).map_err(|why| anyhow::anyhow!("--agent-id: {why}"))?;
     let Some(home) = namespaces.first() else {
         bail!("no --namespace given: name the namespace(s) whose MacBuilds the agent serves");
@@ -131,6 +163,20 @@ pub fn render(agent_id: &str, namespaces: &[String], lease_namespace: Option<&st
         check_namespace(ns)?;
     }
     let lease_ns = lease_namespace.unwrap_or(home);
+    let mut allowed: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+    for entry in secrets {
+        let (ns, name) =
+            crate::config::check_allowed_secret(entry).map_err(|why| anyhow::anyhow!("--secret: {why}"))?;
+        if !namespaces.iter().any(|n| n == ns) {
+            bail!(
+                "--secret {entry}: namespace {ns:?} is not a --namespace; a build reads only Secrets of its own namespace"
+            );
+        }
+        let names = allowed.entry(ns).or_default();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
     let sa = service_account(agent_id);
     let mut out = String::new();
     let _ = write!(
@@ -180,6 +226,9 @@ subjects:
         if ns == lease_ns {
             rules.push_str(&lease_rules(agent_id));
         }
+        if let Some(names) = allowed.get(ns) {
+            rules.push_str(&secret_rules(names));
+        }
         let _ = write!(
             out,
             "\
@@ -211,7 +260,17 @@ subjects:
 }
 
 pub fn run(args: RbacArgs) -> anyhow::Result<()> {
-    let mut yaml = render(&args.agent_id, &args.namespaces, args.lease_namespace.as_deref())?;
+    let mut secrets = args.secrets.clone();
+    if let Some(path) = &args.config {
+        let config = crate::config::Config::load(path)?;
+        secrets.extend(config.secrets.allowed);
+    }
+    let mut yaml = render(
+        &args.agent_id,
+        &args.namespaces,
+        args.lease_namespace.as_deref(),
+        &secrets,
+    )?;
     if args.token_secret {
         yaml.push_str(&token_secret(&args.agent_id, &args.namespaces[0]));
     }
@@ -240,7 +299,7 @@ mod tests {
 
     #[test]
     fn one_namespace_gets_one_role_with_the_own_lease_only() {
-        let yaml = render("mac-mini-07", &["ci".into()], None).unwrap();
+        let yaml = render("mac-mini-07", &["ci".into()], None, &[]).unwrap();
         let d = docs(&yaml);
         assert_eq!(
             d.len(),
@@ -274,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_separate_lease_namespace_gets_a_lease_only_role() {
-        let yaml = render("m1", &["ci".into(), "release".into()], Some("tartan-system")).unwrap();
+        let yaml = render("m1", &["ci".into(), "release".into()], Some("tartan-system"), &[]).unwrap();
         let d = docs(&yaml);
         for ns in ["ci", "release"] {
             let role = find(&d, "Role", "tartan-agent-m1", Some(ns));
@@ -297,7 +356,7 @@ mod tests {
     #[test]
     fn the_watch_cluster_role_is_the_one_in_deploy() {
         let deploy = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml")).unwrap();
-        let ours = docs(&render("m1", &["ci".into()], None).unwrap());
+        let ours = docs(&render("m1", &["ci".into()], None, &[]).unwrap());
         let theirs = serde_saphyr::from_multiple::<Value>(&deploy).unwrap();
         let a = find(&ours, "ClusterRole", WATCH_CLUSTER_ROLE, None);
         let b = find(&theirs, "ClusterRole", WATCH_CLUSTER_ROLE, None);
@@ -309,7 +368,7 @@ mod tests {
 
     #[test]
     fn the_token_secret_belongs_to_the_agent_s_service_account_in_its_namespace() {
-        let yaml = render("m1", &["ci".into()], None).unwrap() + &token_secret("m1", "ci");
+        let yaml = render("m1", &["ci".into()], None, &[]).unwrap() + &token_secret("m1", "ci");
         let d = docs(&yaml);
         let secret = find(&d, "Secret", "tartan-agent-m1-token", Some("ci"));
         assert_eq!(secret["type"], "kubernetes.io/service-account-token");
@@ -321,14 +380,63 @@ mod tests {
     }
 
     #[test]
+    fn allowed_secrets_get_a_get_rule_by_name_in_their_namespace_only() {
+        let secrets = [
+            "ci/asc-key".to_string(),
+            "ci/signing".into(),
+            "release/asc-key".into(),
+            "ci/asc-key".into(),
+        ];
+        let yaml = render("m1", &["ci".into(), "release".into()], None, &secrets).unwrap();
+        let d = docs(&yaml);
+        let rule = |ns: &str| {
+            let role = find(&d, "Role", "tartan-agent-m1", Some(ns));
+            role["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["resources"] == json!(["secrets"]))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            rule("ci"),
+            vec![
+                json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["asc-key", "signing"], "verbs": ["get"]})
+            ]
+        );
+        assert_eq!(rule("release")[0]["resourceNames"], json!(["asc-key"]));
+        // No rule anywhere names secrets without resourceNames, or lists or watches them.
+        for doc in &d {
+            for r in doc["rules"].as_array().into_iter().flatten() {
+                if r["resources"].as_array().unwrap().iter().any(|x| x == "secrets") {
+                    assert!(r["resourceNames"].is_array() && r["verbs"] == json!(["get"]), "{r}");
+                }
+            }
+        }
+        let e = render("m1", &["ci".into()], None, &["prod/x".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"prod\" is not a --namespace"), "{e}");
+        let e = render("m1", &["ci".into()], None, &["asc-key".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--secret") && e.contains("not namespace/name"), "{e}");
+        let e = render("m1", &["ci".into()], None, &["ci/Bad_Name".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RFC 1123"), "{e}");
+    }
+
+    #[test]
     fn bad_names_are_refused_with_the_flag_named() {
-        let e = render("Mac_Mini", &["ci".into()], None).unwrap_err().to_string();
+        let e = render("Mac_Mini", &["ci".into()], None, &[]).unwrap_err().to_string();
         assert!(e.contains("--agent-id") && e.contains("Mac_Mini"), "{e}");
-        let e = render("m1", &["CI".into()], None).unwrap_err().to_string();
+        let e = render("m1", &["CI".into()], None, &[]).unwrap_err().to_string();
         assert!(e.contains("\"CI\" is not a namespace name"), "{e}");
-        let e = render("m1", &["ci".into()], Some("")).unwrap_err().to_string();
+        let e = render("m1", &["ci".into()], Some(""), &[]).unwrap_err().to_string();
         assert!(e.contains("not a namespace name"), "{e}");
-        let e = render("m1", &[], None).unwrap_err().to_string();
+        let e = render("m1", &[], None, &[]).unwrap_err().to_string();
         assert!(e.contains("--namespace"), "{e}");
     }
 }

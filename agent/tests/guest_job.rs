@@ -22,6 +22,7 @@ fn cfg() -> FollowConfig {
         chunk_bytes: 1 << 20,
         log_cap: 1 << 20,
         tail_bytes: 4096,
+        ..FollowConfig::default()
     }
 }
 
@@ -742,4 +743,93 @@ fn which_bash() -> Result<PathBuf, ()> {
         .map(PathBuf::from)
         .find(|p| p.exists())
         .ok_or(())
+}
+
+#[tokio::test]
+async fn secret_values_are_masked_across_tiny_chunks_and_a_new_follower() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-masked").await;
+    let secret = "SECRET-value-42";
+    // The value many times at shifting offsets, a pause for `go` (the first follower is dropped
+    // meanwhile), then more, and it ends with the value cut by the tail's start.
+    let script = format!(
+        "i=0; while [ $i -lt 300 ]; do printf '%s %s|' $i '{secret}'; i=$((i+1)); done
+         while [ ! -f go ]; do sleep 0.02; done
+         i=0; while [ $i -lt 50 ]; do printf 'after %s %s\\n' $i '{secret}'; i=$((i+1)); done; exit 3"
+    );
+    let step = Step::new(&rig, "mb-masked", 0, "masked", sh(&script));
+    let masker = tartan_agent::host::env::Masker::new([secret.as_bytes()]);
+    let tiny = FollowConfig {
+        chunk_bytes: 7,
+        tail_bytes: 10,
+        mask: masker.clone(),
+        ..cfg()
+    };
+    {
+        let follower = step.run(&tiny);
+        tokio::pin!(follower);
+        let log = step.log.clone();
+        let seen = async {
+            wait_for("the host log to grow past 200 bytes", Duration::from_secs(30), || {
+                std::fs::metadata(&log).is_ok_and(|m| m.len() > 200)
+            })
+            .await
+        };
+        tokio::select! {
+            r = &mut follower => panic!("the follower ended before it was dropped: {r:?}"),
+            () = seen => {}
+        }
+    }
+    std::fs::write(rig.vm_dir("mb-masked").join("go"), "").unwrap();
+    let end = step.run(&tiny).await.unwrap();
+    assert_eq!(end.exit_code, 3);
+    let guest = step.guest_log();
+    let host = step.host_log();
+    assert!(
+        !host.windows(secret.len()).any(|w| w == secret.as_bytes()),
+        "the value is in the host log"
+    );
+    assert_eq!(
+        String::from_utf8(host).unwrap(),
+        String::from_utf8(masker.mask(&guest, true).0).unwrap(),
+        "the host log is the guest log masked, once"
+    );
+    // The last 10 bytes of the guest log (`-value-42\n`) start inside the value: the tail
+    // shows it masked, not its end.
+    assert!(guest.ends_with(b"after 49 SECRET-value-42\n"));
+    assert_eq!(end.tail, "***\n");
+}
+
+#[tokio::test]
+async fn a_masked_follower_after_an_unmasked_one_replaces_what_it_logged() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-remask").await;
+    let secret = "another-secret-99";
+    let script = format!("echo 'first {secret}'; while [ ! -f go ]; do sleep 0.02; done; echo 'then {secret}'");
+    let step = Step::new(&rig, "mb-remask", 0, "remask", sh(&script));
+    {
+        // A follower that masks nothing (as an agent without the values had) logs the first line.
+        let plain = cfg();
+        let follower = step.run(&plain);
+        tokio::pin!(follower);
+        let log = step.log.clone();
+        let seen = async {
+            wait_for("the first line in the host log", Duration::from_secs(30), || {
+                std::fs::read_to_string(&log).is_ok_and(|t| t.contains("first"))
+            })
+            .await
+        };
+        tokio::select! {
+            r = &mut follower => panic!("the follower ended before it was dropped: {r:?}"),
+            () = seen => {}
+        }
+    }
+    std::fs::write(rig.vm_dir("mb-remask").join("go"), "").unwrap();
+    let masked = FollowConfig {
+        mask: tartan_agent::host::env::Masker::new([secret.as_bytes()]),
+        ..cfg()
+    };
+    let end = step.run(&masked).await.unwrap();
+    assert_eq!(end.exit_code, 0);
+    assert_eq!(String::from_utf8(step.host_log()).unwrap(), "first ***\nthen ***\n");
 }

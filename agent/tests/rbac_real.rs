@@ -105,6 +105,17 @@ use Who::{Agent, Controller};
 
 /// Every API call of the code, one row per (call site kind, verb).
 const CALLS: &[Call] = &[
+    // `spec.env`'s Secrets, read by name at attempt start: allowed only for the Secrets an
+    // operator lists (`tartan-agent rbac --secret`), checked on its own below.
+    c(
+        Agent,
+        SECRET,
+        Get,
+        Namespaced,
+        "agent/src/host/env.rs",
+        "Secret",
+        "get_opt",
+    ),
     // The agent's MacBuild watch (a reflector: list, then watch), in each served namespace or,
     // with `namespaces` empty, over all of them.
     c(
@@ -507,21 +518,21 @@ const NEVER: &[Never] = &[
         res: SECRET,
         verb: Get,
         ns: NS,
-        why: "the agent reads no Secret",
+        why: "the agent reads no Secret it was not given",
     },
     Never {
         who: Agent,
         res: SECRET,
         verb: List,
         ns: NS,
-        why: "the agent reads no Secret",
+        why: "the agent reads no Secret it was not given",
     },
     Never {
         who: Agent,
         res: SECRET,
         verb: Get,
         ns: OTHER_NS,
-        why: "the agent reads no Secret",
+        why: "the agent reads no Secret it was not given",
     },
     Never {
         who: Controller,
@@ -993,7 +1004,7 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
     let mut report = Vec::new();
     let mut failures = Vec::new();
     let mut seen = BTreeSet::new();
-    for call in CALLS {
+    for call in CALLS.iter().filter(|c| c.res != SECRET) {
         let runs: Vec<(&str, &kube::Client, &str, &str)> = match call.who {
             Controller => vec![("tartan-controller", &controller, "probe", NS)],
             Agent => agents
@@ -1086,6 +1097,78 @@ async fn rbac_allows_every_call_of_the_code_and_refuses_the_rest() {
             "macbuilds",
             "probe"
         ));
+    }
+
+    // An agent given Secrets (by --secret and by its config's [secrets] allowed) may get exactly
+    // those, in their namespace; never another, never list or watch. Its own reader (the code
+    // the agent runs) tells a Secret that is missing from one it may not read.
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent_id = \"mac-s\"\nstate_dir = \"/tmp/tartan-rbac-test\"\n[secrets]\nallowed = [\"{NS}/from-config\"]\n"
+        ),
+    )
+    .unwrap();
+    cluster
+        .apply(&agent_rbac(&[
+            "--agent-id",
+            "mac-s",
+            "--namespace",
+            NS,
+            "--secret",
+            &format!("{NS}/allowed"),
+            "--secret",
+            &format!("{NS}/allowed-but-absent"),
+            "--config",
+            config.to_str().unwrap(),
+        ]))
+        .unwrap();
+    for (name, ns) in [("allowed", NS), ("from-config", NS), ("allowed", OTHER_NS)] {
+        api(&admin, SECRET, Some(ns))
+            .create(&pp, &object(SECRET, name, ns))
+            .await
+            .unwrap();
+    }
+    let mac_s = cluster.sa_client(NS, "tartan-agent-mac-s").await.unwrap();
+    for (verb, ns, name, allowed) in [
+        (Get, NS, "allowed", true),
+        (Get, NS, "from-config", true),
+        (Get, NS, "probe", false),
+        (List, NS, "allowed", false),
+        (Watch, NS, "allowed", false),
+        (Get, OTHER_NS, "allowed", false),
+        (Delete, NS, "allowed", false),
+    ] {
+        let got = attempt(&mac_s, SECRET, verb, Some(ns), name).await;
+        let line = format!(
+            "{:32} {:16} {:10} {name:20} {ns:16} {got:?}",
+            "tartan-agent-mac-s",
+            verb_name(verb),
+            "secrets"
+        );
+        match (allowed, got) {
+            (true, Outcome::Allowed(200)) | (false, Outcome::Forbidden) => {}
+            _ => failures.push(format!("secret access wrong (allowed: {allowed}): {line}")),
+        }
+        report.push(format!("{}  {line}", if allowed { "allow" } else { "deny " }));
+    }
+    {
+        use tartan_agent::host::env::{KubeSecrets, SecretReadError, SecretSource};
+        let reader = KubeSecrets {
+            client: mac_s.clone(),
+            timeout: std::time::Duration::from_secs(10),
+        };
+        let read = reader.get(NS, "allowed").await;
+        assert!(matches!(read, Ok(Some(_))), "{read:?}");
+        assert_eq!(
+            reader.get(NS, "allowed-but-absent").await,
+            Ok(None),
+            "a missing allowed Secret reads as missing"
+        );
+        let refused = reader.get(NS, "probe").await;
+        assert!(matches!(refused, Err(SecretReadError::Forbidden(_))), "{refused:?}");
     }
 
     println!(

@@ -108,6 +108,13 @@ vocabulary! {
         StepTimedOut => "StepTimedOut",
         /// The MacBuild asks for a mount the agent's config does not declare; nothing was cloned.
         MountNotDeclared => "MountNotDeclared",
+        /// `spec.env` names a Secret this agent is not allowed to read; nothing was cloned.
+        SecretNotAllowed => "SecretNotAllowed",
+        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
+        SecretMissing => "SecretMissing",
+        /// A Secret `spec.env` names could not be read, or holds a value no environment variable
+        /// can carry.
+        SecretUnreadable => "SecretUnreadable",
     }
 }
 
@@ -138,6 +145,9 @@ impl From<Reason> for ConditionReason {
             Reason::OwnerDeleted => ConditionReason::OwnerDeleted,
             Reason::StepTimedOut => ConditionReason::StepTimedOut,
             Reason::MountNotDeclared => ConditionReason::MountNotDeclared,
+            Reason::SecretNotAllowed => ConditionReason::SecretNotAllowed,
+            Reason::SecretMissing => ConditionReason::SecretMissing,
+            Reason::SecretUnreadable => ConditionReason::SecretUnreadable,
         }
     }
 }

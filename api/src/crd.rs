@@ -97,6 +97,12 @@ pub struct MacBuildSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub mounts: Vec<MountRequest>,
+    /// Environment of every step (and the checkout), as in a Pod: a literal `value`, or
+    /// `valueFrom.secretKeyRef` naming a key of a Secret in the MacBuild's namespace that the
+    /// agent is allowed to read. Secret values are masked (`***`) in the step logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub env: Vec<EnvVar>,
 }
 
 impl MacBuildSpec {
@@ -115,6 +121,7 @@ impl MacBuildSpec {
             host_selector: BTreeMap::new(),
             cancel_requested: false,
             mounts: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -272,6 +279,44 @@ pub struct Resources {
     #[serde(rename = "memoryMiB", default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2048, max = 1048576))]
     pub memory_mib: Option<u32>,
+}
+
+/// One environment variable of the steps (`spec.env[]`); see [`crate::env::check_env`] for
+/// what is accepted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVar {
+    /// A shell variable name (`[A-Za-z_][A-Za-z0-9_]*`), unique within the build.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"))]
+    pub name: String,
+    /// A literal value (not secret: it is part of the MacBuild). Exactly one of `value` and
+    /// `valueFrom` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub value: Option<String>,
+    /// Where the value comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// The source of an environment value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource {
+    /// A key of a Secret in the MacBuild's namespace.
+    pub secret_key_ref: SecretKeySelector,
+}
+
+/// A key of a Secret in the MacBuild's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeySelector {
+    /// The Secret's name; the agent's `[secrets] allowed` list (and its RBAC) must name it.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key within the Secret's `data`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
 }
 
 vocabulary! {

@@ -8,6 +8,7 @@ pub mod condition;
 pub mod crd;
 pub mod deadline;
 pub mod destination;
+pub mod env;
 pub mod files;
 pub mod lease_clock;
 pub mod logs;
@@ -20,6 +21,7 @@ pub use crd::{
     Artifacts, AttemptRecord, BuildResults, Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, MAX_ATTEMPTS_LIMIT,
     MacBuild, MacBuildSpec, MacBuildStatus, Phase, Resources, Source, Step,
 };
+pub use crd::{EnvVar, EnvVarSource, SecretKeySelector};
 pub use names::{
     AGENT_FIELD_MANAGER, AGENT_LABEL, CONTROLLER_FIELD_MANAGER, CUSTOM_RUN_LABEL, VM_NAME_MAX_LEN, attempt_id,
     check_label_key, check_label_value, check_vm_name, parse_attempt_id, vm_name,

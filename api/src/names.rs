@@ -177,7 +177,7 @@ fn check_label_name(name: &str) -> Result<(), String> {
 }
 
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`, at most 253 characters.
-fn check_dns_subdomain(s: &str) -> Result<(), String> {
+pub(crate) fn check_dns_subdomain(s: &str) -> Result<(), String> {
     if s.len() > LABEL_PREFIX_MAX_LEN {
         return Err(format!("must be no more than {LABEL_PREFIX_MAX_LEN} characters"));
     }

@@ -171,6 +171,14 @@ vocabulary! {
         /// The MacBuild asks for a mount (`spec.mounts`) the agent's config does not declare;
         /// nothing was cloned.
         MountNotDeclared => "MountNotDeclared",
+        /// `spec.env` names a Secret this agent is not allowed to read (its `[secrets] allowed`
+        /// list); nothing was cloned.
+        SecretNotAllowed => "SecretNotAllowed",
+        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
+        SecretMissing => "SecretMissing",
+        /// A Secret `spec.env` names could not be read (RBAC refused, API unreachable) or holds a
+        /// value no environment variable can carry.
+        SecretUnreadable => "SecretUnreadable",
     }
 }
 

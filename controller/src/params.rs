@@ -21,6 +21,8 @@
 //! | `memory-mib` | string integer | `spec.resources.memoryMiB` |
 //! | `host-selector` | object, or `key=value,key=value` string; keys and values as Kubernetes labels allow them | `spec.hostSelector` |
 //! | `mounts` | array, or a comma-separated string, of names the agent's `[[mounts]]` declare (at most 16) | `spec.mounts` (`[{name}]`) |
+//! | `env` | string: a YAML/JSON map of variable name → string value; or object | `spec.env[].value` |
+//! | `secret-env` | string `NAME=secret/key,…`, or array of `NAME=secret/key` | `spec.env[].valueFrom.secretKeyRef` |
 //!
 //! With `taskSpec` (→ `customSpec.spec`) the embedded object is the MacBuild spec itself in its
 //! camelCase form; params given as well override its fields. Unknown param names are refused
@@ -45,6 +47,8 @@ pub const PARAM_NAMES: &[&str] = &[
     "memory-mib",
     "host-selector",
     "mounts",
+    "env",
+    "secret-env",
 ];
 
 /// Why a CustomRun cannot become a MacBuild. Each maps to a specific `Succeeded=False` reason.
@@ -198,6 +202,90 @@ fn param_mounts(p: &Param) -> Result<Value, SpecError> {
     Ok(json!(requests))
 }
 
+/// The `env` param: a map of variable name to string value, as an object or a YAML/JSON string.
+fn param_env(p: &Param) -> Result<Vec<Value>, SpecError> {
+    let invalid = |e: String| SpecError::Params(format!("param \"env\": {e}"));
+    let map: Map<String, Value> = match &p.value {
+        Value::Object(m) => m.clone(),
+        Value::String(text) if text.trim().is_empty() => Map::new(),
+        Value::String(text) => serde_saphyr::from_str::<Map<String, Value>>(text)
+            .map_err(|e| invalid(format!("must be a YAML or JSON map of NAME: value: {e}")))?,
+        other => {
+            return Err(invalid(format!(
+                "must be a map of NAME: value or a YAML/JSON string of one, got {other}"
+            )));
+        }
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            Value::String(v) => Ok(json!({"name": name, "value": v})),
+            other => Err(invalid(format!(
+                "the value of {name:?} must be a string, got {other} (quote it: {name}: \"{}\")",
+                other.to_string().trim_matches('"')
+            ))),
+        })
+        .collect()
+}
+
+/// The `secret-env` param: `NAME=secret/key` entries, comma-separated or as an array.
+fn param_secret_env(p: &Param) -> Result<Vec<Value>, SpecError> {
+    let invalid = |e: String| SpecError::Params(format!("param \"secret-env\": {e}"));
+    param_list(p)?
+        .iter()
+        .map(|entry| {
+            let (name, reference) = entry
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("entry {entry:?} is not NAME=secret/key")))?;
+            let (secret, key) = tartan_api::env::parse_secret_ref(reference.trim())
+                .map_err(|e| invalid(format!("entry {entry:?}: {e}")))?;
+            Ok(json!({"name": name.trim(), "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}))
+        })
+        .collect()
+}
+
+/// Merges the env entries of the params into `spec.env` (a param entry replaces the spec's entry
+/// of the same name; the two params may not both name one variable) and checks the result.
+fn merge_env(spec: &mut Map<String, Value>, from_params: Vec<(&'static str, Value)>) -> Result<(), SpecError> {
+    let mut env: Vec<Value> = match spec.get("env") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items.clone(),
+        Some(other) => {
+            return Err(SpecError::Spec(format!(
+                "customSpec.spec.env must be a list of {{name, value}} or {{name, valueFrom}}, got {other}"
+            )));
+        }
+    };
+    let name_of = |v: &Value| v.get("name").and_then(Value::as_str).map(String::from);
+    let mut given = std::collections::BTreeMap::new();
+    for (param, entry) in from_params {
+        let name = name_of(&entry).unwrap_or_default();
+        if let Some(first) = given.insert(name.clone(), param) {
+            return Err(SpecError::Params(if first == param {
+                format!("param {param:?}: env name {name:?} is given twice")
+            } else {
+                format!("env name {name:?} is given by both params \"env\" and \"secret-env\"; give it once")
+            }));
+        }
+        env.retain(|e| name_of(e).as_deref() != Some(name.as_str()));
+        env.push(entry);
+    }
+    if env.is_empty() {
+        spec.remove("env");
+        return Ok(());
+    }
+    let typed: Vec<tartan_api::EnvVar> = serde_json::from_value(Value::Array(env.clone()))
+        .map_err(|e| SpecError::Spec(format!("customSpec.spec.env: {e}")))?;
+    tartan_api::env::check_env(&typed).map_err(|e| {
+        if given.is_empty() {
+            SpecError::Spec(format!("customSpec.spec.env: {e}"))
+        } else {
+            SpecError::Params(e)
+        }
+    })?;
+    spec.insert("env".into(), Value::Array(env));
+    Ok(())
+}
+
 fn object_at<'a>(spec: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
     let slot = spec.entry(key.to_string()).or_insert_with(|| Value::Object(Map::new()));
     if !slot.is_object() {
@@ -244,6 +332,7 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
         }
     }
     let mut seen = std::collections::BTreeSet::new();
+    let mut env_params = Vec::new();
     for p in &run.params {
         if !seen.insert(p.name.as_str()) {
             return Err(SpecError::Params(format!("param {:?} is given twice", p.name)));
@@ -288,6 +377,8 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             "mounts" => {
                 spec.insert("mounts".into(), param_mounts(p)?);
             }
+            "env" => env_params.extend(param_env(p)?.into_iter().map(|v| ("env", v))),
+            "secret-env" => env_params.extend(param_secret_env(p)?.into_iter().map(|v| ("secret-env", v))),
             other => {
                 return Err(SpecError::Params(format!(
                     "unknown param {other:?}; MacBuild takes {}",
@@ -296,6 +387,7 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             }
         }
     }
+    merge_env(&mut spec, env_params)?;
     for required in ["image", "steps"] {
         if !spec.contains_key(required) {
             let param = required;
@@ -606,6 +698,92 @@ mod tests {
         }
     }
 
+    #[test]
+    fn env_and_secret_env_params_become_spec_env() {
+        let run = spec(&format!(
+            r#"{REF}params:
+- {{name: image, value: i}}
+- {{name: steps, value: [make]}}
+- {{name: env, value: "{{CONFIGURATION: Release, QUOTED: \"it's $(x)\"}}"}}
+- {{name: secret-env, value: "ASC_KEY=asc/key.p8, TOKEN = registry/token"}}
+"#
+        ));
+        let got = macbuild_spec(&run, None).unwrap();
+        assert_eq!(
+            got["env"],
+            json!([
+                {"name": "CONFIGURATION", "value": "Release"},
+                {"name": "QUOTED", "value": "it's $(x)"},
+                {"name": "ASC_KEY", "valueFrom": {"secretKeyRef": {"name": "asc", "key": "key.p8"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "registry", "key": "token"}}},
+            ])
+        );
+        // The env param as an object, overriding customSpec.spec.env by name.
+        let run = spec(&format!(
+            "{REF}customSpec: {{spec: {{image: i, steps: [{{name: a, run: [b]}}], env: [{{name: A, value: old}},              {{name: B, value: kept}}]}}}}
+params: [{{name: env, value: {{A: new}}}}]"
+        ));
+        let got = macbuild_spec(&run, None).unwrap();
+        assert_eq!(
+            got["env"],
+            json!([{"name": "B", "value": "kept"}, {"name": "A", "value": "new"}])
+        );
+    }
+
+    #[test]
+    fn malformed_env_params_are_refused_naming_the_param_and_entry() {
+        for (param, value, want) in [
+            ("env", json!("[a, b]"), "param \"env\": must be a YAML or JSON map"),
+            ("env", json!("{A: 1}"), "the value of \"A\" must be a string"),
+            ("env", json!({"A": true}), "must be a string"),
+            ("env", json!(["A=1"]), "param \"env\": must be a map"),
+            ("env", json!({"PATH": "/bin"}), "\"PATH\" is reserved"),
+            ("env", json!({"1A": "x"}), "not a shell variable name"),
+            ("env", json!({"A": "x\u{0}y"}), "NUL"),
+            ("secret-env", json!("TOKEN"), "entry \"TOKEN\" is not NAME=secret/key"),
+            ("secret-env", json!("TOKEN=registry"), "is not secret/key"),
+            ("secret-env", json!("TOKEN=Registry/token"), "RFC 1123"),
+            ("secret-env", json!("TOKEN=registry/to ken"), "not a valid key"),
+            ("secret-env", json!("=registry/token"), "empty name"),
+            ("secret-env", json!("A=s/k,A=s/j"), "\"A\" is given twice"),
+            ("secret-env", json!({"A": "s/k"}), "must be a string or a list"),
+        ] {
+            let run = CustomRunSpec {
+                params: vec![
+                    Param {
+                        name: "image".into(),
+                        value: json!("i"),
+                    },
+                    Param {
+                        name: "steps".into(),
+                        value: json!(["make"]),
+                    },
+                    Param {
+                        name: param.into(),
+                        value: value.clone(),
+                    },
+                ],
+                ..spec(REF)
+            };
+            let e = macbuild_spec(&run, None).unwrap_err();
+            assert_eq!(e.reason(), "InvalidParams", "{param}={value}: {e}");
+            assert!(e.to_string().contains(want), "{param}={value}: {e} lacks {want:?}");
+        }
+        // Both params naming one variable.
+        let run = spec(&format!(
+            "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [make]}}, {{name: env, value: {{A: x}}}},              {{name: secret-env, value: A=s/k}}]"
+        ));
+        let e = macbuild_spec(&run, None).unwrap_err();
+        assert!(e.to_string().contains("given by both params"), "{e}");
+        // A bad embedded spec.env is the spec's fault.
+        let run = spec(&format!(
+            "{REF}customSpec: {{spec: {{image: i, steps: [{{name: a, run: [b]}}], env: [{{name: A, value: x,              valueFrom: {{secretKeyRef: {{name: s, key: k}}}}}}]}}}}"
+        ));
+        let e = macbuild_spec(&run, None).unwrap_err();
+        assert_eq!(e.reason(), "InvalidMacBuildSpec", "{e}");
+        assert!(e.to_string().contains("both value and valueFrom"), "{e}");
+    }
+
     mod props {
         use super::super::*;
         use crate::customrun::{CustomRef, CustomRunSpec, Param};
@@ -649,6 +827,12 @@ mod tests {
                     .boxed(),
                 "host-selector" => proptest::collection::btree_map("[a-z]{1,3}(/[a-z]{1,3})?", "[a-z0-9]{0,3}", 0..3)
                     .prop_map(|m| json!(m))
+                    .boxed(),
+                "env" => proptest::collection::btree_map("[A-Za-z_][A-Z0-9_]{0,3}", ".{0,6}", 0..3)
+                    .prop_map(|m| json!(m))
+                    .boxed(),
+                "secret-env" => "[A-Z_]{1,3}=[a-z]{1,3}/[a-z.]{1,3}(,[A-Z_]{1,3}=[a-z]{0,3}/[a-z.]{0,3}){0,2}"
+                    .prop_map(Value::from)
                     .boxed(),
                 _ => text().prop_map(Value::from).boxed(),
             };
@@ -755,6 +939,13 @@ mod tests {
                             prop_assert!(mounts.len() <= tartan_api::crd::MAX_MOUNTS);
                             for m in mounts {
                                 prop_assert!(tartan_api::crd::check_mount_name(m["name"].as_str().unwrap()).is_ok(), "{}", m);
+                            }
+                        }
+                        "env" | "secret-env" => {
+                            // An accepted env is one the agent accepts too.
+                            if let Some(env) = spec.get("env") {
+                                let typed: Vec<tartan_api::EnvVar> = serde_json::from_value(env.clone()).unwrap();
+                                prop_assert_eq!(tartan_api::env::check_env(&typed), Ok(()));
                             }
                         }
                         other => prop_assert!(false, "unexpected param {other}"),

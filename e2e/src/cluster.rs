@@ -197,6 +197,45 @@ impl Cluster {
         }
     }
 
+    /// As an operator does for `[secrets] allowed`: on a real cluster, a Role letting the agents'
+    /// ServiceAccount `get` exactly the Secrets `names` of `namespace` (`resourceNames`, never
+    /// list or watch) and its RoleBinding. The emulator has no authorization: nothing to grant.
+    pub fn grant_secrets(&self, namespace: &str, names: &[&str]) {
+        let Cluster::Real(real) = self else {
+            return;
+        };
+        let names: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+        let yaml = format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: tartan-agent-secrets
+  namespace: {namespace}
+rules:
+- apiGroups: [\"\"]
+  resources: [\"secrets\"]
+  resourceNames: [{}]
+  verbs: [\"get\"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: tartan-agent-secrets
+  namespace: {namespace}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: tartan-agent-secrets
+subjects:
+- kind: ServiceAccount
+  name: {AGENT_SERVICE_ACCOUNT}
+  namespace: {namespace}
+",
+            names.join(", ")
+        );
+        kubectl_stdin(&real.kubeconfig, &["apply", "-f", "-"], &yaml);
+    }
+
     /// Refuses writes of a terminal phase to `macbuilds/status` in `namespace`, as the source's
     /// ValidatingAdmissionPolicy `mac-ci-deny-terminal-status` did; returns once a write is
     /// refused. A real cluster gets that policy if it serves ValidatingAdmissionPolicy (asked by

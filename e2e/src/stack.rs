@@ -43,6 +43,8 @@ pub struct AgentOptions {
     pub resume_probe: &'static str,
     /// `timing.compaction_interval`.
     pub compaction_interval: &'static str,
+    /// `[secrets] allowed`: names of Secrets in the stack's namespace builds may read.
+    pub secrets: &'static [&'static str],
 }
 
 impl Default for AgentOptions {
@@ -61,6 +63,7 @@ impl Default for AgentOptions {
             step_poll: "200ms",
             resume_probe: "10s",
             compaction_interval: "10m",
+            secrets: &[],
         }
     }
 }
@@ -575,6 +578,9 @@ watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
 compaction_interval = "{compaction_interval}"
+
+[secrets]
+allowed = [{secrets}]
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -595,6 +601,12 @@ compaction_interval = "{compaction_interval}"
             step_poll = opts.step_poll,
             resume_probe = opts.resume_probe,
             compaction_interval = opts.compaction_interval,
+            secrets = opts
+                .secrets
+                .iter()
+                .map(|n| format!("\"{}/{n}\"", self.ns))
+                .collect::<Vec<_>>()
+                .join(", "),
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();
@@ -1158,6 +1170,29 @@ compaction_interval = "{compaction_interval}"
             .args(args)
             .env_remove("KUBECONFIG");
         cmd
+    }
+
+    /// As an operator: creates Secret `name` with `data` in the stack's namespace (as the admin)
+    /// and, when `grant`, lets the agents get it (a Role with `resourceNames` on a real cluster).
+    pub async fn create_secret(&self, name: &str, data: &[(&str, &[u8])], grant: bool) {
+        use base64::Engine as _;
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    json!(base64::engine::general_purpose::STANDARD.encode(v)),
+                )
+            })
+            .collect();
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": self.ns}, "data": data});
+        let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        api.create(&PostParams::default(), &serde_json::from_value(secret).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("creating Secret {name}: {e}"));
+        if grant {
+            self.cluster.grant_secrets(&self.ns, &[name]);
+        }
     }
 
     /// Lets gated builds go on.

@@ -511,6 +511,29 @@ impl Tart {
     /// their exact last stderr line: [`TartError::VmNotRunning`], [`TartError::VmDoesNotExist`],
     /// [`TartError::GuestAgentUnavailable`]. On timeout the `tart exec` process is killed.
     pub async fn exec(&self, name: &str, argv: &[String], options: &ExecOptions) -> Result<ExecOutcome, TartError> {
+        self.exec_with(name, argv, None, options).await
+    }
+
+    /// `tart exec -i NAME argv…` with `input` as the guest command's stdin (then EOF): the way to
+    /// hand the guest data that must not appear on a command line (every argv shows in `ps`).
+    /// Otherwise as [`exec`](Self::exec).
+    pub async fn exec_input(
+        &self,
+        name: &str,
+        argv: &[String],
+        input: Vec<u8>,
+        options: &ExecOptions,
+    ) -> Result<ExecOutcome, TartError> {
+        self.exec_with(name, argv, Some(input), options).await
+    }
+
+    async fn exec_with(
+        &self,
+        name: &str,
+        argv: &[String],
+        input: Option<Vec<u8>>,
+        options: &ExecOptions,
+    ) -> Result<ExecOutcome, TartError> {
         if argv.is_empty() {
             return Err(TartError::Usage {
                 command: "exec",
@@ -521,11 +544,26 @@ impl Tart {
         let started = Instant::now();
         let mut sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
         let mut cmd = self.command();
-        cmd.arg("exec").arg(name).args(argv);
+        cmd.arg("exec");
+        if input.is_some() {
+            // Flags must precede NAME; after it everything is the guest's argv.
+            cmd.arg("-i").stdin(Stdio::piped());
+        }
+        cmd.arg(name).args(argv);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
         let mut child = cmd
             .spawn()
             .map_err(|source| self.spawn_error("exec", name, argv, source))?;
+        if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+            // Written alongside the output pump (a guest that answers before reading all of its
+            // input must not deadlock us); closing stdin is the guest command's EOF. A guest
+            // command that exits without reading it all only shows in its exit code.
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(TartError::Io {
                 action: "tart exec started without its output pipes for",

@@ -1432,3 +1432,30 @@ fn an_execd_command_dies_with_its_exec_client() {
     });
     run.kill_and_wait();
 }
+
+#[tokio::test]
+async fn exec_input_hands_the_guest_its_stdin_and_plain_exec_none() {
+    let h = Harness::new();
+    let vm = h.vm("mb-exec-input");
+    h.clone_image(&vm);
+    let tart = h.tart();
+    let _guard = h.start(&vm).await;
+    let opts = exec_opts(&h, &vm, Duration::from_secs(120));
+    // More than a pipe holds, so the input is written while the output is read.
+    let input: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8 + 1).collect();
+    let script = "cat > got && wc -c < got && echo done";
+    let out = tart
+        .exec_input(&vm, &argv(&["sh", "-c", script]), input.clone(), &opts)
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    assert_eq!(std::fs::read(h.home.join("vms").join(&vm).join("got")).unwrap(), input);
+    assert!(out.tail.contains("1048576") && out.tail.ends_with("done\n"), "{out:?}");
+    // Without input the guest command reads an empty stdin.
+    let out = tart
+        .exec(&vm, &argv(&["sh", "-c", "cat > none && wc -c < none"]), &opts)
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0);
+    assert_eq!(std::fs::read(h.home.join("vms").join(&vm).join("none")).unwrap(), b"");
+}

@@ -26,7 +26,15 @@ pub fn event_for(record: &Record) -> Option<(ObjectReference, Event)> {
     let build = record.build.as_ref()?;
     let warning = matches!(
         record.reason,
-        Some(Reason::DeleteFailed | Reason::ClaimLost | Reason::VMStartFailed | Reason::ArtifactUploadFailed)
+        Some(
+            Reason::DeleteFailed
+                | Reason::ClaimLost
+                | Reason::VMStartFailed
+                | Reason::ArtifactUploadFailed
+                | Reason::SecretNotAllowed
+                | Reason::SecretMissing
+                | Reason::SecretUnreadable
+        )
     ) || record.to == AttemptState::Quarantined
         || matches!(record.outcome, Some(Outcome::Failed | Outcome::Interrupted));
     let reason = record

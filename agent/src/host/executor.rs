@@ -139,6 +139,8 @@ pub struct ExecutorConfig {
     pub mounts: Vec<crate::config::MountConfig>,
     /// The VMs' network (the agent config's `network` and `softnet_allow`).
     pub network: tartan_tart::RunNetwork,
+    /// The Secrets a MacBuild's `spec.env` may name and how to read them; `None`: none.
+    pub secrets: Option<super::env::SecretAccess>,
 }
 
 impl ExecutorConfig {
@@ -163,6 +165,7 @@ impl ExecutorConfig {
             log_ship: ShipSettings::default(),
             mounts: Vec::new(),
             network: tartan_tart::RunNetwork::Shared,
+            secrets: None,
         }
     }
 }
@@ -214,6 +217,11 @@ pub struct AttemptExecutor {
     logs_location: Option<String>,
     /// Whether shipping was decided on (started, or found impossible), so it is started once.
     log_shipping_decided: bool,
+    /// `spec.env` with the Secret values, read once per executor (at admission, or at the first
+    /// step of an executor that took the attempt over). Held in memory only.
+    env: Option<super::env::ResolvedEnv>,
+    /// Whether this executor wrote the env file into the guest.
+    env_written: bool,
 }
 
 impl AttemptExecutor {
@@ -235,6 +243,8 @@ impl AttemptExecutor {
             log_shipper: None,
             logs_location: None,
             log_shipping_decided: false,
+            env: None,
+            env_written: false,
         }
     }
 
@@ -543,6 +553,9 @@ impl AttemptExecutor {
                 return self.fail_start(format!("{e}; nothing was cloned"));
             }
         }
+        if let Err(refused) = self.ensure_env().await {
+            return refused;
+        }
         let a = &self.attempt;
         let file = DeadlineFile {
             vm: a.vm.clone(),
@@ -735,14 +748,120 @@ impl AttemptExecutor {
         Ok(commands)
     }
 
+    /// Reads `spec.env` (its Secrets) unless this executor did: a refusal is the event that ends
+    /// the attempt. Nothing of a value is logged.
+    async fn ensure_env(&mut self) -> Result<(), Performed> {
+        if self.env.is_some() {
+            return Ok(());
+        }
+        let namespace = self.attempt.build.namespace.clone();
+        match super::env::resolve(&self.attempt.spec.env, &namespace, self.cfg.secrets.as_ref()).await {
+            Ok(env) => {
+                if !env.vars.is_empty() {
+                    tracing::info!(vm = %self.attempt.vm, env = ?env, "step environment resolved");
+                }
+                self.env = Some(env);
+                Ok(())
+            }
+            Err(refused) => {
+                tracing::warn!(vm = %self.attempt.vm, reason = %refused.reason, error = %refused.message, "spec.env refused; the build fails");
+                Err(Performed::Event(Event::EnvRefused {
+                    reason: refused.reason,
+                    error: refused.message,
+                }))
+            }
+        }
+    }
+
+    /// The VM's guest folder, which holds the env file and the step jobs' folders.
+    fn guest_vm_dir(&self) -> String {
+        format!(
+            "{}/{}",
+            super::guest_job::GUEST_ROOT,
+            super::steps::safe_name(&self.attempt.vm)
+        )
+    }
+
+    /// Writes the env file into the guest through `tart exec -i` stdin (never argv), unless there
+    /// is no env or this executor wrote it. Rewriting it after an agent restart is harmless: the
+    /// same values, replaced by a rename.
+    async fn write_env_file(&mut self) -> Result<(), String> {
+        let Some(env) = self.env.as_ref().filter(|e| !e.vars.is_empty()) else {
+            return Ok(());
+        };
+        if self.env_written {
+            return Ok(());
+        }
+        let file = super::env::render_env_file(&env.vars);
+        let log = self.tmp_dir().join("env-write.log");
+        std::fs::create_dir_all(self.tmp_dir()).map_err(|e| format!("creating {}: {e}", self.tmp_dir().display()))?;
+        let _ = std::fs::remove_file(&log);
+        let mut options = ExecOptions::new(&log, Duration::from_secs(60).min(self.exec_timeout()));
+        options.log_cap = 64 << 10;
+        options.tail_bytes = 2048;
+        let argv = super::env::write_script_argv(&self.guest_vm_dir());
+        let out = self.tart.exec_input(&self.attempt.vm, &argv, file, &options).await;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        match out {
+            Ok(o) if o.exit_code == 0 && text == super::env::WRITTEN => {
+                self.env_written = true;
+                tracing::info!(vm = %self.attempt.vm, vars = env.vars.len(), "env file written in the guest (mode 0600)");
+                Ok(())
+            }
+            Ok(o) => Err(format!(
+                "writing the env file in the guest exited {}: {}",
+                o.exit_code,
+                text.trim()
+            )),
+            Err(e) => Err(format!("writing the env file in the guest: {e}")),
+        }
+    }
+
+    /// Removes the env file from the guest once no step needs it (best effort: the VM is
+    /// deleted next anyway).
+    async fn remove_env_file(&mut self) {
+        if self.env.as_ref().is_none_or(|e| e.vars.is_empty()) {
+            return;
+        }
+        let log = self.tmp_dir().join("env-remove.log");
+        let _ = std::fs::create_dir_all(self.tmp_dir());
+        let options = ExecOptions::new(&log, Duration::from_secs(30).min(self.exec_timeout()));
+        let argv = super::env::remove_script_argv(&self.guest_vm_dir());
+        match self.tart.exec(&self.attempt.vm, &argv, &options).await {
+            Ok(o) if o.exit_code == 0 => tracing::info!(vm = %self.attempt.vm, "env file removed from the guest"),
+            Ok(o) => {
+                tracing::warn!(vm = %self.attempt.vm, code = o.exit_code, "env file not removed from the guest; the VM is deleted next")
+            }
+            Err(error) => {
+                tracing::warn!(vm = %self.attempt.vm, %error, "env file not removed from the guest; the VM is deleted next")
+            }
+        }
+        let _ = std::fs::remove_file(&log);
+        self.env_written = false;
+    }
+
     /// Runs guest command `index` (started at `since`) to its exit, or stops it at its
-    /// `timeoutSeconds`; the next one's start goes through the journal first.
+    /// `timeoutSeconds`; then removes the env file if the attempt's steps ended. The next one's
+    /// start goes through the journal first.
     async fn run_step(&mut self, index: u32, since: Timestamp) -> Performed {
+        let performed = self.run_step_inner(index, since).await;
+        let ended = !matches!(&performed, Performed::Event(Event::StepStarting { .. }));
+        if ended {
+            self.remove_env_file().await;
+        }
+        performed
+    }
+
+    async fn run_step_inner(&mut self, index: u32, since: Timestamp) -> Performed {
         let vm = self.attempt.vm.clone();
         let commands = match self.guest_commands() {
             Ok(c) => c,
             Err(failed) => return self.record_failure(failed),
         };
+        if let Err(refused) = self.ensure_env().await {
+            return refused;
+        }
         let Some(cmd) = usize::try_from(index).ok().and_then(|i| commands.get(i)).cloned() else {
             return Performed::Event(Event::StepsSucceeded {
                 steps: self.attempt.spec.steps.len() as u32,
@@ -760,8 +879,12 @@ impl AttemptExecutor {
             no_pid_limit: self.cfg.step_no_pid_limit,
             log_cap: self.cfg.step_log_cap,
             tail_bytes: self.cfg.tail_bytes as u64,
+            mask: self.env.as_ref().map(|e| e.masker.clone()).unwrap_or_default(),
             ..super::guest_job::FollowConfig::default()
         };
+        if let Err(e) = self.write_env_file().await {
+            return self.step_failed(cmd.name, -1, format!("{e}; the step did not run"));
+        }
         let job = super::guest_job::Job::new(&vm, index as usize, &cmd.name, cmd.argv.clone());
         let host_log = step_log(&self.cfg.state_dir, &vm, &cmd.name);
         tracing::info!(%vm, step = %cmd.name, index, job = %job.dir, argv = %tartan_tart::argv_for_log(&cmd.argv), "step started or re-attached");

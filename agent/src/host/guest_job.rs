@@ -91,7 +91,8 @@ impl Job {
 /// (macOS's `sh`, bash, honours it without a terminal; dash cannot and leaves them ignored). The
 /// step starts with SIGHUP ignored (nohup). With job control bash's `wait` also returns when the
 /// step is stopped (status 128+N): the wrapper waits again while the step is still there, so a
-/// step stopped for a while (a debugger, SIGTSTP) keeps its own exit status.
+/// step stopped for a while (a debugger, SIGTSTP) keeps its own exit status. The wrapper sources
+/// the VM folder's env file (`spec.env`, see `host::env`), if there is one, before the step.
 const START_SCRIPT: &str = r#"exec 2>/dev/null
 d=$1
 shift
@@ -100,6 +101,8 @@ job='set -m
 d=$1
 shift
 echo $$ >"$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid" || exit 1
+e=${d%/*}/env
+if [ -f "$e" ]; then . "$e"; fi
 nohup -- "$@" </dev/null >"$d/out.log" 2>&1 &
 p=$!
 wait $p
@@ -324,6 +327,9 @@ pub struct Place {
     pub base: u64,
     pub offset: u64,
     pub started: bool,
+    /// Host bytes written for the job since `base`, kept when secret values are masked (the
+    /// log then no longer holds the guest's bytes one for one); `None`: [`logged_len`] says it.
+    pub logged: Option<u64>,
 }
 
 /// The sidecar of `host_log`: `<host_log>.follow`.
@@ -346,15 +352,21 @@ impl Place {
     /// The sidecar's text: one line.
     pub fn render(&self) -> String {
         let started = if self.started { " started" } else { "" };
-        format!("tartan-follow {} {} {}{started}\n", self.dir, self.base, self.offset)
+        let logged = self.logged.map_or(String::new(), |l| format!(" logged {l}"));
+        format!(
+            "tartan-follow {} {} {}{started}{logged}\n",
+            self.dir, self.base, self.offset
+        )
     }
 
     /// Reads [`render`](Self::render)'s line; `None` for anything else (the sidecar is then ignored).
     pub fn parse(text: &str) -> Option<Place> {
         let line = text.strip_suffix('\n')?;
-        let (dir, base, offset, started) = match line.split(' ').collect::<Vec<_>>()[..] {
-            ["tartan-follow", dir, base, offset] => (dir, base, offset, false),
-            ["tartan-follow", dir, base, offset, "started"] => (dir, base, offset, true),
+        let (dir, base, offset, started, logged) = match line.split(' ').collect::<Vec<_>>()[..] {
+            ["tartan-follow", dir, base, offset] => (dir, base, offset, false, None),
+            ["tartan-follow", dir, base, offset, "started"] => (dir, base, offset, true, None),
+            ["tartan-follow", dir, base, offset, "logged", l] => (dir, base, offset, false, Some(l)),
+            ["tartan-follow", dir, base, offset, "started", "logged", l] => (dir, base, offset, true, Some(l)),
             _ => return None,
         };
         Some(Place {
@@ -362,6 +374,7 @@ impl Place {
             base: base.parse().ok()?,
             offset: offset.parse().ok()?,
             started,
+            logged: logged.map(str::parse).transpose().ok()?,
         })
     }
 }
@@ -390,12 +403,31 @@ pub fn resume(saved: Option<Place>, dir: &str, host_len: u64, cap: u64) -> (Plac
         base: host_len,
         offset: 0,
         started: false,
+        logged: None,
     };
     let Some(place) = saved.filter(|p| p.dir == dir) else {
         return (fresh, host_len);
     };
     if host_len < place.base {
         return (fresh, host_len);
+    }
+    if let Some(logged) = place.logged {
+        // Masked output maps to the guest's bytes only at the recorded place: a longer log is
+        // cut back to it; a shorter one (its end lost) starts the job's output over from the
+        // guest log, which is complete.
+        let expected = place.base + logged;
+        if host_len >= expected {
+            return (place, expected);
+        }
+        let base = place.base;
+        return (
+            Place {
+                offset: 0,
+                logged: Some(0),
+                ..place
+            },
+            base,
+        );
     }
     let expected = place.base + logged_len(place.offset, cap);
     if host_len >= expected {
@@ -449,6 +481,8 @@ pub struct FollowConfig {
     pub log_cap: u64,
     /// Bytes of the end of the output returned in [`JobEnd::tail`].
     pub tail_bytes: u64,
+    /// Secret values replaced by `***` in the host log and the tail (`spec.env`); empty: none.
+    pub mask: super::env::Masker,
 }
 
 impl Default for FollowConfig {
@@ -461,6 +495,7 @@ impl Default for FollowConfig {
             chunk_bytes: 1 << 20,
             log_cap: 64 << 20,
             tail_bytes: 16 << 10,
+            mask: super::env::Masker::default(),
         }
     }
 }
@@ -595,6 +630,11 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     }
     let mut log =
         HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
+    if !cfg.mask.is_empty() && log.place.logged.is_none() {
+        // A place kept without masking (an older agent's): what it logged is replaced by the
+        // job's whole output, fetched again and masked.
+        log.start_over_masked().map_err(|(a, p, s)| f.io(a, p, s))?;
+    }
     let attached = if log.place.started {
         // Started before, as the guest confirmed: followed, never started again (a folder that
         // is gone now was removed in the guest, and the poll reports the job vanished).
@@ -629,14 +669,26 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     let mut starting_since: Option<Instant> = None;
     let (code, size) = loop {
         let from = log.place.offset;
-        let max = request(from, cfg.chunk_bytes, cfg.log_cap);
+        // A value's length more than a chunk: what is held back (less than a value) never keeps
+        // a full reply from making progress.
+        let max = request(from, cfg.chunk_bytes + cfg.mask.max_len() as u64, cfg.log_cap);
         let reply = f.poll(from, max).await?;
         let (write, note, next) = advance(from, reply.bytes.len() as u64, reply.size, cfg.log_cap);
+        // The end of what was read may be the start of a secret value: unless the job's output
+        // is complete, that much is held back (not logged, the offset stays before it) and read
+        // again with what follows.
+        let seen = from + reply.bytes.len() as u64;
+        let complete = matches!(reply.state, JobState::Exited(_)) && seen >= reply.size;
+        let (masked, used) = cfg.mask.mask(&reply.bytes[..write as usize], note || complete);
+        let next = if (used as u64) < write {
+            from + used as u64
+        } else {
+            next
+        };
         if next != from || note {
-            log.append(&reply.bytes[..write as usize], note, next)
-                .map_err(|(a, p, s)| f.io(a, p, s))?;
+            log.append(&masked, note, next).map_err(|(a, p, s)| f.io(a, p, s))?;
         }
-        let pending = log.place.offset < reply.size;
+        let pending = seen < reply.size;
         match reply.state {
             JobState::Exited(code) if !pending => break (code, reply.size),
             JobState::Exited(_) => continue,
@@ -671,7 +723,9 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
         }
     };
     let tail_from = size.saturating_sub(cfg.tail_bytes);
-    let tail = f.poll(tail_from, cfg.tail_bytes).await?;
+    // Read from earlier by up to a value's length, so a value cut by the tail's start is masked.
+    let window_from = tail_from.saturating_sub(cfg.mask.max_len().saturating_sub(1) as u64);
+    let tail = f.poll(window_from, size - window_from).await?;
     if tail.state != JobState::Exited(code) || tail.size != size {
         return Err(f.protocol(
             "tail read",
@@ -684,7 +738,8 @@ async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobErro
     tracing::info!(vm = %job.vm, step = %job.step, code, bytes = size, "step job exited");
     Ok(JobEnd {
         exit_code: code,
-        tail: String::from_utf8_lossy(&tail.bytes).into_owned(),
+        tail: String::from_utf8_lossy(&cfg.mask.mask_window(&tail.bytes, (tail_from - window_from) as usize))
+            .into_owned(),
         output_bytes: size,
         truncated: size > cfg.log_cap,
         attached,
@@ -749,6 +804,18 @@ impl HostLog {
             .len();
         self.place.base = len;
         self.place.offset = 0;
+        self.place.logged = self.place.logged.map(|_| 0);
+        self.save()
+    }
+
+    /// Cuts the log back to the job's base and starts its output over, counting the host bytes
+    /// (masked output does not map one for one to the guest's).
+    fn start_over_masked(&mut self) -> Result<(), IoFail> {
+        self.file
+            .set_len(self.place.base)
+            .map_err(|e| ("could not cut back the step log", self.path.clone(), e))?;
+        self.place.offset = 0;
+        self.place.logged = Some(0);
         self.save()
     }
 
@@ -757,10 +824,15 @@ impl HostLog {
     fn append(&mut self, bytes: &[u8], note: bool, offset: u64) -> Result<(), IoFail> {
         let fail = |e| ("could not append to the step log", self.path.clone(), e);
         self.file.write_all(bytes).map_err(fail)?;
+        let mut written = bytes.len() as u64;
         if note {
             self.file.write_all(log_cap_note(self.cap).as_bytes()).map_err(fail)?;
+            written += log_cap_note(self.cap).len() as u64;
         }
         self.place.offset = offset;
+        if let Some(logged) = self.place.logged.as_mut() {
+            *logged += written;
+        }
         self.save()
     }
 
@@ -878,13 +950,16 @@ impl Follower<'_> {
                 outcome.output_bytes
             )));
         }
-        std::fs::read(&self.scratch)
+        let read = std::fs::read(&self.scratch)
             .map(Call::Output)
             .map_err(|source| TartError::Io {
                 action: "could not read the poll scratch file",
                 path: self.scratch.clone(),
                 source,
-            })
+            });
+        // The raw output (unmasked) stays on disk no longer than this call.
+        let _ = std::fs::remove_file(&self.scratch);
+        read
     }
 
     fn io(&self, action: &'static str, path: PathBuf, source: std::io::Error) -> JobError {
@@ -1132,11 +1207,13 @@ mod tests {
             base: 12,
             offset: 3456,
             started: false,
+            logged: None,
         };
         assert_eq!(p.render(), "tartan-follow .tartan/mb-x/01-build 12 3456\n");
         assert_eq!(Place::parse(&p.render()), Some(p.clone()));
         let started = Place {
             started: true,
+            logged: None,
             ..p.clone()
         };
         assert_eq!(
@@ -1173,7 +1250,30 @@ mod tests {
             base,
             offset,
             started: false,
+            logged: None,
         }
+    }
+
+    #[test]
+    fn a_masked_place_keeps_the_host_length_and_restarts_a_lost_end() {
+        let masked = Place {
+            logged: Some(20),
+            ..place(7, 30)
+        };
+        let text = masked.render();
+        assert_eq!(text, "tartan-follow d 7 30 logged 20\n");
+        assert_eq!(Place::parse(&text), Some(masked.clone()));
+        // As saved, or longer (an append whose sidecar update was lost): cut to base + logged.
+        assert_eq!(resume(Some(masked.clone()), "d", 27, 100), (masked.clone(), 27));
+        assert_eq!(resume(Some(masked.clone()), "d", 40, 100), (masked.clone(), 27));
+        // Shorter: the job's output starts over from the guest log (masked bytes do not map
+        // back to guest offsets).
+        let over = Place {
+            offset: 0,
+            logged: Some(0),
+            ..masked.clone()
+        };
+        assert_eq!(resume(Some(masked), "d", 20, 100), (over, 7));
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! stderr (it does not).
 
 pub mod artifacts;
+pub mod env;
 pub mod executor;
 pub mod guest_job;
 pub mod junit;

@@ -134,6 +134,10 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             killed: "it was killed in the guest (2 process(es))".into(),
             output: "Compiling App.swift".into(),
         },
+        EventKind::EnvRefused => Event::EnvRefused {
+            reason: Reason::SecretMissing,
+            error: "env T: Secret ci/gone does not exist; nothing was cloned".into(),
+        },
     };
     (ev, before)
 }
@@ -147,6 +151,7 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
         (S::Admitted, E::Boot) => Some(S::Booting),
         (S::Admitted | S::Booting, E::VmStartFailed | E::MountRefused) => Some(S::Retiring),
+        (S::Admitted | S::Booting | S::Running, E::EnvRefused) => Some(S::Retiring),
         (S::Booting, E::GuestReady) => Some(S::Running),
         (S::Running, E::StepsSucceeded) => Some(S::Collecting),
         (S::Running, E::StepStarting) => Some(S::Running),
@@ -382,6 +387,12 @@ fn every_ending_maps_to_its_outcome() {
             S::Admitted,
             EventKind::VmStartFailed,
             Reason::VMStartFailed,
+            Outcome::Failed,
+        ),
+        (
+            S::Admitted,
+            EventKind::EnvRefused,
+            Reason::SecretMissing,
             Outcome::Failed,
         ),
         (

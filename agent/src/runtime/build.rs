@@ -62,6 +62,13 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
         },
         mounts: shared.config.mounts.clone(),
         network: shared.config.network.clone(),
+        secrets: (!shared.config.secrets.allowed.is_empty()).then(|| crate::host::env::SecretAccess {
+            allowed: shared.config.secrets.allowed.iter().cloned().collect(),
+            source: Arc::new(crate::host::env::KubeSecrets {
+                client: shared.client.clone(),
+                timeout: shared.config.timing.api_timeout,
+            }),
+        }),
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())

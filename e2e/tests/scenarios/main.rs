@@ -8,6 +8,7 @@ mod api_down_at_start;
 mod cancel;
 mod controller_restart;
 mod failover;
+mod env_secrets;
 mod finalizer_outage;
 mod frozen_cancel;
 mod happy_path;
