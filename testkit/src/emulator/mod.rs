@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     pub state: Mutex<State>,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
+    /// Held by the request being served while `Faults::busy_ms` is set (tokio's mutex is fair:
+    /// requests wait their turn in arrival order).
+    pub busy: tokio::sync::Mutex<()>,
     availability: watch::Sender<Availability>,
     restore_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -107,6 +110,9 @@ impl Inner {
         }
         if let Some(l) = u.latency_ms {
             st.faults.latency_ms = l;
+        }
+        if let Some(b) = u.busy_ms {
+            st.faults.busy_ms = b;
         }
         if let Some(w) = u.watches_stalled {
             st.faults.watches_stalled = w;
@@ -242,6 +248,12 @@ impl EmulatorHandle {
         self.inner.state.lock().expect("state lock").faults.latency_ms = d.as_millis() as u64;
     }
 
+    /// Makes every API request occupy the server for `d`, one at a time (see [`Faults::busy_ms`]);
+    /// zero serves requests concurrently again.
+    pub fn set_busy(&self, d: Duration) {
+        self.inner.state.lock().expect("state lock").faults.busy_ms = d.as_millis() as u64;
+    }
+
     /// Forgets the watch history, like an etcd compaction: watches from older versions get 410.
     pub fn compact(&self) {
         self.inner.state.lock().expect("state lock").compact();
@@ -349,6 +361,7 @@ pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
         state: Mutex::new(State::new(options.history_limit)),
         addr,
         bookmark_interval: options.bookmark_interval,
+        busy: tokio::sync::Mutex::new(()),
         availability,
         restore_task: Mutex::new(None),
     });
