@@ -786,6 +786,16 @@ compaction_interval = "90s"
     }
 
     #[test]
+    fn status_concurrency_defaults_to_8_and_is_bounded() {
+        assert_eq!(parse("").unwrap().status_concurrency, DEFAULT_STATUS_CONCURRENCY);
+        assert_eq!(parse("status_concurrency = 32").unwrap().status_concurrency, 32);
+        for bad in ["status_concurrency = 0", "status_concurrency = 257"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains("status_concurrency") && err.contains("1 to 256"), "{err}");
+        }
+    }
+
+    #[test]
     fn more_than_two_slots_is_refused_naming_macos() {
         let err = parse("slots = 3").unwrap_err().to_string();
         assert!(err.contains("/etc/agent.toml") && err.contains("slots"), "{err}");
