@@ -23,6 +23,9 @@ const DOCUMENTED_EXAMPLE: &str = include_str!("../examples/agent.toml");
 /// macOS's licence and Virtualization.framework allow at most two macOS VMs on one host.
 pub const MAX_SLOTS: u8 = 2;
 
+/// Default of `status_concurrency`.
+pub const DEFAULT_STATUS_CONCURRENCY: usize = 8;
+
 /// The parsed, checked config. Build it with [`Config::load`] or [`Config::from_toml`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -41,6 +44,9 @@ pub struct Config {
     pub lease_namespace: String,
     /// Concurrent VMs (1 or 2).
     pub slots: u8,
+    /// Status writes in flight at once (8): a burst (200 redeliveries after a restart) queues here
+    /// instead of at the API server, where the Lease renewal would wait behind it.
+    pub status_concurrency: usize,
     /// Matched against each MacBuild's `spec.hostSelector`.
     pub host_labels: BTreeMap<String, String>,
     /// Local VM names a MacBuild may name as its image (tart clones a name without `/` from the
@@ -296,6 +302,7 @@ struct RawConfig {
     namespaces: Vec<String>,
     lease_namespace: Option<String>,
     slots: Option<i64>,
+    status_concurrency: Option<i64>,
     #[serde(default)]
     host_labels: BTreeMap<String, String>,
     #[serde(default)]
@@ -493,6 +500,16 @@ impl Config {
             n => return Err(invalid("slots", format!("{n}: an agent needs 1 or 2 slots"))),
         };
 
+        let status_concurrency = match raw.status_concurrency.unwrap_or(DEFAULT_STATUS_CONCURRENCY as i64) {
+            n @ 1..=256 => n as usize,
+            n => {
+                return Err(invalid(
+                    "status_concurrency",
+                    format!("{n}: status writes in flight at once must be 1 to 256"),
+                ));
+            }
+        };
+
         let tart = raw.tart.unwrap_or_else(|| PathBuf::from("tart"));
         // A bare program name is looked up on PATH; anything with a directory must be absolute.
         let tart = if tart.components().count() > 1 {
@@ -661,6 +678,7 @@ impl Config {
             namespaces: raw.namespaces,
             lease_namespace,
             slots,
+            status_concurrency,
             host_labels: raw.host_labels,
             local_images: raw.local_images,
             tart,
@@ -951,6 +969,16 @@ compaction_interval = "90s"
         assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
         assert_eq!(c.timing.status_retry_max, Duration::from_secs(90));
         assert_eq!(c.timing.compaction_interval, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn status_concurrency_defaults_to_8_and_is_bounded() {
+        assert_eq!(parse("").unwrap().status_concurrency, DEFAULT_STATUS_CONCURRENCY);
+        assert_eq!(parse("status_concurrency = 32").unwrap().status_concurrency, 32);
+        for bad in ["status_concurrency = 0", "status_concurrency = 257"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains("status_concurrency") && err.contains("1 to 256"), "{err}");
+        }
     }
 
     #[test]

@@ -139,6 +139,7 @@ fn quick_delivery() -> DeliveryConfig {
         api_timeout: API_TIMEOUT,
         retry_initial: Duration::from_millis(30),
         retry_max: Duration::from_millis(200),
+        concurrency: 8,
     }
 }
 
@@ -722,6 +723,95 @@ async fn a_forbidden_write_is_retried_and_a_gone_build_stops_delivery() {
         .unwrap()
         .unwrap();
     assert_eq!(p.borrow().delivered, None);
+}
+
+/// What the Lease went through while a burst of 200 status writes met a server that serves one
+/// request at a time, 25 ms each (5 s of work): the longest gap between renewals, the renewal
+/// rounds that failed, and how long the burst took.
+async fn lease_during_a_burst(concurrency: usize) -> (Duration, u64, Duration) {
+    let emu = emulator().await;
+    let mut burst = Vec::new();
+    for i in 0..200 {
+        let mb = create_build(&emu, &format!("burst-{i}")).await;
+        let (claim, mb) = won(&emu, &mb, "mac-burst", 1).await;
+        burst.push((build_ref(&mb), claimed_status(&claim, Phase::Succeeded, "done")));
+    }
+    // The Lease renews every 1.5 s with requests of at most 1 s, on a client of its own.
+    let lease = LeaseKeeper::spawn(
+        emu.client(),
+        LeaseConfig {
+            agent_id: "mac-burst".into(),
+            namespace: "default".into(),
+            renew_every: Duration::from_millis(1500),
+            duration: Duration::from_secs(6),
+            api_timeout: Duration::from_secs(1),
+        },
+    );
+    let mut state = lease.state();
+    wait_state(&mut state, "first renewal", Duration::from_secs(10), |s| {
+        s.renewals >= 1
+    })
+    .await;
+    emu.set_busy(Duration::from_millis(25));
+    let delivery = Delivery::spawn(
+        emu.client(),
+        DeliveryConfig {
+            api_timeout: Duration::from_secs(30),
+            concurrency,
+            ..quick_delivery()
+        },
+    );
+    let started = Instant::now();
+    for (build, status) in &burst {
+        delivery.submit(build, status.clone(), 10);
+    }
+    let mut last = state.borrow().last_renewed.expect("renewed once");
+    let (mut gap, mut failures) = (Duration::ZERO, 0u64);
+    let deadline = started + Duration::from_secs(60);
+    let mut took = None;
+    while took.is_none() {
+        assert!(Instant::now() < deadline, "200 statuses not delivered within 60 s");
+        let changed = tokio::time::timeout(Duration::from_millis(50), state.changed()).await;
+        if matches!(changed, Ok(Ok(()))) {
+            let s = state.borrow_and_update().clone();
+            if let Some(at) = s.last_renewed.filter(|at| *at > last) {
+                gap = gap.max(at - last);
+                last = at;
+            } else if s.last_error.is_some() {
+                failures += 1;
+            }
+        }
+        if burst.iter().all(|(b, _)| delivery.delivered(b) == Some(10)) {
+            took = Some(started.elapsed());
+        }
+    }
+    // The gap still open when the burst ended counts too.
+    gap = gap.max(Instant::now() - last);
+    emu.set_busy(Duration::ZERO);
+    lease.stop();
+    (gap, failures, took.expect("set when done"))
+}
+
+/// A redelivery burst at restart must not starve the agent's own Lease: with status writes capped
+/// at 8 in flight, a renewal waits behind at most 8 of them and never fails; uncapped (the old
+/// behaviour: one write per MacBuild, all at once), it waits behind the whole burst and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_burst_on_a_slow_api_never_starves_the_lease() {
+    let (gap, failures, took) = lease_during_a_burst(8).await;
+    println!(
+        "capped at 8: burst delivered in {took:?}, longest gap between renewals {gap:?}, {failures} failed rounds"
+    );
+    assert_eq!(failures, 0, "a renewal failed during the burst (longest gap {gap:?})");
+    assert!(
+        gap < Duration::from_millis(1500 + 1000),
+        "renewals {gap:?} apart during the burst (every 1.5 s expected)"
+    );
+    let (gap, failures, took) = lease_during_a_burst(256).await;
+    println!("uncapped: burst delivered in {took:?}, longest gap between renewals {gap:?}, {failures} failed rounds");
+    assert!(
+        failures > 0,
+        "the slow server did not starve an uncapped burst's Lease (gap {gap:?}): the test no longer shows the fault"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

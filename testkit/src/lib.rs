@@ -16,7 +16,7 @@
 //!
 //! Fault control over HTTP (also on `Options::control_addr`, which stays up while the API port
 //! refuses connections): `GET|POST|DELETE /emulator/faults` with
-//! `{"deny": [DenyRule...], "availability": "up|unavailable|refuse", "forMs": N, "latencyMs": N}`
+//! `{"deny": [DenyRule...], "availability": "up|unavailable|refuse", "forMs": N, "latencyMs": N, "busyMs": N}`
 //! (fields given replace those parts), `POST /emulator/compact` (drop watch history: older
 //! resourceVersions get 410), `GET /emulator/requests` (every API request seen).
 //!

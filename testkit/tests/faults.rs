@@ -309,3 +309,25 @@ async fn a_partitioned_user_gets_no_answer_while_others_are_served() {
     let healed = agent.get("p").await.unwrap();
     assert_eq!(healed.metadata.labels.unwrap()["k"], "v");
 }
+
+#[tokio::test]
+async fn a_busy_server_serves_one_request_at_a_time() {
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    api.create(&PostParams::default(), &macbuild("b", json!({"image": "x"})))
+        .await
+        .unwrap();
+    emu.set_busy(Duration::from_millis(50));
+    let started = Instant::now();
+    let reads = (0..6).map(|_| api.get("b"));
+    for r in futures::future::join_all(reads).await {
+        r.unwrap();
+    }
+    // Served concurrently, six reads take one busy period; one at a time, six.
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "6 concurrent reads took {:?}",
+        started.elapsed()
+    );
+    emu.set_busy(Duration::ZERO);
+}

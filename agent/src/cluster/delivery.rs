@@ -9,7 +9,10 @@
 //! Per MacBuild, one worker delivers in order and only the newest submitted snapshot matters: a
 //! newer submission replaces one still waiting, and a snapshot older than one already delivered
 //! is never sent. Each MacBuild has its own worker, so one build's refused writes never hold up
-//! another's.
+//! another's. At most `concurrency` writes (with their fresh reads) are in flight at once across
+//! all workers: a burst (every undelivered status after a restart) queues here, not at the API
+//! server, where the agent's Lease renewal would wait behind it. A worker waiting out a backoff
+//! holds no permit.
 //!
 //! A 409/422 is resolved by reading the MacBuild again: if the claim is no longer this holder and
 //! attempt, the attempt is stale (*fenced out*): its deliveries stop and it is reported; if the
@@ -28,7 +31,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tartan_api::{Claim, MacBuild, MacBuildStatus};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 
 /// What delivery needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +42,8 @@ pub struct DeliveryConfig {
     pub retry_initial: Duration,
     /// Longest wait between tries.
     pub retry_max: Duration,
+    /// Writes in flight at once, across all MacBuilds.
+    pub concurrency: usize,
 }
 
 impl DeliveryConfig {
@@ -47,6 +52,7 @@ impl DeliveryConfig {
             api_timeout: config.timing.api_timeout,
             retry_initial: config.timing.status_retry_initial,
             retry_max: config.timing.status_retry_max,
+            concurrency: config.status_concurrency,
         }
     }
 }
@@ -197,6 +203,8 @@ pub struct DeliveryHandle {
     client: kube::Client,
     cfg: DeliveryConfig,
     slots: Slots,
+    /// One permit per write in flight.
+    permits: Arc<Semaphore>,
 }
 
 /// Entry point: `Delivery::spawn(client, cfg)`.
@@ -206,6 +214,7 @@ impl Delivery {
     /// A delivery service on the current tokio runtime; workers start per MacBuild on demand.
     pub fn spawn(client: kube::Client, cfg: DeliveryConfig) -> DeliveryHandle {
         DeliveryHandle {
+            permits: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
             client,
             cfg,
             slots: Arc::default(),
@@ -243,6 +252,7 @@ impl DeliveryHandle {
                 self.client.clone(),
                 self.cfg.clone(),
                 self.slots.clone(),
+                self.permits.clone(),
                 build.clone(),
             ));
         }
@@ -273,9 +283,13 @@ impl DeliveryHandle {
     }
 }
 
-async fn worker(client: kube::Client, cfg: DeliveryConfig, slots: Slots, build: BuildRef) {
+async fn worker(client: kube::Client, cfg: DeliveryConfig, slots: Slots, permits: Arc<Semaphore>, build: BuildRef) {
     let mut tries: u32 = 0;
     loop {
+        // The permit comes first, so the job taken below is the newest when the write goes out.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         // Take the newest job, or end (under the lock, so a submit either sees us running or
         // starts a new worker).
         let (job, wake, progress) = {
@@ -300,6 +314,7 @@ async fn worker(client: kube::Client, cfg: DeliveryConfig, slots: Slots, build: 
             .map(|c| c.attempt.clone())
             .unwrap_or_default();
         let result = deliver_once(&client, cfg.api_timeout, &build, &job.snapshot, job.seq).await;
+        drop(permit);
         let put_back = |job: Job| {
             let mut map = slots.lock().expect("delivery slots lock");
             if let Some(slot) = map.get_mut(&build)
@@ -401,6 +416,7 @@ mod tests {
             api_timeout: Duration::from_secs(4),
             retry_initial: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
+            concurrency: 8,
         }
     }
 

@@ -33,9 +33,10 @@ use tartan_api::MacBuild;
 use tartan_tart::Tart;
 use tokio::sync::{Mutex, Notify};
 
-/// How often the agent looks again at every MacBuild, besides watch events (a slot may have
-/// freed, the Lease may be fresh again, a withdrawal may have been missed).
-const RESCAN: Duration = Duration::from_millis(500);
+/// How often the agent looks again at every MacBuild when nothing happened. Changes wake the scan
+/// at once (a watch event, a freed slot, a Lease renewal or failure); this catches what has no
+/// event: a quarantined VM removed by an operator, a journal writable again.
+const RESCAN: Duration = Duration::from_secs(5);
 
 /// The machine's configuration from the agent's.
 pub fn machine_config(config: &Config) -> machine::Config {
@@ -70,7 +71,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
 
     let (client, api_server) = crate::cluster::client(&config).await?;
-    let lease = LeaseKeeper::spawn(client.clone(), LeaseConfig::from_config(&config));
+    // The Lease has a client (and connections) of its own: its renewal never waits in line behind
+    // the agent's other requests on a shared connection.
+    let (lease_client, _) = crate::cluster::client(&config).await?;
+    let lease = LeaseKeeper::spawn(lease_client, LeaseConfig::from_config(&config));
     let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
     let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
     let tart = Tart::new(&config.tart, config.tart_home.clone());
@@ -121,6 +125,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map(|api| watch_macbuilds(api, Arc::clone(&changed)))
         .unzip();
 
+    let mut lease_changes = lease.state();
     let mut terminate = terminated()?;
     // The first compaction comes one interval after the start, not at it: what recovery just
     // journaled stays readable (`tartan-agent journal`, the e2e checker) for a while.
@@ -133,6 +138,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
+            // (A keeper that ended changes nothing more: not a reason to scan.)
+            Ok(()) = lease_changes.changed() => {}
             _ = tokio::time::sleep(RESCAN) => {}
             _ = compaction.tick() => {
                 if let Err(error) = shared.compact_journal().await {
@@ -281,7 +288,29 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
     if writable {
         resolve_unknown_vms(shared).await;
     }
-    let mut order: Vec<&Arc<MacBuild>> = builds.iter().collect();
+    // One pass under one lock: withdraw what asks for it, drop what this agent has or had.
+    let mut order: Vec<&Arc<MacBuild>> = {
+        let core = shared.core.lock().await;
+        builds
+            .iter()
+            .filter(|mb| {
+                let Some(uid) = mb.metadata.uid.as_deref() else {
+                    return false;
+                };
+                if let Some(handle) = core.active.get(uid) {
+                    if let Some(why) = build::withdrawal_of(mb) {
+                        handle.cancel(why);
+                    }
+                    return false;
+                }
+                !core.has_open_attempt(uid) && !core.finished_here(uid)
+            })
+            .collect()
+    };
+    if !writable || !lease.can_claim() {
+        return;
+    }
+    order.retain(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok());
     // Oldest first: the queue is fair.
     order.sort_by(|a, b| {
         a.metadata
@@ -290,33 +319,19 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
             .map(|t| t.0)
             .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
     });
-    let mut slots_left = true;
     for mb in order {
         let Some(uid) = mb.metadata.uid.clone() else { continue };
         {
+            // Another task may have started it while this scan was not holding the lock.
             let core = shared.core.lock().await;
-            if let Some(handle) = core.active.get(&uid) {
-                if let Some(why) = build::withdrawal_of(mb) {
-                    handle.cancel(why);
-                }
+            if core.active.contains_key(&uid) || core.has_open_attempt(&uid) || core.finished_here(&uid) {
                 continue;
             }
-            if core.has_open_attempt(&uid) || core.finished_here(&uid) {
-                continue;
-            }
-        }
-        if !slots_left
-            || !writable
-            || claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_err()
-            || !lease.can_claim()
-        {
-            continue;
         }
         let slot = shared.core.lock().await.reserve_slot(&uid, shared.config.slots);
         let Some(slot) = slot else {
-            // No slot: nothing more is claimed in this round (withdrawals are still checked).
-            slots_left = false;
-            continue;
+            // No slot: nothing more is claimed in this round.
+            break;
         };
         let mb = MacBuild::clone(mb);
         let shared = Arc::clone(shared);

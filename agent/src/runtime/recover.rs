@@ -121,24 +121,31 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
     }
 }
 
-/// Every build the journal names, as the cluster has it now; the first failure ends the read
-/// (one API timeout at most: recovery must not wait on an API that is down).
+/// MacBuild reads in flight at once while recovery reads the cluster.
+const RECOVERY_READS: usize = 16;
+
+/// Every build the journal names, as the cluster has it now, read [`RECOVERY_READS`] at a time;
+/// the first failure ends the read (about one API timeout at most: recovery must not wait on an
+/// API that is down). The view lists the builds in uid order, whatever order the answers came in.
 async fn read_cluster(
     shared: &Shared,
     records: &[Record],
 ) -> Result<(ClusterView, BTreeMap<String, MacBuild>), String> {
+    use futures::{StreamExt, TryStreamExt};
     let builds: BTreeMap<String, BuildRef> = records
         .iter()
         .filter_map(|r| r.build.as_ref().map(|b| (b.uid.clone(), b.clone())))
         .collect();
-    let mut cluster = ClusterView::default();
-    let mut macbuilds: BTreeMap<String, MacBuild> = BTreeMap::new();
-    for b in builds.values() {
-        if let Some(mb) = build::read_build(shared, b).await? {
-            cluster.builds.push(build_view(&mb));
-            macbuilds.insert(b.uid.clone(), mb);
-        }
-    }
+    let macbuilds: BTreeMap<String, MacBuild> = futures::stream::iter(builds.into_values())
+        .map(|b| async move { Ok::<_, String>(build::read_build(shared, &b).await?.map(|mb| (b.uid, mb))) })
+        .buffer_unordered(RECOVERY_READS)
+        .try_filter_map(|found| async move { Ok(found) })
+        .try_collect()
+        .await?;
+    let cluster = ClusterView {
+        builds: macbuilds.values().map(build_view).collect(),
+        ..ClusterView::default()
+    };
     Ok((cluster, macbuilds))
 }
 

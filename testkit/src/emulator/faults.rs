@@ -228,6 +228,10 @@ pub struct Faults {
     /// Added before every API request is handled.
     #[serde(default)]
     pub latency_ms: u64,
+    /// Every API request occupies the server this long, one request at a time (first come, first
+    /// served): an overloaded apiserver, where a burst of writes delays every later request.
+    #[serde(default)]
+    pub busy_ms: u64,
     /// Watches deliver nothing (no events, no bookmarks) while set, as a watch on a stuck
     /// connection does; other requests are served. When lifted, each stalled watch ends, and its
     /// client watches again from the last version it saw (so it gets the held events then).
@@ -257,6 +261,7 @@ pub struct FaultsUpdate {
     /// With `availability`: restore `up` after this long.
     pub for_ms: Option<u64>,
     pub latency_ms: Option<u64>,
+    pub busy_ms: Option<u64>,
     pub watches_stalled: Option<bool>,
     pub partitioned: Option<Vec<String>>,
 }

@@ -126,7 +126,7 @@ pub async fn handle(
         return Ok(error_response(&ApiError::no_route()));
     }
     let user = bearer_token(&req);
-    let (availability, latency) = {
+    let (availability, latency, busy) = {
         let mut st = inner.state.lock().expect("state lock");
         if st.requests.len() >= 20_000 {
             st.requests.drain(..10_000);
@@ -143,10 +143,14 @@ pub async fn handle(
                 user: user.unwrap_or_default(),
             });
         }
-        (st.faults.availability, st.faults.latency_ms)
+        (st.faults.availability, st.faults.latency_ms, st.faults.busy_ms)
     };
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    if busy > 0 {
+        let _serving = inner.busy.lock().await;
+        tokio::time::sleep(Duration::from_millis(busy)).await;
     }
     if availability != Availability::Up {
         return Ok(error_response(&ApiError::unavailable()));

@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     pub state: Mutex<State>,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
+    /// Held by the request being served while `Faults::busy_ms` is set (tokio's mutex is fair:
+    /// requests wait their turn in arrival order).
+    pub busy: tokio::sync::Mutex<()>,
     availability: watch::Sender<Availability>,
     restore_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -107,6 +110,9 @@ impl Inner {
         }
         if let Some(l) = u.latency_ms {
             st.faults.latency_ms = l;
+        }
+        if let Some(b) = u.busy_ms {
+            st.faults.busy_ms = b;
         }
         if let Some(w) = u.watches_stalled {
             st.faults.watches_stalled = w;
@@ -242,6 +248,12 @@ impl EmulatorHandle {
         self.inner.state.lock().expect("state lock").faults.latency_ms = d.as_millis() as u64;
     }
 
+    /// Makes every API request occupy the server for `d`, one at a time (see [`Faults::busy_ms`]);
+    /// zero serves requests concurrently again.
+    pub fn set_busy(&self, d: Duration) {
+        self.inner.state.lock().expect("state lock").faults.busy_ms = d.as_millis() as u64;
+    }
+
     /// Forgets the watch history, like an etcd compaction: watches from older versions get 410.
     pub fn compact(&self) {
         self.inner.state.lock().expect("state lock").compact();
@@ -255,6 +267,12 @@ impl EmulatorHandle {
     /// API requests seen so far (the most recent 10,000 to 20,000), as `METHOD /path?query ua=USER-AGENT`.
     pub fn requests(&self) -> Vec<String> {
         self.inner.state.lock().expect("state lock").requests.clone()
+    }
+
+    /// Objects the garbage collector has examined since start: it grows with what was deleted or
+    /// owned, not with what is stored (a status write on an object without owners adds nothing).
+    pub fn gc_visited(&self) -> u64 {
+        self.inner.state.lock().expect("state lock").gc_visited()
     }
 
     /// Installs a CRD (as if POSTed), e.g. from `deploy/crd.yaml` content.
@@ -343,6 +361,7 @@ pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
         state: Mutex::new(State::new(options.history_limit)),
         addr,
         bookmark_interval: options.bookmark_interval,
+        busy: tokio::sync::Mutex::new(()),
         availability,
         restore_task: Mutex::new(None),
     });
@@ -384,10 +403,9 @@ pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
                 _ = gc_shutdown.changed() => return,
                 _ = wake.notified() => {}
             }
-            for _ in 0..100 {
-                if !gc_inner.state.lock().expect("state lock").gc_pass() {
-                    break;
-                }
+            // The lock is released between passes so requests interleave with a long collection.
+            while gc_inner.state.lock().expect("state lock").gc_pass() {
+                tokio::task::yield_now().await;
             }
         }
     });
