@@ -12,6 +12,7 @@ pub mod recover;
 
 use self::core::{Core, Shared};
 use crate::cluster::claim::claimable;
+use crate::cluster::placement;
 use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
@@ -70,7 +71,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
 
     let (client, api_server) = crate::cluster::client(&config).await?;
-    let lease = LeaseKeeper::spawn(client.clone(), LeaseConfig::from_config(&config));
+    // What the host holds: listed by a task, published on the Lease, consulted by every claim.
+    let (held_tx, held) = tokio::sync::watch::channel(None);
+    let (published_tx, published) = tokio::sync::watch::channel(None);
+    let lease = LeaseKeeper::spawn_publishing(client.clone(), LeaseConfig::from_config(&config), published);
     let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
     let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
     let tart = Tart::new(&config.tart, config.tart_home.clone());
@@ -100,6 +104,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config,
     });
 
+    let image_listing = tokio::spawn(list_images(shared.tart.clone(), held_tx, published_tx));
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
@@ -127,13 +132,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let every = shared.config.timing.compaction_interval;
     let mut compaction = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut claimable_since = BTreeMap::new();
     loop {
         let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
-        scan(&shared, &view, &lease).await;
+        let held_now = held.borrow().clone();
+        let next_due = scan(&shared, &view, &lease, &mut claimable_since, held_now.as_ref()).await;
+        let rescan_at = tokio::time::Instant::now() + RESCAN;
+        let wake_at = next_due.map_or(rescan_at, |due| due.min(rescan_at));
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
             _ = compaction.tick() => {
                 if let Err(error) = shared.compact_journal().await {
                     tracing::warn!(target: "journal", %error, "compaction failed; the journal is unchanged and is compacted again later");
@@ -153,6 +162,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         task.abort();
     }
     metrics.abort();
+    image_listing.abort();
     lease.stop();
     Ok(())
 }
@@ -273,8 +283,49 @@ async fn resolve_unknown_vms(shared: &Shared) {
     }
 }
 
-/// One look at every MacBuild: withdraw what asks for it, claim what matches.
-async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
+/// How often the host's images are listed (`tart list`) for claims and the Lease annotation.
+const IMAGE_LISTING: Duration = Duration::from_secs(30);
+
+/// Lists the host's images now and every [`IMAGE_LISTING`]: the set for claiming into `held`, the
+/// bounded annotation value into `published`. A failed listing keeps the last list.
+async fn list_images(
+    tart: Tart,
+    held: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
+    published: tokio::sync::watch::Sender<Option<String>>,
+) {
+    loop {
+        match tart.list().await {
+            Ok(entries) => {
+                let images = placement::images_of(&entries, tartan_api::VM_PREFIX);
+                published.send_replace(Some(placement::published(&images)));
+                held.send_replace(Some(images.into_iter().collect()));
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "listing the host's images (tart list) failed; claims and the Lease keep the last list, it is listed again in {IMAGE_LISTING:?}"
+            ),
+        }
+        tokio::time::sleep(IMAGE_LISTING).await;
+    }
+}
+
+/// One look at every MacBuild: withdraw what asks for it, claim what matches once this agent's
+/// wait for it is over ([`placement::claim_delay`], counted from when it was first seen
+/// claimable, in `claimable_since`). Returns when the next waiting build comes due.
+async fn scan(
+    shared: &Arc<Shared>,
+    builds: &[Arc<MacBuild>],
+    lease: &LeaseKeeper,
+    claimable_since: &mut BTreeMap<String, tokio::time::Instant>,
+    held: Option<&std::collections::BTreeSet<String>>,
+) -> Option<tokio::time::Instant> {
+    let now = tokio::time::Instant::now();
+    let timing = placement::ClaimTiming {
+        spread: shared.config.timing.claim_spread,
+        uncached: shared.config.timing.uncached_claim_delay,
+    };
+    let mut next_due: Option<tokio::time::Instant> = None;
+    let mut still_claimable = std::collections::BTreeSet::new();
     // Claims and unknown-VM resolutions begin with a journal write: none while the journal fails
     // (it retries the disk with backoff here; withdrawals still go out).
     let writable = shared.journal_writable().await;
@@ -305,11 +356,18 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
                 continue;
             }
         }
-        if !slots_left
-            || !writable
-            || claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_err()
-            || !lease.can_claim()
-        {
+        if claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_err() {
+            continue;
+        }
+        still_claimable.insert(uid.clone());
+        let since = *claimable_since.entry(uid.clone()).or_insert(now);
+        let holds = placement::holds_image(&mb.spec.image, held);
+        let due = since + placement::claim_delay(&uid, &shared.config.agent_id, holds, &timing);
+        if due > now {
+            next_due = Some(next_due.map_or(due, |n| n.min(due)));
+            continue;
+        }
+        if !slots_left || !writable || !lease.can_claim() {
             continue;
         }
         let slot = shared.core.lock().await.reserve_slot(&uid, shared.config.slots);
@@ -327,6 +385,9 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
             build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
         });
     }
+    // A build claimed, finished or gone starts a new wait if it ever becomes claimable again.
+    claimable_since.retain(|uid, _| still_claimable.contains(uid));
+    next_due
 }
 
 /// Resolves on SIGTERM (launchd's stop) or SIGINT.
