@@ -43,6 +43,8 @@ pub struct AgentOptions {
     pub resume_probe: &'static str,
     /// `timing.compaction_interval`.
     pub compaction_interval: &'static str,
+    /// More `key = value` lines of the `[timing]` table (e.g. the claim delays a benchmark sets).
+    pub timing_extra: String,
 }
 
 impl Default for AgentOptions {
@@ -61,6 +63,7 @@ impl Default for AgentOptions {
             step_poll: "200ms",
             resume_probe: "10s",
             compaction_interval: "10m",
+            timing_extra: String::new(),
         }
     }
 }
@@ -403,6 +406,7 @@ watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
 compaction_interval = "{compaction_interval}"
+{timing_extra}
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -423,6 +427,7 @@ compaction_interval = "{compaction_interval}"
             step_poll = opts.step_poll,
             resume_probe = opts.resume_probe,
             compaction_interval = opts.compaction_interval,
+            timing_extra = opts.timing_extra,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();
