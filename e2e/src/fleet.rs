@@ -27,8 +27,9 @@ pub struct FleetOptions {
     /// How many agents (the first ones) hold the build's image at the start; the others pull it
     /// when they first clone it.
     pub holders: usize,
-    /// Lines for the agents' `[timing]` table (`claim_spread = "…"`, `uncached_claim_delay = "…"`).
-    pub timing_extra: String,
+    /// The agents' `timing.claim_spread` and `timing.uncached_claim_delay`.
+    pub claim_spread: &'static str,
+    pub uncached_claim_delay: &'static str,
     /// How long the agents are watched idle after the last build.
     pub idle: Duration,
 }
@@ -145,7 +146,8 @@ pub async fn run(opts: FleetOptions) {
                 // Lease as the e2e runs them (1 s / 4 s), steps polled often: the claim path is
                 // what is measured.
                 step_poll: "100ms",
-                timing_extra: opts.timing_extra.clone(),
+                claim_spread: opts.claim_spread,
+                uncached_claim_delay: opts.uncached_claim_delay,
                 ..AgentOptions::default()
             },
         );
@@ -304,9 +306,10 @@ pub async fn run(opts: FleetOptions) {
     let ms = |p: f64| percentile(&latency, p).map_or("-".into(), |v| format!("{v:.0} ms"));
     println!("== bench-fleet: {} agents x 2 slots, {} builds at {}/s, boot {}s, step {}s, {} holding the image",
         opts.agents, opts.builds, opts.rate, opts.boot_secs, opts.step_secs, opts.holders);
-    if !opts.timing_extra.trim().is_empty() {
-        println!("agent [timing] extra: {}", opts.timing_extra.trim().replace('\n', "; "));
-    }
+    println!(
+        "agents: claim_spread {}, uncached_claim_delay {}",
+        opts.claim_spread, opts.uncached_claim_delay
+    );
     println!(
         "claim latency (created -> Admitted journaled), n={}: p50 {} p99 {} max {}   (goal p99 <= 1000 ms)",
         latency.len(),

@@ -43,8 +43,11 @@ pub struct AgentOptions {
     pub resume_probe: &'static str,
     /// `timing.compaction_interval`.
     pub compaction_interval: &'static str,
-    /// More `key = value` lines of the `[timing]` table (e.g. the claim delays a benchmark sets).
-    pub timing_extra: String,
+    /// `timing.claim_spread` (the agent's is 500ms; 100ms here keeps scenarios quick).
+    pub claim_spread: &'static str,
+    /// `timing.uncached_claim_delay`: 0s by default, as tart-double homes start without images
+    /// and scenarios measure other things (the agent's is 5s).
+    pub uncached_claim_delay: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -63,7 +66,8 @@ impl Default for AgentOptions {
             step_poll: "200ms",
             resume_probe: "10s",
             compaction_interval: "10m",
-            timing_extra: String::new(),
+            claim_spread: "100ms",
+            uncached_claim_delay: "0s",
         }
     }
 }
@@ -406,7 +410,8 @@ watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
 compaction_interval = "{compaction_interval}"
-{timing_extra}
+claim_spread = "{claim_spread}"
+uncached_claim_delay = "{uncached_claim_delay}"
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -427,7 +432,8 @@ compaction_interval = "{compaction_interval}"
             step_poll = opts.step_poll,
             resume_probe = opts.resume_probe,
             compaction_interval = opts.compaction_interval,
-            timing_extra = opts.timing_extra,
+            claim_spread = opts.claim_spread,
+            uncached_claim_delay = opts.uncached_claim_delay,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();

@@ -25,12 +25,12 @@ struct Args {
     /// Agents holding the build's image at the start (the first ones); default: all.
     #[arg(long)]
     holders: Option<u16>,
-    /// The agents' `timing.claim_spread` (default: the agent's own default).
-    #[arg(long)]
-    claim_spread: Option<String>,
-    /// The agents' `timing.uncached_claim_delay` (default: the agent's own default).
-    #[arg(long)]
-    uncached_claim_delay: Option<String>,
+    /// The agents' `timing.claim_spread` (0s: every free agent claims at once, as before it existed).
+    #[arg(long, default_value = "500ms")]
+    claim_spread: String,
+    /// The agents' `timing.uncached_claim_delay`.
+    #[arg(long, default_value = "5s")]
+    uncached_claim_delay: String,
     /// Seconds the agents are watched idle after the last build.
     #[arg(long, default_value_t = 5.0)]
     idle_secs: f64,
@@ -39,13 +39,6 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let mut timing_extra = String::new();
-    if let Some(v) = &args.claim_spread {
-        timing_extra.push_str(&format!("claim_spread = \"{v}\"\n"));
-    }
-    if let Some(v) = &args.uncached_claim_delay {
-        timing_extra.push_str(&format!("uncached_claim_delay = \"{v}\"\n"));
-    }
     fleet::run(FleetOptions {
         agents: args.agents.into(),
         builds: args.builds.into(),
@@ -53,7 +46,9 @@ async fn main() {
         boot_secs: args.boot_secs,
         step_secs: args.step_secs,
         holders: args.holders.map_or(args.agents, |h| h.min(args.agents)).into(),
-        timing_extra,
+        // Written into each agent's config, which lives as long as the run.
+        claim_spread: Box::leak(args.claim_spread.into_boxed_str()),
+        uncached_claim_delay: Box::leak(args.uncached_claim_delay.into_boxed_str()),
         idle: Duration::from_secs_f64(args.idle_secs),
     })
     .await;
