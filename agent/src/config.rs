@@ -653,7 +653,10 @@ impl Timing {
         if self.claim_spread > Duration::from_secs(60) {
             return Err((
                 "timing.claim_spread",
-                format!("{} is more than 60s: every claim would wait up to that long", secs(self.claim_spread)),
+                format!(
+                    "{} is more than 60s: every claim would wait up to that long",
+                    secs(self.claim_spread)
+                ),
             ));
         }
         if self.uncached_claim_delay > Duration::from_secs(3600) {

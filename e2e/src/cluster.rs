@@ -685,7 +685,9 @@ impl Cluster {
     /// The emulator's `GET /emulator/answers` (every answered request with its status code);
     /// `None` on a real cluster.
     pub fn emulator_answers(&self) -> Option<Value> {
-        let Cluster::Emulator { control, .. } = self else { return None };
+        let Cluster::Emulator { control, .. } = self else {
+            return None;
+        };
         let addr = control.trim_start_matches("http://").trim_end_matches('/');
         let mut stream =
             std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("cannot reach the emulator at {addr}: {e}"));

@@ -248,9 +248,13 @@ pub async fn run(opts: FleetOptions) {
     let mut latency = Vec::new();
     let mut per_agent: BTreeMap<String, usize> = ids.iter().map(|id| (id.clone(), 0)).collect();
     let mut holder_of: BTreeMap<String, String> = BTreeMap::new();
+    let mut claim_lost = 0usize;
     for id in &ids {
         for r in stack.journal(id) {
             let Some(b) = r.build.as_ref() else { continue };
+            if r.reason == Some(tartan_api::Reason::ClaimLost) && created.contains_key(&b.name) {
+                claim_lost += 1;
+            }
             if r.to != AttemptState::Admitted {
                 continue;
             }
@@ -265,9 +269,15 @@ pub async fn run(opts: FleetOptions) {
     latency.sort_by(|a, b| a.total_cmp(b));
 
     // Requests from the emulator's answers log.
-    let answers = stack.cluster.emulator_answers().expect("the bench runs on the emulator");
+    let answers = stack
+        .cluster
+        .emulator_answers()
+        .expect("the bench runs on the emulator");
     let dropped = answers["dropped"].as_u64().unwrap_or(0);
-    let list: Vec<&Value> = answers["answers"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+    let list: Vec<&Value> = answers["answers"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
     let t0 = created.values().next().map_or(0, |t| t.as_millisecond()) as u64;
     let t1 = t0 + elapsed.as_millis() as u64;
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
@@ -304,8 +314,10 @@ pub async fn run(opts: FleetOptions) {
     // Report.
     let n = opts.builds as f64;
     let ms = |p: f64| percentile(&latency, p).map_or("-".into(), |v| format!("{v:.0} ms"));
-    println!("== bench-fleet: {} agents x 2 slots, {} builds at {}/s, boot {}s, step {}s, {} holding the image",
-        opts.agents, opts.builds, opts.rate, opts.boot_secs, opts.step_secs, opts.holders);
+    println!(
+        "== bench-fleet: {} agents x 2 slots, {} builds at {}/s, boot {}s, step {}s, {} holding the image",
+        opts.agents, opts.builds, opts.rate, opts.boot_secs, opts.step_secs, opts.holders
+    );
     println!(
         "agents: claim_spread {}, uncached_claim_delay {}",
         opts.claim_spread, opts.uncached_claim_delay
@@ -322,6 +334,10 @@ pub async fn run(opts: FleetOptions) {
         "losing claims (409/422 on macbuilds/*/status): {losing} = {:.2} per build (max {worst} on one build)   (goal <= 2)",
         losing as f64 / n
     );
+    println!(
+        "ClaimLost journaled (an agent wrote a claim, or found the build taken after journaling Requested): {claim_lost} = {:.2} per build",
+        claim_lost as f64 / n
+    );
     println!("agent API requests per build during the run, by kind:");
     for (k, v) in &kinds {
         println!("  {k:<28} {:>8.2}  ({v})", *v as f64 / n);
@@ -333,14 +349,25 @@ pub async fn run(opts: FleetOptions) {
         "API server: {in_run} requests in {:.1} s = {:.0}/s (peak {peak}/s){}",
         elapsed.as_secs_f64(),
         in_run as f64 / elapsed.as_secs_f64(),
-        if dropped > 0 { format!(" ({dropped} oldest answers not kept)") } else { String::new() }
+        if dropped > 0 {
+            format!(" ({dropped} oldest answers not kept)")
+        } else {
+            String::new()
+        }
     );
     if let Some(pid) = stack.cluster.emulator_pid() {
         let (rss, hwm) = memory_kib(pid);
-        println!("emulator RSS {:.1} MiB (peak {:.1} MiB)", rss as f64 / 1024.0, hwm as f64 / 1024.0);
+        println!(
+            "emulator RSS {:.1} MiB (peak {:.1} MiB)",
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0
+        );
     }
     let counts: Vec<usize> = per_agent.values().copied().collect();
-    let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
+    let (min, max) = (
+        counts.iter().min().copied().unwrap_or(0),
+        counts.iter().max().copied().unwrap_or(0),
+    );
     let idle_agents: Vec<&String> = per_agent.iter().filter(|(_, c)| **c == 0).map(|(id, _)| id).collect();
     println!(
         "spread: builds per agent min {min} max {max} mean {:.1}; agents with none: {}",
@@ -349,7 +376,11 @@ pub async fn run(opts: FleetOptions) {
     );
     println!(
         "  per agent: {}",
-        per_agent.iter().map(|(id, c)| format!("{}={c}", id.trim_start_matches("mac-"))).collect::<Vec<_>>().join(" ")
+        per_agent
+            .iter()
+            .map(|(id, c)| format!("{}={c}", id.trim_start_matches("mac-")))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     if opts.holders > 0 && opts.holders < opts.agents {
         let holders: Vec<&String> = ids.iter().take(opts.holders).collect();
@@ -394,20 +425,32 @@ mod tests {
     #[test]
     fn request_kinds_name_resource_and_subresource() {
         let ns = "/apis/tartan.dev/v1alpha1/namespaces/e2e/macbuilds";
-        assert_eq!(request_kind("PATCH", &format!("{ns}/b/status")), "PATCH macbuilds/status");
+        assert_eq!(
+            request_kind("PATCH", &format!("{ns}/b/status")),
+            "PATCH macbuilds/status"
+        );
         assert_eq!(request_kind("PATCH", &format!("{ns}/b")), "PATCH macbuilds");
         assert_eq!(request_kind("GET", &format!("{ns}/b")), "GET macbuilds");
-        assert_eq!(request_kind("GET", &format!("{ns}?watch=true&resourceVersion=5")), "WATCH macbuilds");
+        assert_eq!(
+            request_kind("GET", &format!("{ns}?watch=true&resourceVersion=5")),
+            "WATCH macbuilds"
+        );
         assert_eq!(request_kind("GET", ns), "LIST macbuilds");
         assert_eq!(
             request_kind("GET", "/apis/tartan.dev/v1alpha1/macbuilds?watch=1"),
             "WATCH macbuilds"
         );
         assert_eq!(
-            request_kind("PATCH", "/apis/coordination.k8s.io/v1/namespaces/e2e/leases/tartan-agent-a"),
+            request_kind(
+                "PATCH",
+                "/apis/coordination.k8s.io/v1/namespaces/e2e/leases/tartan-agent-a"
+            ),
             "PATCH leases"
         );
-        assert_eq!(request_kind("POST", "/apis/events.k8s.io/v1/namespaces/e2e/events"), "POST events");
+        assert_eq!(
+            request_kind("POST", "/apis/events.k8s.io/v1/namespaces/e2e/events"),
+            "POST events"
+        );
         assert_eq!(request_kind("GET", "/version"), "GET /version");
         assert_eq!(macbuild_of(&format!("{ns}/b/status?x=1")), Some("b"));
         assert_eq!(macbuild_of(ns), None);

@@ -435,7 +435,10 @@ mod tests {
     fn renew_patch_carries_the_resource_version_and_micro_time() {
         let now: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
         let p = renew_patch(&cfg(), "4711", now, None, None);
-        assert!(p["metadata"].get("annotations").is_none(), "not listed yet: the annotation is left as it is");
+        assert!(
+            p["metadata"].get("annotations").is_none(),
+            "not listed yet: the annotation is left as it is"
+        );
         let with = renew_patch(&cfg(), "4711", now, None, Some("[]"));
         assert_eq!(with["metadata"]["annotations"][IMAGES_ANNOTATION], "[]");
         assert_eq!(p["metadata"]["resourceVersion"], "4711");

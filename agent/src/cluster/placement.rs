@@ -62,7 +62,11 @@ pub fn claim_delay(uid: &str, agent: &str, holds_image: bool, timing: &ClaimTimi
     let fraction = rendezvous_score(uid, agent) as u128;
     let nanos = (timing.spread.as_nanos().saturating_mul(fraction) >> 64) as u64;
     let ranked = Duration::from_nanos(nanos);
-    if holds_image { ranked } else { ranked.saturating_add(timing.uncached) }
+    if holds_image {
+        ranked
+    } else {
+        ranked.saturating_add(timing.uncached)
+    }
 }
 
 /// `image` as `tart list` names it: a registry reference without tag or digest means `:latest`
@@ -93,11 +97,7 @@ pub fn images_of(entries: &[VmListEntry], vm_prefix: &str) -> Vec<String> {
         .filter(|e| !e.is_local() || !e.name.starts_with(vm_prefix))
         .collect();
     // Newest first; entries without an access time last, then by name for a stable order.
-    images.sort_by(|a, b| {
-        b.accessed_at()
-            .cmp(&a.accessed_at())
-            .then_with(|| a.name.cmp(&b.name))
-    });
+    images.sort_by(|a, b| b.accessed_at().cmp(&a.accessed_at()).then_with(|| a.name.cmp(&b.name)));
     let mut seen = BTreeSet::new();
     images
         .into_iter()
@@ -154,7 +154,10 @@ mod tests {
             assert_eq!(claim_delay("uid", &a, true, &timing(0, 5000)), Duration::ZERO);
             assert_eq!(claim_delay("uid", &a, false, &timing(0, 5000)), Duration::from_secs(5));
             let cached = claim_delay("uid", &a, true, &timing(500, 5000));
-            assert_eq!(claim_delay("uid", &a, false, &timing(500, 5000)), cached + Duration::from_secs(5));
+            assert_eq!(
+                claim_delay("uid", &a, false, &timing(500, 5000)),
+                cached + Duration::from_secs(5)
+            );
         }
     }
 
@@ -266,7 +269,12 @@ mod tests {
         ];
         assert_eq!(
             images_of(&entries, "mb-"),
-            ["ghcr.io/x/y:16", "ghcr.io/x/y@sha256:ab", "sequoia-base", "ghcr.io/x/old:1"]
+            [
+                "ghcr.io/x/y:16",
+                "ghcr.io/x/y@sha256:ab",
+                "sequoia-base",
+                "ghcr.io/x/old:1"
+            ]
         );
     }
 

@@ -12,10 +12,10 @@ pub mod recover;
 
 use self::core::{Core, Shared};
 use crate::cluster::claim::claimable;
-use crate::cluster::placement;
 use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
+use crate::cluster::placement;
 use crate::config::Config;
 use crate::journal::{Journal, JournalOptions};
 use crate::lock::StateLock;

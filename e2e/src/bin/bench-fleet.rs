@@ -5,7 +5,9 @@ use std::time::Duration;
 use tartan_e2e::fleet::{self, FleetOptions};
 
 #[derive(Parser, Debug)]
-#[command(about = "N real agents (2 slots each) racing for M MacBuilds on the emulator; prints claim latency, losing claims, requests, RSS, idle CPU, spread and load")]
+#[command(
+    about = "N real agents (2 slots each) racing for M MacBuilds on the emulator; prints claim latency, losing claims, requests, RSS, idle CPU, spread and load"
+)]
 struct Args {
     /// Agents (separate `tartan-agent run` processes with their own state dirs and tart homes).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=50))]

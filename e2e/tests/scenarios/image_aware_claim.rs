@@ -30,7 +30,10 @@ async fn the_agent_holding_the_image_claims_first_and_the_other_only_after_the_d
 
     // Both publish what they hold.
     wait_for_async("both Leases list the images held", Duration::from_secs(20), || async {
-        let (h, o) = (images_published(&s, "holder").await, images_published(&s, "other").await);
+        let (h, o) = (
+            images_published(&s, "holder").await,
+            images_published(&s, "other").await,
+        );
         match (&h, &o) {
             (Some(h), Some(o)) if h.contains(IMAGE) && o == "[]" => Ok(()),
             _ => Err(format!("holder {h:?}, other {o:?}")),
@@ -49,7 +52,11 @@ async fn the_agent_holding_the_image_claims_first_and_the_other_only_after_the_d
             .iter()
             .any(|r| r.build.as_ref().is_some_and(|b| b.name == name))
     };
-    assert!(!tried("other", "first"), "the agent without the image tried the build the holder took:\n{}", s.journal_text("other"));
+    assert!(
+        !tried("other", "first"),
+        "the agent without the image tried the build the holder took:\n{}",
+        s.journal_text("other")
+    );
 
     // The holder is busy now: the other agent claims the next build, but only after its delay.
     let created = k8s_openapi::jiff::Timestamp::now();
@@ -60,12 +67,17 @@ async fn the_agent_holding_the_image_claims_first_and_the_other_only_after_the_d
         })
         .await;
     let waited = admitted.time.duration_since(created).unsigned_abs();
-    assert!(waited >= UNCACHED_DELAY, "claimed {waited:?} after creation, before uncached_claim_delay");
+    assert!(
+        waited >= UNCACHED_DELAY,
+        "claimed {waited:?} after creation, before uncached_claim_delay"
+    );
     assert!(!tried("holder", "second"), "the busy holder tried the second build");
 
     s.open_gate();
-    s.wait_run("first", "True", "TestsPassed", Duration::from_secs(60)).await;
-    s.wait_run("second", "True", "TestsPassed", Duration::from_secs(60)).await;
+    s.wait_run("first", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    s.wait_run("second", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
     s.finish().await;
 }
 

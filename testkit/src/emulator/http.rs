@@ -166,7 +166,17 @@ pub async fn handle(
         Some(q) => format!("{path}?{q}"),
         None => path.clone(),
     };
-    let result = route(&inner, &method, &path, &query, &accept, &content_type, body, user.clone()).await;
+    let result = route(
+        &inner,
+        &method,
+        &path,
+        &query,
+        &accept,
+        &content_type,
+        body,
+        user.clone(),
+    )
+    .await;
     let response = result.unwrap_or_else(|e| error_response(&e));
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
