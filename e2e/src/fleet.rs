@@ -172,7 +172,7 @@ pub async fn run(opts: FleetOptions) {
     let started = Instant::now();
     let mut created: BTreeMap<String, Timestamp> = BTreeMap::new();
     let mut max_load = 0f64;
-    let step = format!("sleep {}", opts.step_secs);
+    let step = vec!["sleep".to_string(), opts.step_secs.to_string()];
     for i in 0..opts.builds {
         let due = started + Duration::from_secs_f64(i as f64 / opts.rate);
         tokio::time::sleep_until(due.into()).await;
@@ -183,7 +183,7 @@ pub async fn run(opts: FleetOptions) {
                 IMAGE,
                 vec![Step {
                     name: "work".into(),
-                    run: vec![step.clone()],
+                    run: step.clone(),
                 }],
             ),
         );
@@ -199,8 +199,9 @@ pub async fn run(opts: FleetOptions) {
         }
     }
     // All terminal (each build takes boot + step + cleanup).
-    let limit = Duration::from_secs(120) + Duration::from_secs_f64(opts.builds as f64 / opts.rate);
+    let limit = Duration::from_secs(240) + Duration::from_secs_f64(opts.builds as f64 / opts.rate);
     let deadline = Instant::now() + limit;
+    let mut unfinished = 0;
     loop {
         let list = api.list(&Default::default()).await.expect("listing MacBuilds");
         let done = list
@@ -213,12 +214,11 @@ pub async fn run(opts: FleetOptions) {
         }
         let one: f64 = loadavg().split(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
         max_load = max_load.max(one);
-        assert!(
-            Instant::now() < deadline,
-            "only {done}/{} MacBuilds terminal after {limit:?}; files kept in {}",
-            opts.builds,
-            stack.keep_files().display()
-        );
+        if Instant::now() >= deadline {
+            // Reported, not fatal: what did finish is still measured.
+            unfinished = opts.builds - done;
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let elapsed = started.elapsed();
@@ -313,6 +313,9 @@ pub async fn run(opts: FleetOptions) {
 
     // Report.
     let n = opts.builds as f64;
+    if unfinished > 0 {
+        println!("!! {unfinished} of {} MacBuilds were not terminal {limit:?} after the first was created", opts.builds);
+    }
     let ms = |p: f64| percentile(&latency, p).map_or("-".into(), |v| format!("{v:.0} ms"));
     println!(
         "== bench-fleet: {} agents x 2 slots, {} builds at {}/s, boot {}s, step {}s, {} holding the image",
