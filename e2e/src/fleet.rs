@@ -314,7 +314,10 @@ pub async fn run(opts: FleetOptions) {
     // Report.
     let n = opts.builds as f64;
     if unfinished > 0 {
-        println!("!! {unfinished} of {} MacBuilds were not terminal {limit:?} after the first was created", opts.builds);
+        println!(
+            "!! {unfinished} of {} MacBuilds were not terminal {limit:?} after the first was created",
+            opts.builds
+        );
     }
     let ms = |p: f64| percentile(&latency, p).map_or("-".into(), |v| format!("{v:.0} ms"));
     println!(

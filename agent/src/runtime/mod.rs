@@ -332,17 +332,28 @@ async fn scan(
     if writable {
         resolve_unknown_vms(shared).await;
     }
-    let mut order: Vec<&Arc<MacBuild>> = builds.iter().collect();
-    // Oldest first: the queue is fair.
-    order.sort_by(|a, b| {
-        a.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    // When each build comes due for this agent: first seen claimable, plus its wait.
+    let due_of = |mb: &MacBuild| {
+        let uid = mb.metadata.uid.as_deref().unwrap_or_default();
+        let since = claimable_since.get(uid).copied().unwrap_or(now);
+        let holds = placement::holds_image(&mb.spec.image, held);
+        since + placement::claim_delay(uid, &shared.config.agent_id, holds, &timing)
+    };
+    let mut order: Vec<(tokio::time::Instant, &Arc<MacBuild>)> = builds.iter().map(|mb| (due_of(mb), mb)).collect();
+    // Earliest due first: the queue stays fair (what waited longer comes first), and builds seen
+    // together are taken in this agent's own rendezvous order, so free agents facing a backlog go
+    // for different builds instead of all for the oldest. Creation time breaks ties.
+    order.sort_by(|(da, a), (db, b)| {
+        da.cmp(db).then_with(|| {
+            a.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        })
     });
     let mut slots_left = true;
-    for mb in order {
+    for (due, mb) in order {
         let Some(uid) = mb.metadata.uid.clone() else { continue };
         {
             let core = shared.core.lock().await;
@@ -360,9 +371,8 @@ async fn scan(
             continue;
         }
         still_claimable.insert(uid.clone());
-        let since = *claimable_since.entry(uid.clone()).or_insert(now);
-        let holds = placement::holds_image(&mb.spec.image, held);
-        let due = since + placement::claim_delay(&uid, &shared.config.agent_id, holds, &timing);
+        // `due` counted from `now` for a build not seen claimable before: the same instant.
+        claimable_since.entry(uid.clone()).or_insert(now);
         if due > now {
             next_due = Some(next_due.map_or(due, |n| n.min(due)));
             continue;
