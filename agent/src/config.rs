@@ -253,6 +253,13 @@ pub struct Timing {
     /// How often finished, delivered builds are dropped from the journal (10 min; the first one
     /// an interval after the start).
     pub compaction_interval: Duration,
+    /// The window of the rendezvous wait before a first claim (500 ms): each agent waits a fixed,
+    /// evenly spread share of it per build, so the free agents do not all write at once
+    /// (`cluster::placement`). 0 claims at once.
+    pub claim_spread: Duration,
+    /// The extra wait before claiming a build whose image this host does not hold (5 s), so that a
+    /// free host holding it claims first; after it, anyone claims.
+    pub uncached_claim_delay: Duration,
 }
 
 impl Default for Timing {
@@ -268,6 +275,8 @@ impl Default for Timing {
             resume_probe: Duration::from_secs(30),
             step_poll: Duration::from_secs(1),
             compaction_interval: Duration::from_secs(600),
+            claim_spread: Duration::from_millis(500),
+            uncached_claim_delay: Duration::from_secs(5),
         }
     }
 }
@@ -342,6 +351,8 @@ struct RawTiming {
     resume_probe: Option<HumaneDuration>,
     step_poll: Option<HumaneDuration>,
     compaction_interval: Option<HumaneDuration>,
+    claim_spread: Option<HumaneDuration>,
+    uncached_claim_delay: Option<HumaneDuration>,
 }
 
 /// A duration written as `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"` or a sum such as `"1m30s"`.
@@ -650,6 +661,8 @@ impl Config {
             resume_probe: pick(t.resume_probe, d.resume_probe),
             step_poll: pick(t.step_poll, d.step_poll),
             compaction_interval: pick(t.compaction_interval, d.compaction_interval),
+            claim_spread: pick(t.claim_spread, d.claim_spread),
+            uncached_claim_delay: pick(t.uncached_claim_delay, d.uncached_claim_delay),
         };
         timing.check().map_err(|(key, detail)| invalid(key, detail))?;
 
@@ -837,6 +850,24 @@ impl Timing {
         if self.compaction_interval.is_zero() {
             return Err(("timing.compaction_interval", "must be more than 0".into()));
         }
+        if self.claim_spread > Duration::from_secs(60) {
+            return Err((
+                "timing.claim_spread",
+                format!(
+                    "{} is more than 60s: every claim would wait up to that long",
+                    secs(self.claim_spread)
+                ),
+            ));
+        }
+        if self.uncached_claim_delay > Duration::from_secs(3600) {
+            return Err((
+                "timing.uncached_claim_delay",
+                format!(
+                    "{} is more than 1h: a build whose image no free host holds would wait that long",
+                    secs(self.uncached_claim_delay)
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -942,6 +973,8 @@ retry_min_window = "3m"
 status_retry_initial = "250ms"
 status_retry_max = "1m30s"
 compaction_interval = "90s"
+claim_spread = "250ms"
+uncached_claim_delay = "30s"
 "#,
         )
         .unwrap();
@@ -969,6 +1002,8 @@ compaction_interval = "90s"
         assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
         assert_eq!(c.timing.status_retry_max, Duration::from_secs(90));
         assert_eq!(c.timing.compaction_interval, Duration::from_secs(90));
+        assert_eq!(c.timing.claim_spread, Duration::from_millis(250));
+        assert_eq!(c.timing.uncached_claim_delay, Duration::from_secs(30));
     }
 
     #[test]
@@ -1016,6 +1051,8 @@ compaction_interval = "90s"
             ("[timing]\napi_timeout = \"5s\"", "timing.api_timeout"),
             ("[timing]\nstatus_retry_initial = \"1m\"", "timing.status_retry_initial"),
             ("[timing]\ncompaction_interval = \"0s\"", "timing.compaction_interval"),
+            ("[timing]\nclaim_spread = \"61s\"", "timing.claim_spread"),
+            ("[timing]\nuncached_claim_delay = \"2h\"", "timing.uncached_claim_delay"),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(key), "{text}: {err}");

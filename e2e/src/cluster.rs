@@ -731,6 +731,45 @@ fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) {
     );
 }
 
+impl Cluster {
+    /// The emulator's `GET /emulator/answers` (every answered request with its status code);
+    /// `None` on a real cluster.
+    pub fn emulator_answers(&self) -> Option<Value> {
+        let Cluster::Emulator { control, .. } = self else {
+            return None;
+        };
+        let addr = control.trim_start_matches("http://").trim_end_matches('/');
+        let mut stream =
+            std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("cannot reach the emulator at {addr}: {e}"));
+        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            stream,
+            "GET /emulator/answers HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .unwrap_or_else(|e| panic!("reading the emulator's answers: {e}"));
+        let text = String::from_utf8_lossy(&response);
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("the emulator's answers came without a body: {text:.200}"));
+        assert!(head.contains(" 200 "), "emulator /emulator/answers answered: {head}");
+        // Chunked or not: the JSON object is between the first '{' and the last '}'.
+        let json = &body[body.find('{').unwrap_or(0)..=body.rfind('}').unwrap_or(body.len().saturating_sub(1))];
+        Some(serde_json::from_str(json).unwrap_or_else(|e| panic!("the emulator's answers are not JSON: {e}")))
+    }
+
+    /// The pid of the emulator process; `None` on a real cluster.
+    pub fn emulator_pid(&self) -> Option<u32> {
+        match self {
+            Cluster::Emulator { proc, .. } => Some(proc.pid()),
+            Cluster::Real(_) => None,
+        }
+    }
+}
+
 /// A plain HTTP/1.1 POST of JSON to the emulator's control endpoint; panics unless 2xx.
 fn emulator_post(url: &str, path: &str, body: &Value) {
     let addr = url.trim_start_matches("http://").trim_end_matches('/');

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod bins;
 pub mod chaos;
 pub mod cluster;
+pub mod fleet;
 pub mod invariants;
 pub mod process;
 pub mod stack;

@@ -45,6 +45,11 @@ pub struct AgentOptions {
     pub compaction_interval: &'static str,
     /// `[secrets] allowed`: names of Secrets in the stack's namespace builds may read.
     pub secrets: &'static [&'static str],
+    /// `timing.claim_spread` (the agent's is 500ms; 100ms here keeps scenarios quick).
+    pub claim_spread: &'static str,
+    /// `timing.uncached_claim_delay`: 0s by default, as tart-double homes start without images
+    /// and scenarios measure other things (the agent's is 5s).
+    pub uncached_claim_delay: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -64,6 +69,8 @@ impl Default for AgentOptions {
             resume_probe: "10s",
             compaction_interval: "10m",
             secrets: &[],
+            claim_spread: "100ms",
+            uncached_claim_delay: "0s",
         }
     }
 }
@@ -578,6 +585,8 @@ watchdog_grace = "{wg}"
 step_poll = "{step_poll}"
 resume_probe = "{resume_probe}"
 compaction_interval = "{compaction_interval}"
+claim_spread = "{claim_spread}"
+uncached_claim_delay = "{uncached_claim_delay}"
 
 [secrets]
 allowed = [{secrets}]
@@ -607,6 +616,8 @@ allowed = [{secrets}]
                 .map(|n| format!("\"{}/{n}\"", self.ns))
                 .collect::<Vec<_>>()
                 .join(", "),
+            claim_spread = opts.claim_spread,
+            uncached_claim_delay = opts.uncached_claim_delay,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();

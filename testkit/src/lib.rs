@@ -18,7 +18,9 @@
 //! refuses connections): `GET|POST|DELETE /emulator/faults` with
 //! `{"deny": [DenyRule...], "availability": "up|unavailable|refuse", "forMs": N, "latencyMs": N, "busyMs": N}`
 //! (fields given replace those parts), `POST /emulator/compact` (drop watch history: older
-//! resourceVersions get 410), `GET /emulator/requests` (every API request seen).
+//! resourceVersions get 410), `GET /emulator/requests` (every API request seen), `GET /emulator/answers`
+//! (`{"dropped": N, "answers": [{at_ms, method, uri, user, code}...]}`: each answered request with
+//! its status code).
 //!
 //! Knowingly not faithful: no authentication/authorization/RBAC; server-side apply merges maps
 //! and replaces everything else without field ownership (no managedFields, no apply conflicts,

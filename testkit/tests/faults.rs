@@ -331,3 +331,31 @@ async fn a_busy_server_serves_one_request_at_a_time() {
     );
     emu.set_busy(Duration::ZERO);
 }
+
+#[tokio::test]
+async fn answers_record_each_request_with_its_status_code() {
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    api.create(&PostParams::default(), &macbuild("a", json!({"image": "x"})))
+        .await
+        .unwrap();
+    // A JSON patch whose test fails: the 422 a losing claim gets.
+    let failing = json_patch::Patch(vec![json_patch::PatchOperation::Test(json_patch::TestOperation {
+        path: json_patch::jsonptr::PointerBuf::parse("/metadata/resourceVersion").unwrap(),
+        value: json!("1"),
+    })]);
+    let refused = api
+        .patch_status("a", &PatchParams::default(), &Patch::Json::<()>(failing))
+        .await;
+    assert_eq!(status_of(refused).code, 422);
+    let answers = emu.answers();
+    let codes: Vec<(&str, u16)> = answers
+        .iter()
+        .filter(|a| a.uri.contains("/macbuilds"))
+        .map(|a| (a.method.as_str(), a.code))
+        .collect();
+    assert_eq!(codes, [("POST", 201), ("PATCH", 422)], "{answers:?}");
+    let patch = answers.iter().find(|a| a.method == "PATCH").unwrap();
+    assert!(patch.uri.ends_with("/macbuilds/a/status"), "{patch:?}");
+    assert!(patch.at_ms > 1_700_000_000_000, "{patch:?}");
+}

@@ -19,6 +19,7 @@
 //! stopped because renewals fail** — an expired Lease proves nothing about the VM, and the
 //! controller handles an unreachable host on its side (HostUnreachable, timeout + grace).
 
+use super::placement::IMAGES_ANNOTATION;
 use super::{CallError, patch_params, timed};
 use crate::config::Config;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -152,13 +153,15 @@ pub fn holder_of(lease: &Lease, agent_id: &str) -> Holder {
     }
 }
 
-/// The Lease to create when none exists.
-pub fn new_lease(cfg: &LeaseConfig, now: Timestamp) -> Lease {
+/// The Lease to create when none exists; `images` is the value of
+/// [`IMAGES_ANNOTATION`](super::placement::IMAGES_ANNOTATION), once the host's images are listed.
+pub fn new_lease(cfg: &LeaseConfig, now: Timestamp, images: Option<&str>) -> Lease {
     Lease {
         metadata: ObjectMeta {
             name: Some(cfg.name()),
             namespace: Some(cfg.namespace.clone()),
             labels: Some(BTreeMap::from([(AGENT_LABEL.to_string(), cfg.agent_id.clone())])),
+            annotations: images.map(|i| BTreeMap::from([(IMAGES_ANNOTATION.to_string(), i.to_string())])),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -173,12 +176,14 @@ pub fn new_lease(cfg: &LeaseConfig, now: Timestamp) -> Lease {
 }
 
 /// The renewal: a merge patch fenced by `resource_version` (stale → 409). `taking_over` (the Lease
-/// had no holder) also sets `acquireTime` and counts a transition.
+/// had no holder) also sets `acquireTime` and counts a transition. `images`, once listed, replaces
+/// the [`IMAGES_ANNOTATION`](super::placement::IMAGES_ANNOTATION), so it is as fresh as the renewal.
 pub fn renew_patch(
     cfg: &LeaseConfig,
     resource_version: &str,
     now: Timestamp,
     taking_over: Option<&Lease>,
+    images: Option<&str>,
 ) -> serde_json::Value {
     let mut spec = json!({
         "holderIdentity": cfg.agent_id,
@@ -190,13 +195,17 @@ pub fn renew_patch(
         spec["acquireTime"] = json!(MicroTime(now));
         spec["leaseTransitions"] = json!(transitions.saturating_add(1));
     }
-    json!({
+    let mut patch = json!({
         "metadata": {
             "resourceVersion": resource_version,
             "labels": {AGENT_LABEL: cfg.agent_id},
         },
         "spec": spec,
-    })
+    });
+    if let Some(images) = images {
+        patch["metadata"]["annotations"] = json!({IMAGES_ANNOTATION: images});
+    }
+    patch
 }
 
 /// Why one renewal round did not renew.
@@ -215,8 +224,19 @@ pub struct LeaseKeeper {
 impl LeaseKeeper {
     /// Starts creating/renewing the Lease on the current tokio runtime.
     pub fn spawn(client: kube::Client, cfg: LeaseConfig) -> LeaseKeeper {
+        let (_, images) = watch::channel(None);
+        LeaseKeeper::spawn_publishing(client, cfg, images)
+    }
+
+    /// [`LeaseKeeper::spawn`], publishing the latest value of `images` (the annotation's value;
+    /// `None` until the host's images are listed) with every renewal.
+    pub fn spawn_publishing(
+        client: kube::Client,
+        cfg: LeaseConfig,
+        images: watch::Receiver<Option<String>>,
+    ) -> LeaseKeeper {
         let (tx, state) = watch::channel(LeaseState::new(cfg.duration));
-        let task = tokio::spawn(run(client, cfg, tx));
+        let task = tokio::spawn(run(client, cfg, tx, images));
         LeaseKeeper { state, task }
     }
 
@@ -236,7 +256,12 @@ impl LeaseKeeper {
     }
 }
 
-async fn run(client: kube::Client, cfg: LeaseConfig, tx: watch::Sender<LeaseState>) {
+async fn run(
+    client: kube::Client,
+    cfg: LeaseConfig,
+    tx: watch::Sender<LeaseState>,
+    images: watch::Receiver<Option<String>>,
+) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let where_ = format!("Lease {}/{}", cfg.namespace, cfg.name());
     let mut known: Option<Lease> = None;
@@ -244,7 +269,12 @@ async fn run(client: kube::Client, cfg: LeaseConfig, tx: watch::Sender<LeaseStat
         let started = Instant::now();
         let started_wall = Timestamp::now();
         // The whole round (at most a few requests) fits in one period.
-        let round = tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &mut known, &tx)).await;
+        let published = images.borrow().clone();
+        let round = tokio::time::timeout(
+            cfg.renew_every,
+            round(&api, &cfg, &mut known, &tx, published.as_deref()),
+        )
+        .await;
         match round {
             Ok(Ok(())) => {
                 let was_failing = tx.borrow().last_error.is_some() || tx.borrow().held_by_other.is_some();
@@ -306,6 +336,7 @@ async fn round(
     cfg: &LeaseConfig,
     known: &mut Option<Lease>,
     tx: &watch::Sender<LeaseState>,
+    images: Option<&str>,
 ) -> Result<(), RoundError> {
     let name = cfg.name();
     let failed = |what: &str, e: CallError| RoundError::Failed(format!("{what}: {e}"));
@@ -317,7 +348,7 @@ async fn round(
                 Ok(None) => {
                     match timed(
                         cfg.api_timeout,
-                        api.create(&PostParams::default(), &new_lease(cfg, Timestamp::now())),
+                        api.create(&PostParams::default(), &new_lease(cfg, Timestamp::now(), images)),
                     )
                     .await
                     {
@@ -343,7 +374,7 @@ async fn round(
                 "the API returned the Lease without a resourceVersion".into(),
             ));
         };
-        let patch = renew_patch(cfg, rv, Timestamp::now(), taking_over);
+        let patch = renew_patch(cfg, rv, Timestamp::now(), taking_over, images);
         match timed(
             cfg.api_timeout,
             api.patch(&name, &patch_params(), &Patch::Merge(&patch)),
@@ -387,8 +418,14 @@ mod tests {
     fn name_and_new_lease_follow_the_controllers_convention() {
         assert_eq!(lease_name("mac-mini-07"), "tartan-agent-mac-mini-07");
         let now: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
-        let lease = new_lease(&cfg(), now);
+        let lease = new_lease(&cfg(), now, None);
         assert_eq!(lease.metadata.name.as_deref(), Some("tartan-agent-mac-mini-07"));
+        assert_eq!(lease.metadata.annotations, None);
+        let listed = new_lease(&cfg(), now, Some(r#"["ghcr.io/x/y:16"]"#));
+        assert_eq!(
+            listed.metadata.annotations.unwrap()[IMAGES_ANNOTATION],
+            r#"["ghcr.io/x/y:16"]"#
+        );
         assert_eq!(lease.metadata.labels.as_ref().unwrap()[AGENT_LABEL], "mac-mini-07");
         let spec = lease.spec.unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some("mac-mini-07"));
@@ -400,7 +437,13 @@ mod tests {
     #[test]
     fn renew_patch_carries_the_resource_version_and_micro_time() {
         let now: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
-        let p = renew_patch(&cfg(), "4711", now, None);
+        let p = renew_patch(&cfg(), "4711", now, None, None);
+        assert!(
+            p["metadata"].get("annotations").is_none(),
+            "not listed yet: the annotation is left as it is"
+        );
+        let with = renew_patch(&cfg(), "4711", now, None, Some("[]"));
+        assert_eq!(with["metadata"]["annotations"][IMAGES_ANNOTATION], "[]");
         assert_eq!(p["metadata"]["resourceVersion"], "4711");
         assert_eq!(p["metadata"]["labels"][AGENT_LABEL], "mac-mini-07");
         assert_eq!(p["spec"]["holderIdentity"], "mac-mini-07");
@@ -408,18 +451,18 @@ mod tests {
         assert_eq!(p["spec"]["renewTime"], "2026-10-05T02:54:20.123456Z");
         assert!(p["spec"].get("acquireTime").is_none());
 
-        let mut released = new_lease(&cfg(), now);
+        let mut released = new_lease(&cfg(), now, None);
         let spec = released.spec.as_mut().unwrap();
         spec.holder_identity = None;
         spec.lease_transitions = Some(3);
-        let p = renew_patch(&cfg(), "4712", now, Some(&released));
+        let p = renew_patch(&cfg(), "4712", now, Some(&released), None);
         assert_eq!(p["spec"]["acquireTime"], "2026-10-05T02:54:20.123456Z");
         assert_eq!(p["spec"]["leaseTransitions"], 4);
     }
 
     #[test]
     fn holder_is_us_nobody_or_someone_else() {
-        let mut lease = new_lease(&cfg(), Timestamp::UNIX_EPOCH);
+        let mut lease = new_lease(&cfg(), Timestamp::UNIX_EPOCH, None);
         assert_eq!(holder_of(&lease, "mac-mini-07"), Holder::Us);
         assert_eq!(holder_of(&lease, "other"), Holder::Other("mac-mini-07".into()));
         lease.spec.as_mut().unwrap().holder_identity = Some(String::new());

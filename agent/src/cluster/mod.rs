@@ -1,5 +1,5 @@
 //! The agent's Kubernetes side: its Lease ([`lease`]), claiming MacBuilds and the finalizer
-//! ([`claim`]), status delivery ([`delivery`]) and Events ([`events`]).
+//! ([`claim`]) and when to ([`placement`]), status delivery ([`delivery`]) and Events ([`events`]).
 //!
 //! (The module is called `cluster`, not `kube`, so that `kube::…` paths keep meaning the kube
 //! crate everywhere in this crate.)
@@ -11,6 +11,7 @@ pub mod claim;
 pub mod delivery;
 pub mod events;
 pub mod lease;
+pub mod placement;
 
 use crate::config::Config;
 use anyhow::Context as _;

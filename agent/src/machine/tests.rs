@@ -209,7 +209,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 55, "the size of the allowed set");
+    assert_eq!(allowed, 58, "the size of the allowed set");
 }
 
 #[test]

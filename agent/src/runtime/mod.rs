@@ -15,6 +15,7 @@ use crate::cluster::claim::claimable;
 use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
+use crate::cluster::placement;
 use crate::config::Config;
 use crate::journal::{Journal, JournalOptions};
 use crate::lock::StateLock;
@@ -74,7 +75,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The Lease has a client (and connections) of its own: its renewal never waits in line behind
     // the agent's other requests on a shared connection.
     let (lease_client, _) = crate::cluster::client(&config).await?;
-    let lease = LeaseKeeper::spawn(lease_client, LeaseConfig::from_config(&config));
+    // What the host holds: listed by a task, published on the Lease, consulted by every claim.
+    let (held_tx, held) = tokio::sync::watch::channel(None);
+    let (published_tx, published) = tokio::sync::watch::channel(None);
+    let lease = LeaseKeeper::spawn_publishing(lease_client, LeaseConfig::from_config(&config), published);
     let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
     let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
     let tart = Tart::new(&config.tart, config.tart_home.clone());
@@ -104,6 +108,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config,
     });
 
+    let image_listing = tokio::spawn(list_images(shared.tart.clone(), held_tx, published_tx));
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
@@ -132,15 +137,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let every = shared.config.timing.compaction_interval;
     let mut compaction = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut claimable_since = BTreeMap::new();
     loop {
         let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
-        scan(&shared, &view, &lease).await;
+        let held_now = held.borrow().clone();
+        let next_due = scan(&shared, &view, &lease, &mut claimable_since, held_now.as_ref()).await;
+        let rescan_at = tokio::time::Instant::now() + RESCAN;
+        let wake_at = next_due.map_or(rescan_at, |due| due.min(rescan_at));
         tokio::select! {
             _ = changed.notified() => {}
             _ = shared.slot_freed.notified() => {}
             // (A keeper that ended changes nothing more: not a reason to scan.)
             Ok(()) = lease_changes.changed() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
             _ = compaction.tick() => {
                 if let Err(error) = shared.compact_journal().await {
                     tracing::warn!(target: "journal", %error, "compaction failed; the journal is unchanged and is compacted again later");
@@ -160,6 +169,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         task.abort();
     }
     metrics.abort();
+    image_listing.abort();
     lease.stop();
     Ok(())
 }
@@ -280,16 +290,58 @@ async fn resolve_unknown_vms(shared: &Shared) {
     }
 }
 
-/// One look at every MacBuild: withdraw what asks for it, claim what matches.
-async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeeper) {
+/// How often the host's images are listed (`tart list`) for claims and the Lease annotation.
+const IMAGE_LISTING: Duration = Duration::from_secs(30);
+
+/// Lists the host's images now and every [`IMAGE_LISTING`]: the set for claiming into `held`, the
+/// bounded annotation value into `published`. A failed listing keeps the last list.
+async fn list_images(
+    tart: Tart,
+    held: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
+    published: tokio::sync::watch::Sender<Option<String>>,
+) {
+    loop {
+        match tart.list().await {
+            Ok(entries) => {
+                let images = placement::images_of(&entries, tartan_api::VM_PREFIX);
+                published.send_replace(Some(placement::published(&images)));
+                held.send_replace(Some(images.into_iter().collect()));
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "listing the host's images (tart list) failed; claims and the Lease keep the last list, it is listed again in {IMAGE_LISTING:?}"
+            ),
+        }
+        tokio::time::sleep(IMAGE_LISTING).await;
+    }
+}
+
+/// One look at every MacBuild: withdraw what asks for it, claim what matches once this agent's
+/// wait for it is over ([`placement::claim_delay`], counted from when it was first seen
+/// claimable, in `claimable_since`). Returns when the next waiting build comes due.
+async fn scan(
+    shared: &Arc<Shared>,
+    builds: &[Arc<MacBuild>],
+    lease: &LeaseKeeper,
+    claimable_since: &mut BTreeMap<String, tokio::time::Instant>,
+    held: Option<&std::collections::BTreeSet<String>>,
+) -> Option<tokio::time::Instant> {
+    let now = tokio::time::Instant::now();
+    let timing = placement::ClaimTiming {
+        spread: shared.config.timing.claim_spread,
+        uncached: shared.config.timing.uncached_claim_delay,
+    };
+    let mut next_due: Option<tokio::time::Instant> = None;
+    let mut still_claimable = std::collections::BTreeSet::new();
     // Claims and unknown-VM resolutions begin with a journal write: none while the journal fails
     // (it retries the disk with backoff here; withdrawals still go out).
     let writable = shared.journal_writable().await;
     if writable {
         resolve_unknown_vms(shared).await;
     }
-    // One pass under one lock: withdraw what asks for it, drop what this agent has or had.
-    let mut order: Vec<&Arc<MacBuild>> = {
+    // One pass under one lock: withdraw what asks for it, drop what this agent has or had, and
+    // what it may not claim.
+    let candidates: Vec<&Arc<MacBuild>> = {
         let core = shared.core.lock().await;
         builds
             .iter()
@@ -305,21 +357,32 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
                 }
                 !core.has_open_attempt(uid) && !core.finished_here(uid)
             })
+            .filter(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok())
             .collect()
     };
-    if !writable || !lease.can_claim() {
-        return;
-    }
-    order.retain(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok());
-    // Oldest first: the queue is fair.
-    order.sort_by(|a, b| {
-        a.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    // When each build comes due for this agent: first seen claimable, plus its wait.
+    let due_of = |mb: &MacBuild| {
+        let uid = mb.metadata.uid.as_deref().unwrap_or_default();
+        let since = claimable_since.get(uid).copied().unwrap_or(now);
+        let holds = placement::holds_image(&mb.spec.image, held);
+        since + placement::claim_delay(uid, &shared.config.agent_id, holds, &timing)
+    };
+    let mut order: Vec<(tokio::time::Instant, &Arc<MacBuild>)> =
+        candidates.into_iter().map(|mb| (due_of(mb), mb)).collect();
+    // Earliest due first: the queue stays fair (what waited longer comes first), and builds seen
+    // together are taken in this agent's own rendezvous order, so free agents facing a backlog go
+    // for different builds instead of all for the oldest. Creation time breaks ties.
+    order.sort_by(|(da, a), (db, b)| {
+        da.cmp(db).then_with(|| {
+            a.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        })
     });
-    for mb in order {
+    let mut slots_left = true;
+    for (due, mb) in order {
         let Some(uid) = mb.metadata.uid.clone() else { continue };
         {
             // Another task may have started it while this scan was not holding the lock.
@@ -328,10 +391,21 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
                 continue;
             }
         }
+        still_claimable.insert(uid.clone());
+        // `due` counted from `now` for a build not seen claimable before: the same instant.
+        claimable_since.entry(uid.clone()).or_insert(now);
+        if due > now {
+            next_due = Some(next_due.map_or(due, |n| n.min(due)));
+            continue;
+        }
+        if !slots_left || !writable || !lease.can_claim() {
+            continue;
+        }
         let slot = shared.core.lock().await.reserve_slot(&uid, shared.config.slots);
         let Some(slot) = slot else {
-            // No slot: nothing more is claimed in this round.
-            break;
+            // No slot: nothing more is claimed in this round (the waits of the rest still count).
+            slots_left = false;
+            continue;
         };
         let mb = MacBuild::clone(mb);
         let shared = Arc::clone(shared);
@@ -342,6 +416,9 @@ async fn scan(shared: &Arc<Shared>, builds: &[Arc<MacBuild>], lease: &LeaseKeepe
             build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
         });
     }
+    // A build claimed, finished or gone starts a new wait if it ever becomes claimable again.
+    claimable_since.retain(|uid, _| still_claimable.contains(uid));
+    next_due
 }
 
 /// Resolves on SIGTERM (launchd's stop) or SIGINT.

@@ -13,6 +13,7 @@ mod finalizer_outage;
 mod frozen_cancel;
 mod happy_path;
 mod harness;
+mod image_aware_claim;
 mod image_local_vm;
 mod journal_blip;
 mod mac_sleep;

@@ -1,5 +1,6 @@
 //! Two agents (separate state dirs and tart homes), one MacBuild at a time: the claim, not a host
-//! lock, separates them; the loser journals `ClaimLost` and clones nothing.
+//! lock, separates them; the loser journals `ClaimLost` and clones nothing. (With `claim_spread = 0s`:
+//! the rendezvous wait would otherwise keep them from racing.)
 
 use std::time::Duration;
 use tartan_api::{AttemptState, Reason};
@@ -8,8 +9,13 @@ use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_one_macbuild() {
     let mut s = Stack::new("two-agents").await;
-    s.add_agent("agent-a", AgentOptions::default());
-    s.add_agent("agent-b", AgentOptions::default());
+    // Both claim at once (no rendezvous wait), so that they do race.
+    let racing = AgentOptions {
+        claim_spread: "0s",
+        ..AgentOptions::default()
+    };
+    s.add_agent("agent-a", racing.clone());
+    s.add_agent("agent-b", racing);
     s.start_controller(ControllerOptions::default());
     s.start_agent("agent-a").await;
     s.start_agent("agent-b").await;

@@ -118,6 +118,7 @@ pub async fn handle(
 ) -> Result<Resp, Partitioned> {
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
+    let query_text = req.uri().query().filter(|q| !q.is_empty()).map(str::to_string);
     let method = req.method().clone();
     if path.starts_with("/emulator/") {
         return Ok(control(inner, req).await);
@@ -171,8 +172,33 @@ pub async fn handle(
         Ok(b) => b,
         Err(e) => return Ok(error_response(&ApiError::bad_request(format!("reading body: {e}")))),
     };
-    let result = route(&inner, &method, &path, &query, &accept, &content_type, body, user).await;
-    Ok(result.unwrap_or_else(|e| error_response(&e)))
+    let uri = match query_text {
+        Some(q) => format!("{path}?{q}"),
+        None => path.clone(),
+    };
+    let result = route(
+        &inner,
+        &method,
+        &path,
+        &query,
+        &accept,
+        &content_type,
+        body,
+        user.clone(),
+    )
+    .await;
+    let response = result.unwrap_or_else(|e| error_response(&e));
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    inner.answers.lock().expect("answers lock").push(super::Answer {
+        at_ms,
+        method: method.to_string(),
+        uri,
+        user,
+        code: response.status().as_u16(),
+    });
+    Ok(response)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -884,6 +910,10 @@ async fn control(inner: Arc<Inner>, req: Request<hyper::body::Incoming>) -> Resp
         (Method::POST, "/emulator/compact") => {
             inner.state.lock().expect("state lock").compact();
             json_response(200, &json!({"compacted": true}))
+        }
+        (Method::GET, "/emulator/answers") => {
+            let answers = inner.answers.lock().expect("answers lock");
+            json_response(200, &json!(&*answers))
         }
         (Method::GET, "/emulator/requests") => {
             let reqs = inner.state.lock().expect("state lock").requests.clone();

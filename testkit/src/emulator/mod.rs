@@ -94,6 +94,42 @@ pub(crate) struct Inner {
     pub busy: tokio::sync::Mutex<()>,
     availability: watch::Sender<Availability>,
     restore_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Every answered API request with its status code (`GET /emulator/answers`), for benchmarks
+    /// that count losing writes; kept apart from the store's lock so recording never waits on it.
+    pub answers: Mutex<Answers>,
+}
+
+/// One answered API request.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Answer {
+    /// Milliseconds since the Unix epoch when the answer was ready (watches: when they began).
+    pub at_ms: u64,
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// The bearer token (the emulator's notion of a user), if any.
+    pub user: Option<String>,
+    pub code: u16,
+}
+
+/// The most recent [`ANSWERS_KEPT`] answers; `dropped` counts older ones let go.
+#[derive(Default, serde::Serialize)]
+pub struct Answers {
+    pub dropped: u64,
+    pub answers: std::collections::VecDeque<Answer>,
+}
+
+/// How many answers [`Answers`] keeps (about 100 bytes each).
+pub const ANSWERS_KEPT: usize = 500_000;
+
+impl Answers {
+    pub fn push(&mut self, answer: Answer) {
+        if self.answers.len() >= ANSWERS_KEPT {
+            self.answers.pop_front();
+            self.dropped += 1;
+        }
+        self.answers.push_back(answer);
+    }
 }
 
 impl Inner {
@@ -269,6 +305,12 @@ impl EmulatorHandle {
         self.inner.state.lock().expect("state lock").requests.clone()
     }
 
+    /// Answered API requests so far with their status codes (the most recent [`ANSWERS_KEPT`]).
+    pub fn answers(&self) -> Vec<Answer> {
+        let answers = self.inner.answers.lock().expect("answers lock");
+        answers.answers.iter().cloned().collect()
+    }
+
     /// Objects the garbage collector has examined since start: it grows with what was deleted or
     /// owned, not with what is stored (a status write on an object without owners adds nothing).
     pub fn gc_visited(&self) -> u64 {
@@ -364,6 +406,7 @@ pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
         busy: tokio::sync::Mutex::new(()),
         availability,
         restore_task: Mutex::new(None),
+        answers: Mutex::new(Answers::default()),
     });
     let mut crds = Vec::new();
     for f in &options.crd_files {
