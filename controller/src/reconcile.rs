@@ -315,7 +315,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
     let name = obj.metadata.name.clone().unwrap_or_default();
     let target = format!("{ns}/{name}");
     let run_key = ObjectRef::from_obj(obj.as_ref());
-    let obj = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
+    let mut obj = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
     // Finished, and its status says so already: nothing to read, nothing to write.
     if decide::nothing_owed(&obj) {
         return Ok(Action::await_change());
@@ -376,6 +376,11 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                                 format!("created MacBuild {target}"),
                             )
                             .await;
+                            // Decide again on the created MacBuild before writing: one status
+                            // write then records it (its uid) instead of two.
+                            obj = run.clone();
+                            fresh = false;
+                            continue;
                         }
                         // Another replica or an earlier reconcile created it: decide again, adopting
                         // it if it is ours.
