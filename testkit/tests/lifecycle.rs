@@ -306,3 +306,93 @@ async fn crd_posted_at_runtime_is_served_and_its_deletion_removes_instances() {
     .await;
     assert_eq!(status_of(builds.get("later").await).code, 404);
 }
+
+/// The collector's work follows what changed, not what is stored: with 1,000 objects stored, status
+/// writes on unowned objects make it look at nothing, on owned objects at the written object only,
+/// and an owner's deletion at its dependents only (it once read every stored object per write).
+#[tokio::test]
+async fn garbage_collection_work_follows_what_changed_not_what_is_stored() {
+    let emu = emulator().await;
+    let client = emu.client();
+    let runs = customruns(&client, "default");
+    let builds = macbuilds(&client, "default");
+    let run: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun", "metadata": {"name": "owner"},
+        "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"}}
+    }))
+    .unwrap();
+    let run = runs.create(&PostParams::default(), &run).await.unwrap();
+    let refs: Vec<_> = serde_json::from_value(json!([owner_ref(&run, "CustomRun", "tekton.dev/v1beta1")])).unwrap();
+    for i in 0..990 {
+        builds
+            .create(
+                &PostParams::default(),
+                &macbuild(&format!("plain-{i}"), json!({"image": "x"})),
+            )
+            .await
+            .unwrap();
+    }
+    for i in 0..10 {
+        let mut owned = macbuild(&format!("owned-{i}"), json!({"image": "x"}));
+        owned.metadata.owner_references = Some(refs.clone());
+        builds.create(&PostParams::default(), &owned).await.unwrap();
+    }
+    // The creations of owned objects were looked at (their owner is live): wait for that to settle.
+    let settled = eventually(10, "collector done with the creations", || {
+        let emu = &emu;
+        async move { (emu.gc_visited() >= 10).then(|| emu.gc_visited()) }
+    })
+    .await;
+    assert!(
+        settled <= 10,
+        "creating 10 owned objects had the collector look at {settled} objects"
+    );
+
+    let status = |phase: &str| Patch::Merge(json!({"status": {"phase": phase}}));
+    for i in 0..100 {
+        builds
+            .patch_status(&format!("plain-{i}"), &PatchParams::default(), &status("Running"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        emu.gc_visited(),
+        settled,
+        "status writes on objects without owners or finalizers need no collector"
+    );
+    for i in 0..10 {
+        builds
+            .patch_status(&format!("owned-{i}"), &PatchParams::default(), &status("Running"))
+            .await
+            .unwrap();
+    }
+    let after_owned = eventually(10, "collector looked at the written owned objects", || {
+        let emu = &emu;
+        async move { (emu.gc_visited() >= settled + 10).then(|| emu.gc_visited()) }
+    })
+    .await;
+    assert!(
+        after_owned <= settled + 10,
+        "10 status writes on owned objects had the collector look at {} objects",
+        after_owned - settled
+    );
+
+    runs.delete("owner", &DeleteParams::background()).await.unwrap();
+    eventually(10, "owned objects collected", || {
+        let b = builds.clone();
+        async move {
+            let left = b.list(&Default::default()).await.unwrap().items;
+            (!left
+                .iter()
+                .any(|o| o.metadata.name.as_deref().unwrap_or("").starts_with("owned-")))
+            .then_some(())
+        }
+    })
+    .await;
+    let deletion_cost = emu.gc_visited() - after_owned;
+    assert!(
+        deletion_cost <= 30,
+        "deleting an owner of 10 among 1,000 stored objects had the collector look at {deletion_cost} objects"
+    );
+    assert_eq!(builds.list(&Default::default()).await.unwrap().items.len(), 990);
+}

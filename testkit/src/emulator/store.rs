@@ -1,7 +1,7 @@
 //! The object store: one global resourceVersion, a bounded event history for watches, the write
 //! pipeline (defaulting, pruning, validation, admission, generation, finalizers) and garbage collection.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,6 +14,9 @@ use super::status::{ApiError, ApiResult};
 use super::types::{self, CRD_CLEANUP_FINALIZER, Flavor, ResourceType};
 
 pub type StorageKey = (String, String);
+
+/// Where an object is stored: its type's storage key, namespace and name.
+pub type Location = (StorageKey, String, String);
 
 /// Current time as the apiserver writes `metav1.Time` (RFC 3339, whole seconds, UTC).
 pub fn now() -> String {
@@ -97,7 +100,18 @@ pub struct State {
     rv: u64,
     pub types: Vec<Arc<ResourceType>>,
     objects: BTreeMap<StorageKey, BTreeMap<(String, String), Value>>,
-    uids: HashMap<String, (StorageKey, String, String)>,
+    uids: HashMap<String, Location>,
+    /// Owner uid → the objects naming it in their ownerReferences, so the collector finds an
+    /// object's dependents without reading the whole store.
+    dependents: HashMap<String, BTreeSet<Location>>,
+    /// Objects the collector must look at, queued by the writes that may concern them: a write
+    /// that concerns no owner, finalizer or deletion queues nothing (writes stay O(1) in the
+    /// number of stored objects).
+    gc_queue: BTreeSet<Location>,
+    /// A CRD was written: storage keys whose type went away are to be emptied.
+    gc_sweep_types: bool,
+    /// Objects the collector has examined since start.
+    gc_visited: u64,
     history: VecDeque<Arc<Event>>,
     pub history_limit: usize,
     /// Watches may start at any resourceVersion >= this.
@@ -238,6 +252,10 @@ impl State {
             types: types::builtins().into_iter().map(Arc::new).collect(),
             objects: BTreeMap::new(),
             uids: HashMap::new(),
+            dependents: HashMap::new(),
+            gc_queue: BTreeSet::new(),
+            gc_sweep_types: false,
+            gc_visited: 0,
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted: 100,
@@ -281,7 +299,16 @@ impl State {
         self.history.iter().filter(|e| e.rv > rv).cloned().collect()
     }
 
+    /// Objects the garbage collector has examined since start (it grows with what changed, not
+    /// with what is stored).
+    pub fn gc_visited(&self) -> u64 {
+        self.gc_visited
+    }
+
     fn commit(&mut self, key: StorageKey, ns: &str, etype: EventType, object: Value, old: Option<Value>) {
+        if self.queue_gc(&key, ns, etype, &object, old.as_ref()) {
+            self.gc_wake.notify_one();
+        }
         let ev = Arc::new(Event {
             rv: self.rv,
             key,
@@ -298,7 +325,113 @@ impl State {
         }
         let _ = self.tx.send(ev);
         self.current_rv.store(self.rv, Ordering::SeqCst);
-        self.gc_wake.notify_one();
+    }
+
+    fn deleting_at(&self, loc: &Location) -> bool {
+        self.stored_at(loc).is_some_and(is_deleting)
+    }
+
+    /// Queues for the collector what a committed change may concern; returns whether it queued
+    /// anything. Only these can need it: the object itself when it has owners or is being deleted;
+    /// an owner, namespace or CRD being deleted and waiting for its dependents, content or
+    /// instances to go; and, when the object is gone, its dependents.
+    fn queue_gc(&mut self, key: &StorageKey, ns: &str, etype: EventType, obj: &Value, old: Option<&Value>) -> bool {
+        let mut due: Vec<Location> = Vec::new();
+        let name = meta(obj, "name").unwrap_or_default();
+        let owners = owner_uids(obj);
+        if etype != EventType::Deleted && (!owners.is_empty() || is_deleting(obj)) {
+            due.push((key.clone(), ns.to_string(), name));
+        }
+        for uid in owners.iter().chain(old.map(owner_uids).unwrap_or_default().iter()) {
+            if let Some(loc) = self.uids.get(uid)
+                && self.deleting_at(loc)
+            {
+                due.push(loc.clone());
+            }
+        }
+        if !ns.is_empty() {
+            let loc = ((String::new(), "namespaces".to_string()), String::new(), ns.to_string());
+            if self.deleting_at(&loc) {
+                due.push(loc);
+            }
+        }
+        if let Some(crd) = self.storage_type(key).and_then(|t| t.crd.clone()) {
+            let loc = (
+                (
+                    "apiextensions.k8s.io".to_string(),
+                    "customresourcedefinitions".to_string(),
+                ),
+                String::new(),
+                crd,
+            );
+            if self.deleting_at(&loc) {
+                due.push(loc);
+            }
+        }
+        if etype == EventType::Deleted
+            && let Some(deps) = meta(obj, "uid").and_then(|u| self.dependents.get(&u))
+        {
+            due.extend(deps.iter().cloned());
+        }
+        let queued = !due.is_empty();
+        self.gc_queue.extend(due);
+        queued
+    }
+
+    /// Stores `obj` at a location, keeping the uid and dependents indexes; returns what was there.
+    fn put_object(&mut self, key: &StorageKey, ns: &str, name: &str, obj: Value) -> Option<Value> {
+        let loc: Location = (key.clone(), ns.to_string(), name.to_string());
+        if let Some(uid) = meta(&obj, "uid") {
+            self.uids.insert(uid, loc.clone());
+        }
+        for owner in owner_uids(&obj) {
+            self.dependents.entry(owner).or_default().insert(loc.clone());
+        }
+        let old = self
+            .objects
+            .entry(key.clone())
+            .or_default()
+            .insert((ns.to_string(), name.to_string()), obj);
+        if let Some(o) = &old {
+            let now_owners = self.stored_at(&loc).map(owner_uids).unwrap_or_default();
+            for owner in owner_uids(o).into_iter().filter(|u| !now_owners.contains(u)) {
+                self.unindex_dependent(&owner, &loc);
+            }
+        }
+        old
+    }
+
+    /// Removes the object at a location, keeping the uid and dependents indexes.
+    fn take_object(&mut self, key: &StorageKey, ns: &str, name: &str) -> Option<Value> {
+        let loc: Location = (key.clone(), ns.to_string(), name.to_string());
+        let obj = self
+            .objects
+            .get_mut(key)
+            .and_then(|m| m.remove(&(ns.to_string(), name.to_string())))?;
+        if let Some(uid) = meta(&obj, "uid")
+            && self.uids.get(&uid) == Some(&loc)
+        {
+            self.uids.remove(&uid);
+        }
+        for owner in owner_uids(&obj) {
+            self.unindex_dependent(&owner, &loc);
+        }
+        Some(obj)
+    }
+
+    fn unindex_dependent(&mut self, owner: &str, loc: &Location) {
+        if let Some(set) = self.dependents.get_mut(owner) {
+            set.remove(loc);
+            if set.is_empty() {
+                self.dependents.remove(owner);
+            }
+        }
+    }
+
+    fn stored_at(&self, loc: &Location) -> Option<&Value> {
+        self.objects
+            .get(&loc.0)
+            .and_then(|m| m.get(&(loc.1.clone(), loc.2.clone())))
     }
 
     fn next_rv(&mut self) -> u64 {
@@ -550,6 +683,8 @@ impl State {
 
     fn after_write(&mut self, rt: &ResourceType, obj: Option<&Value>, name: &str) {
         if rt.plural == "customresourcedefinitions" && rt.group == "apiextensions.k8s.io" {
+            self.gc_sweep_types = true;
+            self.gc_wake.notify_one();
             match obj {
                 Some(o) => {
                     let _ = self.register_crd(o);
@@ -660,13 +795,7 @@ impl State {
         }
         let rv = self.next_rv();
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        let uid = meta(&obj, "uid").unwrap_or_default();
-        self.uids
-            .insert(uid, (rt.storage.clone(), ns.to_string(), name.clone()));
-        self.objects
-            .entry(rt.storage.clone())
-            .or_default()
-            .insert((ns.to_string(), name.clone()), obj.clone());
+        self.put_object(&rt.storage, ns, &name, obj.clone());
         self.commit(rt.storage.clone(), ns, EventType::Added, obj.clone(), None);
         self.after_write(rt, Some(&obj), &name);
         Ok((Self::to_served(rt, &obj), warnings))
@@ -805,19 +934,12 @@ impl State {
     fn store_update(&mut self, rt: &ResourceType, ns: &str, name: &str, mut obj: Value, cur: Value) -> Value {
         let rv = self.next_rv();
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        let key = (ns.to_string(), name.to_string());
         if is_deleting(&obj) && finalizers(&obj).is_empty() && !Self::namespace_pending(rt, &obj) {
-            self.objects.entry(rt.storage.clone()).or_default().remove(&key);
-            if let Some(uid) = meta(&obj, "uid") {
-                self.uids.remove(&uid);
-            }
+            self.take_object(&rt.storage, ns, name);
             self.commit(rt.storage.clone(), ns, EventType::Deleted, obj.clone(), Some(cur));
             self.after_write(rt, None, name);
         } else {
-            self.objects
-                .entry(rt.storage.clone())
-                .or_default()
-                .insert(key, obj.clone());
+            self.put_object(&rt.storage, ns, name, obj.clone());
             self.commit(rt.storage.clone(), ns, EventType::Modified, obj.clone(), Some(cur));
             self.after_write(rt, Some(&obj), name);
         }
@@ -919,14 +1041,10 @@ impl State {
     }
 
     fn remove(&mut self, rt: &ResourceType, ns: &str, name: &str) -> Value {
-        let key = (ns.to_string(), name.to_string());
-        let Some(mut obj) = self.objects.get_mut(&rt.storage).and_then(|m| m.remove(&key)) else {
+        let Some(mut obj) = self.take_object(&rt.storage, ns, name) else {
             return Value::Null;
         };
         let cur = obj.clone();
-        if let Some(uid) = meta(&obj, "uid") {
-            self.uids.remove(&uid);
-        }
         let rv = self.next_rv();
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
         self.commit(rt.storage.clone(), ns, EventType::Deleted, obj.clone(), Some(cur));
@@ -942,176 +1060,190 @@ impl State {
             .cloned()
     }
 
-    /// One pass of the garbage collector and the namespace / CRD cleanup controllers.
-    /// Returns whether anything changed.
-    pub fn gc_pass(&mut self) -> bool {
-        let mut changed = false;
-        let all: Vec<(StorageKey, String, String, Value)> = self
-            .objects
+    /// Every object in namespace `ns` (of any type but namespaces).
+    fn namespace_content(&self, ns: &str) -> Vec<(Location, Value)> {
+        self.objects
             .iter()
+            .filter(|(k, _)| k.1 != "namespaces")
             .flat_map(|(k, m)| {
-                m.iter()
-                    .map(move |((ns, n), o)| (k.clone(), ns.clone(), n.clone(), o.clone()))
+                m.range((ns.to_string(), String::new())..)
+                    .take_while(|((n, _), _)| n == ns)
+                    .map(|((n, name), o)| ((k.clone(), n.clone(), name.clone()), o.clone()))
             })
-            .collect();
-        let bg = DeleteOpts::default();
-        for (key, ns, name, obj) in &all {
-            let Some(rt) = self.storage_type(key) else {
-                // The type went away (CRD removed): its objects go too.
-                if let Some(m) = self.objects.get_mut(key) {
-                    m.remove(&(ns.clone(), name.clone()));
-                    changed = true;
-                }
-                continue;
-            };
-            if self.stored(&rt, ns, name) != Some(obj) {
-                continue;
-            }
-            let uid = meta(obj, "uid").unwrap_or_default();
-            let owners = owner_uids(obj);
-            if !owners.is_empty() {
-                let live: Vec<&String> = owners.iter().filter(|u| self.uids.contains_key(*u)).collect();
-                if live.is_empty() {
-                    if !is_deleting(obj) {
-                        let _ = self.delete(&rt, ns, name, &bg);
-                        changed = true;
-                    }
-                    continue;
-                } else if live.len() < owners.len() {
-                    let mut o = obj.clone();
-                    if let Some(refs) = o.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
-                        refs.retain(|r| {
-                            r.get("uid")
-                                .and_then(Value::as_str)
-                                .is_some_and(|u| self.uids.contains_key(u))
-                        });
-                    }
-                    self.store_update(&rt, ns, name, o, obj.clone());
-                    changed = true;
-                    continue;
-                }
-            }
-            if !is_deleting(obj) {
-                continue;
-            }
-            let fins = finalizers(obj);
-            let dependents: Vec<(StorageKey, String, String, Value)> = all
-                .iter()
-                .filter(|(_, _, _, d)| owner_uids(d).contains(&uid))
+            .collect()
+    }
+
+    /// One pass of the garbage collector and the namespace / CRD cleanup controllers over what the
+    /// writes since the last pass queued. Returns whether more work is queued (its own writes queue
+    /// the objects they concern).
+    pub fn gc_pass(&mut self) -> bool {
+        if std::mem::take(&mut self.gc_sweep_types) {
+            let typeless: Vec<StorageKey> = self
+                .objects
+                .keys()
+                .filter(|k| self.storage_type(k).is_none())
                 .cloned()
                 .collect();
-            if fins.iter().any(|f| f == "orphan") {
-                for (dk, dns, dn, d) in &dependents {
-                    if let Some(drt) = self.storage_type(dk) {
-                        let mut o = d.clone();
-                        if let Some(refs) = o.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
-                            refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid.as_str()));
-                            if refs.is_empty() {
-                                meta_mut(&mut o).remove("ownerReferences");
-                            }
-                        }
-                        self.store_update(&drt, dns, dn, o, d.clone());
-                    }
+            for key in typeless {
+                // The type went away (CRD removed): its objects go too.
+                let names: Vec<(String, String)> = self.objects[&key].keys().cloned().collect();
+                for (ns, name) in names {
+                    self.take_object(&key, &ns, &name);
                 }
+                self.objects.remove(&key);
+            }
+        }
+        for loc in std::mem::take(&mut self.gc_queue) {
+            self.gc_visited += 1;
+            let (key, ns, name) = &loc;
+            let Some(obj) = self.stored_at(&loc).cloned() else {
+                continue;
+            };
+            if let Some(rt) = self.storage_type(key) {
+                self.gc_object(&rt, ns, name, &obj);
+            }
+        }
+        !self.gc_queue.is_empty() || self.gc_sweep_types
+    }
+
+    /// The collector's work on one object: its owners, and its own deletion when a finalizer of
+    /// the collector or of the namespace / CRD cleanup holds it.
+    fn gc_object(&mut self, rt: &ResourceType, ns: &str, name: &str, obj: &Value) {
+        let bg = DeleteOpts::default();
+        let uid = meta(obj, "uid").unwrap_or_default();
+        let owners = owner_uids(obj);
+        if !owners.is_empty() {
+            let live: Vec<&String> = owners.iter().filter(|u| self.uids.contains_key(*u)).collect();
+            if live.is_empty() {
+                if !is_deleting(obj) {
+                    let _ = self.delete(rt, ns, name, &bg);
+                }
+                return;
+            } else if live.len() < owners.len() {
+                let mut o = obj.clone();
+                if let Some(refs) = o.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
+                    refs.retain(|r| {
+                        r.get("uid")
+                            .and_then(Value::as_str)
+                            .is_some_and(|u| self.uids.contains_key(u))
+                    });
+                }
+                self.store_update(rt, ns, name, o, obj.clone());
+                return;
+            }
+        }
+        if !is_deleting(obj) {
+            return;
+        }
+        let fins = finalizers(obj);
+        let dependents: Vec<(Location, Value)> = self
+            .dependents
+            .get(&uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|loc| self.stored_at(loc).map(|d| (loc.clone(), d.clone())))
+            .collect();
+        if fins.iter().any(|f| f == "orphan") {
+            for ((dk, dns, dn), d) in &dependents {
+                if let Some(drt) = self.storage_type(dk) {
+                    let mut o = d.clone();
+                    if let Some(refs) = o.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
+                        refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid.as_str()));
+                        if refs.is_empty() {
+                            meta_mut(&mut o).remove("ownerReferences");
+                        }
+                    }
+                    self.store_update(&drt, dns, dn, o, d.clone());
+                }
+            }
+            let mut o = obj.clone();
+            set_finalizers(
+                &mut o,
+                &fins.iter().filter(|f| *f != "orphan").cloned().collect::<Vec<_>>(),
+            );
+            self.store_update(rt, ns, name, o, obj.clone());
+        } else if fins.iter().any(|f| f == "foregroundDeletion") {
+            if dependents.is_empty() {
                 let mut o = obj.clone();
                 set_finalizers(
                     &mut o,
-                    &fins.iter().filter(|f| *f != "orphan").cloned().collect::<Vec<_>>(),
+                    &fins
+                        .iter()
+                        .filter(|f| *f != "foregroundDeletion")
+                        .cloned()
+                        .collect::<Vec<_>>(),
                 );
-                self.store_update(&rt, ns, name, o, obj.clone());
-                changed = true;
-            } else if fins.iter().any(|f| f == "foregroundDeletion") {
-                if dependents.is_empty() {
-                    let mut o = obj.clone();
-                    set_finalizers(
-                        &mut o,
-                        &fins
-                            .iter()
-                            .filter(|f| *f != "foregroundDeletion")
-                            .cloned()
-                            .collect::<Vec<_>>(),
-                    );
-                    self.store_update(&rt, ns, name, o, obj.clone());
-                    changed = true;
-                } else {
-                    for (dk, dns, dn, d) in &dependents {
-                        if !is_deleting(d)
-                            && let Some(drt) = self.storage_type(dk)
-                        {
-                            let _ = self.delete(
-                                &drt,
-                                dns,
-                                dn,
-                                &DeleteOpts {
-                                    propagation: Some("Foreground".into()),
-                                    ..bg.clone()
-                                },
-                            );
-                            changed = true;
-                        }
+                self.store_update(rt, ns, name, o, obj.clone());
+            } else {
+                for ((dk, dns, dn), d) in &dependents {
+                    if !is_deleting(d)
+                        && let Some(drt) = self.storage_type(dk)
+                    {
+                        let _ = self.delete(
+                            &drt,
+                            dns,
+                            dn,
+                            &DeleteOpts {
+                                propagation: Some("Foreground".into()),
+                                ..bg.clone()
+                            },
+                        );
                     }
                 }
-            } else if rt.plural == "namespaces" && rt.group.is_empty() && Self::namespace_pending(&rt, obj) {
-                let content: Vec<(StorageKey, String, String, Value)> = all
-                    .iter()
-                    .filter(|(k, n, _, _)| n == name && k.1 != "namespaces")
-                    .cloned()
-                    .collect();
-                if content.is_empty() {
-                    let mut o = obj.clone();
-                    o["spec"]["finalizers"] = json!([]);
-                    self.store_update(&rt, ns, name, o, obj.clone());
-                    changed = true;
-                } else {
-                    for (ck, cns, cn, c) in &content {
-                        if !is_deleting(c)
-                            && let Some(crt) = self.storage_type(ck)
-                        {
-                            let _ = self.delete(&crt, cns, cn, &bg);
-                            changed = true;
-                        }
+            }
+        } else if rt.plural == "namespaces" && rt.group.is_empty() && Self::namespace_pending(rt, obj) {
+            let content = self.namespace_content(name);
+            if content.is_empty() {
+                let mut o = obj.clone();
+                o["spec"]["finalizers"] = json!([]);
+                self.store_update(rt, ns, name, o, obj.clone());
+            } else {
+                for ((ck, cns, cn), c) in &content {
+                    if !is_deleting(c)
+                        && let Some(crt) = self.storage_type(ck)
+                    {
+                        let _ = self.delete(&crt, cns, cn, &bg);
                     }
                 }
-            } else if rt.plural == "customresourcedefinitions" && fins.iter().any(|f| f == CRD_CLEANUP_FINALIZER) {
-                let group = obj
-                    .pointer("/spec/group")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let plural = obj
-                    .pointer("/spec/names/plural")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let instances: Vec<(StorageKey, String, String, Value)> = all
-                    .iter()
-                    .filter(|(k, _, _, _)| k.0 == group && k.1 == plural)
-                    .cloned()
-                    .collect();
-                if instances.is_empty() {
-                    let mut o = obj.clone();
-                    set_finalizers(
-                        &mut o,
-                        &fins
-                            .iter()
-                            .filter(|f| *f != CRD_CLEANUP_FINALIZER)
-                            .cloned()
-                            .collect::<Vec<_>>(),
-                    );
-                    self.store_update(&rt, ns, name, o, obj.clone());
-                    changed = true;
-                } else {
-                    for (ik, ins, iname, i) in &instances {
-                        if !is_deleting(i)
-                            && let Some(irt) = self.storage_type(ik)
-                        {
-                            let _ = self.delete(&irt, ins, iname, &bg);
-                            changed = true;
-                        }
+            }
+        } else if rt.plural == "customresourcedefinitions" && fins.iter().any(|f| f == CRD_CLEANUP_FINALIZER) {
+            let group = obj
+                .pointer("/spec/group")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let plural = obj
+                .pointer("/spec/names/plural")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let instances: Vec<(Location, Value)> = self
+                .objects
+                .get(&(group.clone(), plural.clone()))
+                .into_iter()
+                .flatten()
+                .map(|((n, i), o)| (((group.clone(), plural.clone()), n.clone(), i.clone()), o.clone()))
+                .collect();
+            if instances.is_empty() {
+                let mut o = obj.clone();
+                set_finalizers(
+                    &mut o,
+                    &fins
+                        .iter()
+                        .filter(|f| *f != CRD_CLEANUP_FINALIZER)
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+                self.store_update(rt, ns, name, o, obj.clone());
+            } else {
+                for ((ik, ins, iname), i) in &instances {
+                    if !is_deleting(i)
+                        && let Some(irt) = self.storage_type(ik)
+                    {
+                        let _ = self.delete(&irt, ins, iname, &bg);
                     }
                 }
             }
         }
-        changed
     }
 }
