@@ -656,7 +656,7 @@ fn per_run(reqs: &Option<BTreeMap<String, u64>>, n: usize) -> String {
         Some(m) => {
             let total: u64 = m.values().sum();
             let mut parts: Vec<(u64, &String)> = m.iter().map(|(k, v)| (*v, k)).collect();
-            parts.sort_by(|a, b| b.0.cmp(&a.0));
+            parts.sort_by_key(|p| std::cmp::Reverse(p.0));
             let top: Vec<String> = parts
                 .iter()
                 .take(8)

@@ -66,8 +66,11 @@ const OWN_WRITES_MAX: usize = 4096;
 /// we wrote (`None`: absent). While the cache still shows that version it has not seen our
 /// write, and the written object is the fresher; once it moves on, the cache is.
 pub struct OwnWrites<K: Resource<DynamicType = ()>> {
-    written: Mutex<HashMap<ObjectRef<K>, (Option<String>, Arc<K>)>>,
+    written: Mutex<HashMap<ObjectRef<K>, Written<K>>>,
 }
+
+/// The resourceVersion the cache showed when we wrote, and what the API answered.
+type Written<K> = (Option<String>, Arc<K>);
 
 impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
     fn default() -> Self {
