@@ -177,13 +177,7 @@ pub async fn run(opts: FleetOptions) {
         let due = started + Duration::from_secs_f64(i as f64 / opts.rate);
         tokio::time::sleep_until(due.into()).await;
         let name = build_name(i);
-        let mut mb = MacBuild::new(
-            &name,
-            MacBuildSpec::new(
-                IMAGE,
-                vec![Step::new("work", step.clone())],
-            ),
-        );
+        let mut mb = MacBuild::new(&name, MacBuildSpec::new(IMAGE, vec![Step::new("work", step.clone())]));
         mb.metadata.namespace = Some(stack.ns.clone());
         let at = Timestamp::now();
         api.create(&PostParams::default(), &mb)
