@@ -66,30 +66,67 @@ fn customruns(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &resource)
 }
 
+/// What a name finds: its MacBuild, a CustomRun whose MacBuild the controller has not created
+/// yet, or nothing.
+enum Lookup {
+    Found(Box<MacBuild>),
+    RunWithoutBuild,
+    Nothing,
+}
+
+/// How long `logs -f` waits for the controller to create a new CustomRun's MacBuild.
+const MACBUILD_WAIT: Duration = Duration::from_secs(60);
+
 /// The MacBuild of `run`: the MacBuild of that name (the controller names it after its
-/// CustomRun), else one labelled with the CustomRun's name. A clear error otherwise.
-pub async fn find_build(client: &kube::Client, ns: &str, run: &str) -> anyhow::Result<MacBuild> {
+/// CustomRun), else one labelled with the CustomRun's name.
+async fn lookup_build(client: &kube::Client, ns: &str, run: &str) -> anyhow::Result<Lookup> {
     let api: Api<MacBuild> = Api::namespaced(client.clone(), ns);
     if let Some(mb) = api
         .get_opt(run)
         .await
         .with_context(|| format!("reading MacBuild {ns}/{run}"))?
     {
-        return Ok(mb);
+        return Ok(Lookup::Found(Box::new(mb)));
     }
     let labelled = api
         .list(&ListParams::default().labels(&format!("{CUSTOM_RUN_LABEL}={run}")))
         .await
         .with_context(|| format!("listing the MacBuilds of CustomRun {ns}/{run}"))?;
     if let Some(mb) = labelled.items.into_iter().next() {
-        return Ok(mb);
+        return Ok(Lookup::Found(Box::new(mb)));
     }
-    // Only to word the error: a CustomRun without its MacBuild yet, or nothing at all.
-    match customruns(client, ns).get_opt(run).await {
-        Ok(Some(_)) => anyhow::bail!(
-            "CustomRun {ns}/{run} has no MacBuild yet (the tartan controller creates it); try again shortly"
-        ),
-        _ => anyhow::bail!("no such run: neither a CustomRun nor a MacBuild named {run:?} in namespace {ns}"),
+    Ok(match customruns(client, ns).get_opt(run).await {
+        Ok(Some(_)) => Lookup::RunWithoutBuild,
+        _ => Lookup::Nothing,
+    })
+}
+
+/// The MacBuild of `run` ([`lookup_build`]), or a clear error. With `wait`, a CustomRun whose
+/// MacBuild does not exist yet is looked at again every `poll` for up to that long (a run
+/// followed right after it was created).
+pub async fn find_build(
+    client: &kube::Client,
+    ns: &str,
+    run: &str,
+    wait: Option<(Duration, Duration)>,
+) -> anyhow::Result<MacBuild> {
+    let started = std::time::Instant::now();
+    loop {
+        match lookup_build(client, ns, run).await? {
+            Lookup::Found(mb) => return Ok(*mb),
+            Lookup::Nothing => {
+                anyhow::bail!("no such run: neither a CustomRun nor a MacBuild named {run:?} in namespace {ns}")
+            }
+            Lookup::RunWithoutBuild => match wait {
+                Some((limit, poll)) if started.elapsed() < limit => tokio::time::sleep(poll).await,
+                Some((limit, _)) => anyhow::bail!(
+                    "CustomRun {ns}/{run} still has no MacBuild after {limit:?}: is the tartan controller running? (kubectl -n tartan-system logs deploy/tartan-controller)"
+                ),
+                None => anyhow::bail!(
+                    "CustomRun {ns}/{run} has no MacBuild yet (the tartan controller creates it); try again shortly, or use -f to wait"
+                ),
+            },
+        }
     }
 }
 
@@ -155,7 +192,8 @@ impl<W: Write> Printer<W> {
 /// `kubectl tartan logs`: prints the step logs; following, polls the MacBuild and the store
 /// until the MacBuild is terminal (then prints what the agent finished and stops).
 pub async fn logs(client: &kube::Client, ns: &str, opts: &LogsOptions, out: impl Write) -> anyhow::Result<()> {
-    let mut mb = find_build(client, ns, &opts.run).await?;
+    let wait = opts.follow.then_some((MACBUILD_WAIT, opts.poll));
+    let mut mb = find_build(client, ns, &opts.run, wait).await?;
     let name = mb.metadata.name.clone().unwrap_or_default();
     let api: Api<MacBuild> = Api::namespaced(client.clone(), ns);
     let mut printer = Printer {
@@ -267,7 +305,7 @@ fn age(mb: &MacBuild) -> String {
 /// `kubectl tartan get [RUN]`: a table of MacBuilds (one, or all in the namespace).
 pub async fn get(client: &kube::Client, ns: &str, run: Option<&str>, mut out: impl Write) -> anyhow::Result<()> {
     let builds = match run {
-        Some(r) => vec![find_build(client, ns, r).await?],
+        Some(r) => vec![find_build(client, ns, r, None).await?],
         None => {
             let api: Api<MacBuild> = Api::namespaced(client.clone(), ns);
             api.list(&ListParams::default())
@@ -323,7 +361,7 @@ pub async fn get(client: &kube::Client, ns: &str, run: Option<&str>, mut out: im
 /// `kubectl tartan describe RUN`: the MacBuild's spec in short, its state, attempts, conditions,
 /// results and logs location.
 pub async fn describe(client: &kube::Client, ns: &str, run: &str, mut out: impl Write) -> anyhow::Result<()> {
-    let mb = find_build(client, ns, run).await?;
+    let mb = find_build(client, ns, run, None).await?;
     let st = mb.status.clone().unwrap_or_default();
     let w = &mut out;
     writeln!(w, "Name:        {}", mb.metadata.name.as_deref().unwrap_or("-"))?;

@@ -28,7 +28,8 @@ struct Cluster {
 
 async fn cluster() -> Cluster {
     let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crd.yaml");
-    let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file(crd))
+    let tekton = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/tekton-customrun-crd.yaml");
+    let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file(crd).crd_file(tekton))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -301,4 +302,54 @@ async fn follows_an_s3_location_with_the_users_credentials() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// `logs -f` started right after a CustomRun was created, before the controller made its
+/// MacBuild: it waits for the MacBuild (and then its logs location) instead of failing; without
+/// -f the same moment is a clear "not yet".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_waits_for_the_controller_to_create_the_macbuild() {
+    let c = cluster().await;
+    let runs: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        "default",
+        &kube::api::ApiResource {
+            group: "tekton.dev".into(),
+            version: "v1beta1".into(),
+            api_version: "tekton.dev/v1beta1".into(),
+            kind: "CustomRun".into(),
+            plural: "customruns".into(),
+        },
+    );
+    let run: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": "early", "namespace": "default"},
+        "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"}},
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let (ok, _, err) = c.run(&[], &["logs", "early"]);
+    assert!(
+        !ok && err.contains("has no MacBuild yet") && err.contains("-f"),
+        "{err}"
+    );
+
+    let mut f = Follower::start(c.command(&[], &["logs", "early", "-f", "--poll-seconds", "0.2"]));
+    // The follower is polling for the MacBuild now; the controller creates it a moment later.
+    let dest = tempfile::tempdir().unwrap();
+    let logs = dest.path().join("mb-default-early-0001/logs");
+    c.create_build("early").await;
+    c.set_status(
+        "early",
+        json!({"phase": "Running", "logs": format!("file://{}/", logs.display())}),
+    )
+    .await;
+    let folder = Folder::File(logs);
+    folder.put("build.log.part000001", "resolving packages\n").await;
+    f.expect("resolving packages", Duration::from_secs(10));
+    folder.put("build.log", "resolving packages\n").await;
+    folder.put("test.log", "").await;
+    c.set_status("early", json!({"phase": "Succeeded", "outcome": "Succeeded"}))
+        .await;
+    assert!(f.wait_exit(Duration::from_secs(10)), "the follower failed");
 }
