@@ -268,8 +268,7 @@ const CALLS: &[Call] = &[
         "CustomRun",
         "list",
     ),
-    // The Controller's watches (each feeding a trimmed cache the reconciles read): CustomRuns,
-    // owned MacBuilds, agent Leases (namespaced or all).
+    // The Controller's watches: CustomRuns, owned MacBuilds, agent Leases (namespaced or all).
     c(
         Controller,
         CUSTOMRUN,
@@ -277,7 +276,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "CustomRun",
-        "watcher",
+        "Controller::new",
     ),
     c(
         Controller,
@@ -286,7 +285,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "CustomRun",
-        "watcher",
+        "Controller::new",
     ),
     c(
         Controller,
@@ -295,7 +294,7 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "CustomRun",
-        "watcher",
+        "Controller::new",
     ),
     c(
         Controller,
@@ -304,7 +303,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "MacBuild",
-        "watcher",
+        "owns",
     ),
     c(
         Controller,
@@ -313,7 +312,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "MacBuild",
-        "watcher",
+        "owns",
     ),
     c(
         Controller,
@@ -322,7 +321,7 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "MacBuild",
-        "watcher",
+        "owns",
     ),
     c(
         Controller,
@@ -331,7 +330,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "Lease",
-        "watcher",
+        "watches",
     ),
     c(
         Controller,
@@ -340,7 +339,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "Lease",
-        "watcher",
+        "watches",
     ),
     c(
         Controller,
@@ -349,7 +348,7 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "Lease",
-        "watcher",
+        "watches",
     ),
     // Events on CustomRuns and MacBuilds: one Recorder for the process, so series are patched.
     c(
@@ -397,26 +396,6 @@ const CALLS: &[Call] = &[
         "controller/src/reconcile.rs",
         "Lease",
         "get_opt",
-    ),
-    // Cache reads (`self.cache.builds.get`, `.leases.get`): the scan takes them for API gets by
-    // their names; they need no more than the get_opt rows above.
-    c(
-        Controller,
-        MACBUILD,
-        Get,
-        Namespaced,
-        "controller/src/reconcile.rs",
-        "MacBuild",
-        "get",
-    ),
-    c(
-        Controller,
-        LEASE,
-        Get,
-        Namespaced,
-        "controller/src/reconcile.rs",
-        "Lease",
-        "get",
     ),
     c(
         Controller,
