@@ -184,7 +184,9 @@ async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
         Some("ctl-b")
     );
 
-    // From the API: no write by ctl-a since the thaw.
+    // From the API: no write by ctl-a since the thaw. That ctl-a ran after the thaw is its own
+    // log line written after it (waited for above: "lost the leader Lease … standing by"); a
+    // thawed replica's later Lease reads are not relied on (see the closing note: it can stall).
     match (mark, s.api_requests()) {
         (Some(mark), Some(requests)) => {
             let since = &requests[mark.min(requests.len())..];
@@ -196,7 +198,6 @@ async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
                 by_a.len(),
                 writes_by_a.len()
             );
-            assert!(!by_a.is_empty(), "ctl-a ran after the thaw (it reads the Lease)");
             assert!(writes_by_a.is_empty(), "ctl-a wrote after the thaw: {writes_by_a:#?}");
         }
         _ => {
