@@ -13,9 +13,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tartan_agent::host::env::{SecretAccess, SecretData, SecretReadError, SecretSource};
-use tartan_agent::host::{AttemptExecutor, HostAttempt, cancel_pair, drive};
+use tartan_agent::host::{AttemptExecutor, cancel_pair, drive};
 use tartan_agent::machine::{Attempt, Config};
-use tartan_api::{AttemptState as S, EnvVar, EnvVarSource, Outcome, Reason, SecretKeySelector};
+use tartan_api::{AttemptState as S, EnvVar, Outcome, Reason};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -56,19 +56,6 @@ fn access(allowed: &[&str]) -> (SecretAccess, Arc<Secrets>) {
     (access, source)
 }
 
-fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value: None,
-        value_from: Some(EnvVarSource {
-            secret_key_ref: SecretKeySelector {
-                name: secret.into(),
-                key: key.into(),
-            },
-        }),
-    }
-}
-
 fn literal(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -83,22 +70,11 @@ fn executor(
     spec: tartan_api::MacBuildSpec,
     secrets: SecretAccess,
 ) -> (Attempt, AttemptExecutor) {
-    let b = build(name);
-    let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
-    let a = Attempt::new(b.clone(), 1, vm.clone(), 2);
-    let host = HostAttempt {
-        build: b,
-        attempt: 1,
-        vm,
-        spec,
-        deadline: k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600),
-        agent: "mac-test".into(),
-    };
     let mut cfg = rig.config();
     cfg.step_poll = Duration::from_millis(100);
     cfg.secrets = Some(secrets);
     let (_cancel, signal) = cancel_pair();
-    (a, AttemptExecutor::new(host, rig.tart.clone(), cfg, signal))
+    attempt_with(rig, name, spec, signal, cfg)
 }
 
 /// Every file under `dir` whose bytes contain `needle`.
@@ -157,7 +133,7 @@ async fn a_secret_reaches_the_step_masked_in_every_log_and_message_and_never_on_
     let b = build("secret");
     let vm = tartan_api::vm_name(&b.namespace, &b.name, &b.uid, 1);
     spec.env = vec![
-        from_secret("TOKEN", "registry", "token"),
+        EnvVar::from_secret("TOKEN", "registry", "token"),
         literal("MODE", "Release"),
         // Where the step's env file is (relative to its working folder), to check its mode.
         literal("ENVFILE", &format!(".tartan/{vm}/env")),
@@ -230,17 +206,17 @@ async fn a_secret_reaches_the_step_masked_in_every_log_and_message_and_never_on_
 async fn a_secret_not_allowed_or_missing_fails_the_build_before_anything_is_cloned() {
     for (env, reason, says) in [
         (
-            from_secret("TOKEN", "other", "token"),
+            EnvVar::from_secret("TOKEN", "other", "token"),
             Reason::SecretNotAllowed,
             "env TOKEN: Secret ci/other is not allowed on this agent",
         ),
         (
-            from_secret("TOKEN", "gone", "token"),
+            EnvVar::from_secret("TOKEN", "gone", "token"),
             Reason::SecretMissing,
             "env TOKEN: Secret ci/gone does not exist",
         ),
         (
-            from_secret("TOKEN", "registry", "nokey"),
+            EnvVar::from_secret("TOKEN", "registry", "nokey"),
             Reason::SecretMissing,
             "env TOKEN: Secret ci/registry has no key \"nokey\"",
         ),

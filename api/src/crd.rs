@@ -299,6 +299,22 @@ pub struct EnvVar {
     pub value_from: Option<EnvVarSource>,
 }
 
+impl EnvVar {
+    /// `name` from key `key` of Secret `secret` (`valueFrom.secretKeyRef`).
+    pub fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: SecretKeySelector {
+                    name: secret.into(),
+                    key: key.into(),
+                },
+            }),
+        }
+    }
+}
+
 /// The source of an environment value.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

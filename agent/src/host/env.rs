@@ -404,7 +404,6 @@ pub async fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tartan_api::{EnvVarSource, SecretKeySelector};
 
     fn m(values: &[&str]) -> Masker {
         Masker::new(values.iter().map(|v| v.as_bytes()))
@@ -533,19 +532,6 @@ mod tests {
         }
     }
 
-    fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
-        EnvVar {
-            name: name.into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: SecretKeySelector {
-                    name: secret.into(),
-                    key: key.into(),
-                },
-            }),
-        }
-    }
-
     fn access(allowed: &[&str]) -> (SecretAccess, Arc<Fake>) {
         let mut data = BTreeMap::new();
         data.insert(
@@ -575,8 +561,8 @@ mod tests {
                 value: Some("Release".into()),
                 value_from: None,
             },
-            from_secret("ASC", "asc", "key"),
-            from_secret("ASC2", "asc", "key"),
+            EnvVar::from_secret("ASC", "asc", "key"),
+            EnvVar::from_secret("ASC2", "asc", "key"),
         ];
         let r = resolve(&env, "ci", Some(&a)).await.unwrap();
         assert_eq!(r.vars[0], ("MODE".into(), b"Release".to_vec()));
@@ -592,37 +578,37 @@ mod tests {
         let (a, fake) = access(&["ci/asc", "ci/gone", "ci/forbidden"]);
         for (env, ns, reason, want) in [
             (
-                from_secret("T", "other", "k"),
+                EnvVar::from_secret("T", "other", "k"),
                 "ci",
                 Reason::SecretNotAllowed,
                 "env T: Secret ci/other is not allowed",
             ),
             (
-                from_secret("T", "asc", "key"),
+                EnvVar::from_secret("T", "asc", "key"),
                 "prod",
                 Reason::SecretNotAllowed,
                 "Secret prod/asc is not allowed",
             ),
             (
-                from_secret("T", "gone", "k"),
+                EnvVar::from_secret("T", "gone", "k"),
                 "ci",
                 Reason::SecretMissing,
                 "env T: Secret ci/gone does not exist",
             ),
             (
-                from_secret("T", "asc", "nokey"),
+                EnvVar::from_secret("T", "asc", "nokey"),
                 "ci",
                 Reason::SecretMissing,
                 "Secret ci/asc has no key \"nokey\"",
             ),
             (
-                from_secret("T", "asc", "nul"),
+                EnvVar::from_secret("T", "asc", "nul"),
                 "ci",
                 Reason::SecretUnreadable,
                 "NUL byte",
             ),
             (
-                from_secret("T", "forbidden", "k"),
+                EnvVar::from_secret("T", "forbidden", "k"),
                 "ci",
                 Reason::SecretUnreadable,
                 "refused",
@@ -637,7 +623,7 @@ mod tests {
             );
             assert!(!e.message.contains("asc-secret-value"));
         }
-        let e = resolve(&[from_secret("T", "asc", "key")], "ci", None)
+        let e = resolve(&[EnvVar::from_secret("T", "asc", "key")], "ci", None)
             .await
             .unwrap_err();
         assert_eq!(e.reason, Reason::SecretNotAllowed);
