@@ -112,10 +112,28 @@ impl Masker {
             }
             match self.match_at(rest) {
                 Some(len) => {
-                    if i + len > skip {
+                    // A value that starts inside this match and reaches past it (two values
+                    // overlapping, or one overlapping itself) is masked with it, as one run.
+                    let mut end = i + len;
+                    let mut j = i + 1;
+                    let mut held = false;
+                    while j < end {
+                        if !last && self.cut_at(&bytes[j..]) {
+                            held = true;
+                            break;
+                        }
+                        if let Some(l) = self.match_at(&bytes[j..]) {
+                            end = end.max(j + l);
+                        }
+                        j += 1;
+                    }
+                    if held {
+                        break;
+                    }
+                    if end > skip {
                         out.extend_from_slice(MASK);
                     }
-                    i += len;
+                    i = end;
                 }
                 None => {
                     if i >= skip {
@@ -404,6 +422,22 @@ pub async fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by an adversary: the end of one value is the start of another (or of itself); the
+    /// greedy scan resumed after the first match and wrote the rest of the second in clear.
+    #[test]
+    fn overlapping_values_are_masked_as_one_run_streamed_or_windowed() {
+        let m = Masker::new([&b"ghp_prefix1234"[..], &b"1234-super-secret-tail"[..]]);
+        let out = b"token=ghp_prefix1234-super-secret-tail\n";
+        assert_eq!(m.mask(out, true), (b"token=***\n".to_vec(), out.len()));
+        assert_eq!(m.mask_window(out, 0), b"token=***\n".to_vec());
+        // Split inside the second value: the run is held back until it can be decided.
+        let (first, used) = m.mask(&out[..24], false);
+        let (second, _) = m.mask(&out[used..], true);
+        assert_eq!([first, second].concat(), b"token=***\n".to_vec());
+        let own = Masker::new([&b"abab"[..]]);
+        assert_eq!(own.mask(b"x ababab y", true).0, b"x *** y".to_vec());
+    }
 
     fn m(values: &[&str]) -> Masker {
         Masker::new(values.iter().map(|v| v.as_bytes()))
