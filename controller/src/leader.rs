@@ -550,8 +550,11 @@ async fn elect(
                             cfg.retry_every
                         );
                     }
+                    // Compared into a bool first: a `watch::Ref` kept alive into the block would
+                    // hold the channel's read lock across a later send on the same task.
+                    let announced = *tx.borrow() == (Role::Standby { holder: holder.clone() });
                     if let Some(h) = &holder
-                        && *tx.borrow() != (Role::Standby { holder: holder.clone() })
+                        && !announced
                     {
                         info!("standing by: {h} leads");
                     }
@@ -571,10 +574,11 @@ async fn elect(
             _ = tokio::time::sleep_until(wake) => {}
             _ = &mut stopped => break,
         }
-        if let Role::Leader { .. } = *tx.borrow()
-            && !gate.may_write_at(Stamp::now())
-            && gate.renewed_at().is_some()
-        {
+        // Read into a bool, not matched in the `if`: the `watch::Ref` of an `if let` scrutinee
+        // lives to the end of its block, and `send_replace` below waits for that very read lock
+        // (a leader cut off past its window deadlocked here, found by e2e `failover-frozen`).
+        let leading_now = matches!(*tx.borrow(), Role::Leader { .. });
+        if leading_now && !gate.may_write_at(Stamp::now()) && gate.renewed_at().is_some() {
             // The window closed before the next round: step down now, the round below may renew.
             gate.close();
             metrics.set_leader(&cfg.identity, false);

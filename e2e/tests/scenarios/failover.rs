@@ -160,11 +160,32 @@ async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
             .ok_or("not yet".to_string())
     })
     .await;
+    // Standing by means working as a standby: its reconcilers stopped, and it reads the Lease
+    // again (on the emulator, seen in the request log as a GET by ctl-a), so it could take over
+    // if ctl-b died.
+    wait_for(
+        "the thawed ctl-a to stop its reconcilers and read the Lease again",
+        Duration::from_secs(30),
+        || {
+            let log = s.replica_log("ctl-a");
+            if !log[log_mark..].contains("leadership lost: reconcilers stopped") {
+                return Err("no \"leadership lost: reconcilers stopped\" in its log yet".to_string());
+            }
+            match (mark, s.api_requests()) {
+                (Some(mark), Some(requests)) => requests[mark.min(requests.len())..]
+                    .iter()
+                    .any(|r| r.starts_with("GET ") && r.contains("/leases/tartan-controller") && r.ends_with("(ctl-a)"))
+                    .then_some(())
+                    .ok_or("no Lease read by ctl-a since the thaw yet".to_string()),
+                _ => Ok(()),
+            }
+        },
+    )
+    .await;
     let run2 = s
         .wait_run("build-2", "True", "TestsPassed", Duration::from_secs(60))
         .await;
     assert_eq!(result(&run2, "attempt"), Some("build-2#1"));
-    // ctl-a, still running, looks at the Lease a few more times (reads only).
     let lease = s.wait_leader("ctl-b", Duration::from_secs(5)).await;
 
     let log_a = s.replica_log("ctl-a");
@@ -184,9 +205,7 @@ async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
         Some("ctl-b")
     );
 
-    // From the API: no write by ctl-a since the thaw. That ctl-a ran after the thaw is its own
-    // log line written after it (waited for above: "lost the leader Lease … standing by"); a
-    // thawed replica's later Lease reads are not relied on (see the closing note: it can stall).
+    // From the API: no write by ctl-a since the thaw (its reads were waited for above).
     match (mark, s.api_requests()) {
         (Some(mark), Some(requests)) => {
             let since = &requests[mark.min(requests.len())..];
