@@ -162,7 +162,7 @@ pub enum Takeover {
 pub enum TakeoverReason {
     /// Nobody holds it (released, or never held).
     Free,
-    /// It names us (this pod's previous container): it is ours to renew.
+    /// It names us and is our own live claim (we lead, or we wrote exactly this record): ours to renew.
     Ours,
     /// Its holder let it go unrenewed for a whole lease duration.
     Expired,
@@ -170,10 +170,15 @@ pub enum TakeoverReason {
 
 /// Whether `me` may take the observed Lease at `now` (monotonic clock only: a wall-clock step
 /// cannot shorten the wait, and a sleep that the monotonic clock did not count only lengthens it).
-pub fn takeover(obs: &Observation, me: &str, now: Instant) -> Takeover {
+///
+/// `own_claim`: this process knows a record naming `me` to be its own (it leads, or this is the
+/// very record it last wrote). A record naming `me` that it did not write (edited by hand to force
+/// a failover, or left by this pod's previous container) is waited out like anyone else's: the
+/// replica that led before the edit keeps its gate open until its next round reads the change.
+pub fn takeover(obs: &Observation, me: &str, own_claim: bool, now: Instant) -> Takeover {
     match obs.holder.as_deref() {
         None => Takeover::Now(TakeoverReason::Free),
-        Some(h) if h == me => Takeover::Now(TakeoverReason::Ours),
+        Some(h) if h == me && own_claim => Takeover::Now(TakeoverReason::Ours),
         Some(h) => {
             let not_before = obs.since.checked_add(obs.lease);
             match not_before {
@@ -441,7 +446,19 @@ fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
-async fn round(api: &Api<Lease>, cfg: &ElectionConfig, obs: &mut Option<Observation>) -> Round {
+/// What the elector remembers between rounds.
+#[derive(Default)]
+struct Memory {
+    /// A standby's view of the Lease.
+    obs: Option<Observation>,
+    /// The resourceVersion of the last Lease record this process wrote (unknown after a write
+    /// whose answer did not come).
+    written: Option<String>,
+}
+
+/// One round: read the Lease, and renew, take or create it when allowed. `leading`: our gate is
+/// open (or was until its window just passed), so a record naming us is ours.
+async fn round(api: &Api<Lease>, cfg: &ElectionConfig, mem: &mut Memory, leading: bool) -> Round {
     let pp = PostParams {
         field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
         ..Default::default()
@@ -452,28 +469,35 @@ async fn round(api: &Api<Lease>, cfg: &ElectionConfig, obs: &mut Option<Observat
     };
     let Some(current) = current else {
         let sent = Stamp::now();
+        mem.written = None;
         return match tokio::time::timeout(cfg.api_timeout, api.create(&pp, &new_lease(cfg, sent.wall))).await {
-            Ok(Ok(_)) => Round::Holding(sent),
+            Ok(Ok(created)) => {
+                mem.written = created.metadata.resource_version;
+                Round::Holding(sent)
+            }
             Ok(Err(e)) if is_conflict(&e) => Round::Other(None),
             Ok(Err(e)) => Round::Failed(format!("creating it: {e}")),
             Err(_) => Round::Failed(format!("creating it: no answer within {:?}", cfg.api_timeout)),
         };
     };
-    let seen = observe(obs.as_ref(), &current, cfg.lease, Instant::now());
-    let decision = takeover(&seen, &cfg.identity, Instant::now());
-    *obs = Some(seen);
+    let seen = observe(mem.obs.as_ref(), &current, cfg.lease, Instant::now());
+    let own_claim = leading || (mem.written.is_some() && mem.written == current.metadata.resource_version);
+    let decision = takeover(&seen, &cfg.identity, own_claim, Instant::now());
+    mem.obs = Some(seen);
     if let Takeover::Wait { holder, .. } = decision {
         return Round::Other(Some(holder));
     }
     let sent = Stamp::now();
+    mem.written = None;
     match tokio::time::timeout(
         cfg.api_timeout,
         api.replace(&cfg.name, &pp, &claimed(&current, cfg, sent.wall)),
     )
     .await
     {
-        Ok(Ok(_)) => {
-            *obs = None;
+        Ok(Ok(renewed)) => {
+            mem.obs = None;
+            mem.written = renewed.metadata.resource_version;
             Round::Holding(sent)
         }
         // Written by someone else since our read: the next round reads who.
@@ -493,13 +517,13 @@ async fn elect(
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let where_ = format!("leader Lease {}/{}", cfg.namespace, cfg.name);
-    let mut obs: Option<Observation> = None;
+    let mut mem = Memory::default();
     metrics.set_leader(&cfg.identity, false);
     info!(identity = %cfg.identity, "standing by for the {where_}");
     loop {
         let started = tokio::time::Instant::now();
         let leading = matches!(*tx.borrow(), Role::Leader { .. });
-        let next = match round(&api, &cfg, &mut obs).await {
+        let next = match round(&api, &cfg, &mut mem, gate.renewed_at().is_some()).await {
             Round::Holding(sent) => {
                 gate.renewed(sent);
                 let until = gate.deadline().unwrap_or_else(|| sent.mono + cfg.write_window());
@@ -556,7 +580,15 @@ async fn elect(
                     if let Some(h) = &holder
                         && !announced
                     {
-                        info!("standing by: {h} leads");
+                        if *h == cfg.identity {
+                            info!(
+                                "standing by: the {where_} names this controller, but not by a write of \
+                                 this process (edited, or a previous container's); taking it once it has \
+                                 gone unrenewed for its duration"
+                            );
+                        } else {
+                            info!("standing by: {h} leads");
+                        }
                     }
                     if holder.is_some() || failure.is_some() {
                         tx.send_replace(Role::Standby { holder });

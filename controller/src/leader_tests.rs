@@ -144,26 +144,42 @@ fn takeover_only_when_free_ours_or_unrenewed_for_its_duration() {
         lease: Duration::from_secs(15),
         since: t0,
     };
-    assert_eq!(takeover(&obs(None), "ctl-a", t0), Takeover::Now(TakeoverReason::Free));
     assert_eq!(
-        takeover(&obs(Some("ctl-a")), "ctl-a", t0),
+        takeover(&obs(None), "ctl-a", false, t0),
+        Takeover::Now(TakeoverReason::Free)
+    );
+    assert_eq!(
+        takeover(&obs(Some("ctl-a")), "ctl-a", true, t0),
         Takeover::Now(TakeoverReason::Ours)
     );
     assert_eq!(
-        takeover(&obs(Some("ctl-b")), "ctl-a", t0 + Duration::from_millis(14_999)),
+        takeover(&obs(Some("ctl-b")), "ctl-a", false, t0 + Duration::from_millis(14_999)),
         Takeover::Wait {
             holder: "ctl-b".into(),
             not_before: t0 + Duration::from_secs(15)
         }
     );
     assert_eq!(
-        takeover(&obs(Some("ctl-b")), "ctl-a", t0 + Duration::from_secs(15)),
+        takeover(&obs(Some("ctl-b")), "ctl-a", false, t0 + Duration::from_secs(15)),
+        Takeover::Now(TakeoverReason::Expired)
+    );
+    // A record naming us that this process did not write (a hand edit, a previous container's)
+    // is waited out like anyone else's.
+    assert_eq!(
+        takeover(&obs(Some("ctl-a")), "ctl-a", false, t0 + Duration::from_millis(14_999)),
+        Takeover::Wait {
+            holder: "ctl-a".into(),
+            not_before: t0 + Duration::from_secs(15)
+        }
+    );
+    assert_eq!(
+        takeover(&obs(Some("ctl-a")), "ctl-a", false, t0 + Duration::from_secs(15)),
         Takeover::Now(TakeoverReason::Expired)
     );
     let mut forever = obs(Some("ctl-b"));
     forever.lease = Duration::MAX;
     assert!(matches!(
-        takeover(&forever, "ctl-a", t0 + Duration::from_secs(86_400)),
+        takeover(&forever, "ctl-a", false, t0 + Duration::from_secs(86_400)),
         Takeover::Wait { .. }
     ));
 }
@@ -239,7 +255,7 @@ proptest! {
             since: observed,
         };
         let probe = t0.mono + Duration::from_millis(probe_ms);
-        let standby_may_take = matches!(takeover(&obs, "new", probe), Takeover::Now(_));
+        let standby_may_take = matches!(takeover(&obs, "new", false, probe), Takeover::Now(_));
         // The old leader's clocks at the same instant, with its wall clock stepped arbitrarily.
         let old_now = Stamp { mono: probe, wall: t0.wall + SignedDuration::from_millis(probe_ms as i64 + old_wall_step_ms) };
         if standby_may_take {

@@ -94,3 +94,119 @@ async fn cut_off_past_the_window() {
         .await
         .expect("the elector shuts down (releasing the Lease) within 5 s");
 }
+
+/// Two electors on one emulator, and a sampler that records whether both gates were ever open at
+/// the same instant (the one thing leader election must never allow).
+struct Pair {
+    a: Elector,
+    a_gate: Arc<Gate>,
+    b: Elector,
+    b_gate: Arc<Gate>,
+    both_open: Arc<std::sync::atomic::AtomicBool>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+/// `ctl-a` renews slowly (every 2 s of a 3 s window), `ctl-b` polls every 100 ms: whatever lets the
+/// standby in early does so long before the leader's next round would notice.
+fn slow_leader_fast_standby(identity: &str) -> ElectionConfig {
+    ElectionConfig {
+        lease: Duration::from_secs(4),
+        margin: Duration::from_secs(1),
+        renew_every: Duration::from_secs(2),
+        retry_every: Duration::from_millis(100),
+        api_timeout: Duration::from_millis(500),
+        ..config(identity)
+    }
+}
+
+/// Starts `ctl-a`, waits until it leads, then starts `ctl-b` and waits until it stands by.
+async fn a_leads_b_stands_by(emu: &tartan_testkit::EmulatorHandle) -> Pair {
+    let metrics = Arc::new(Metrics::default());
+    let (ca, cb) = (slow_leader_fast_standby("ctl-a"), slow_leader_fast_standby("ctl-b"));
+    let a_gate = Arc::new(Gate::new(ca.write_window(), metrics.clone()));
+    let b_gate = Arc::new(Gate::new(cb.write_window(), metrics.clone()));
+    let a = Elector::spawn(emu.client(), ca, a_gate.clone(), metrics.clone());
+    role_becomes(&mut a.role(), true, "ctl-a taking the free Lease").await;
+    let b = Elector::spawn(emu.client(), cb, b_gate.clone(), metrics);
+    let mut b_role = b.role();
+    let standing_by = tokio::time::timeout(
+        Duration::from_secs(10),
+        b_role.wait_for(|r| {
+            *r == Role::Standby {
+                holder: Some("ctl-a".into()),
+            }
+        }),
+    )
+    .await;
+    assert!(standing_by.is_ok(), "ctl-b did not see ctl-a lead within 10 s");
+    let both_open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = tokio::spawn({
+        let (a_gate, b_gate, both_open) = (a_gate.clone(), b_gate.clone(), both_open.clone());
+        async move {
+            loop {
+                let now = Stamp::now();
+                if a_gate.may_write_at(now) && b_gate.may_write_at(now) {
+                    both_open.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    Pair {
+        a,
+        a_gate,
+        b,
+        b_gate,
+        both_open,
+        sampler,
+    }
+}
+
+/// Waits until `ctl-a` has just renewed (its gate's renewal stamp moved), so that its next round
+/// is a whole renewal period away.
+async fn just_renewed(gate: &Gate) {
+    let before = gate.renewed_at();
+    tartan_testkit::wait_for("ctl-a renewing its Lease", Duration::from_secs(5), || {
+        (gate.renewed_at() != before).then_some(())
+    })
+    .await;
+}
+
+impl Pair {
+    /// `ctl-b` leads within 10 s, and the two gates were never open together.
+    async fn b_took_over_alone(self, what: &str) {
+        role_becomes(&mut self.b.role(), true, what).await;
+        assert!(!self.a_gate.may_write_at(Stamp::now()), "{what}: ctl-a still writes");
+        self.sampler.abort();
+        assert!(
+            !self.both_open.load(std::sync::atomic::Ordering::SeqCst),
+            "{what}: both replicas' write gates were open at the same time"
+        );
+        assert!(self.b_gate.may_write_at(Stamp::now()));
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.a.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.b.shutdown()).await;
+    }
+}
+
+/// Someone edits the Lease to name the standby (`kubectl edit`, to force a failover): the standby
+/// must not take that as its own record and lead at once, while the leader's gate is still open
+/// until its next round reads the change.
+#[test]
+fn a_lease_edited_to_name_the_standby_does_not_open_both_gates() {
+    bounded(Duration::from_secs(40), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let pair = a_leads_b_stands_by(&emu).await;
+        just_renewed(&pair.a_gate).await;
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(emu.client(), "default");
+        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
+        lease.spec.as_mut().expect("a spec").holder_identity = Some("ctl-b".into());
+        leases
+            .replace("tartan-controller", &Default::default(), &lease)
+            .await
+            .expect("the hand edit is written");
+        pair.b_took_over_alone("ctl-b leading after the edit").await;
+    });
+}
