@@ -429,7 +429,8 @@ impl Elector {
 enum Round {
     /// We hold the Lease; the request that renewed or took it was sent at this moment.
     Holding(Stamp),
-    /// Someone else holds it (or a conflict we lost).
+    /// Someone else holds it (or a conflict we lost). Our own identity when the record names us
+    /// but is not ours to renew yet ([`takeover`]'s `own_claim`).
     Other(Option<String>),
     Failed(String),
 }
@@ -471,9 +472,17 @@ async fn round(api: &Api<Lease>, cfg: &ElectionConfig, mem: &mut Memory, leading
         let sent = Stamp::now();
         mem.written = None;
         return match tokio::time::timeout(cfg.api_timeout, api.create(&pp, &new_lease(cfg, sent.wall))).await {
-            Ok(Ok(created)) => {
+            // Leading, we only put back a Lease deleted under us: nobody else can have opened a
+            // gate since (a creator waits, below).
+            Ok(Ok(created)) if leading => {
                 mem.written = created.metadata.resource_version;
                 Round::Holding(sent)
+            }
+            // A missing Lease may have been deleted under a leader whose gate is still open until
+            // its next round: the new record is waited out like anyone else's before we lead.
+            Ok(Ok(created)) => {
+                mem.obs = Some(observe(None, &created, cfg.lease, Instant::now()));
+                Round::Other(Some(cfg.identity.clone()))
             }
             Ok(Err(e)) if is_conflict(&e) => Round::Other(None),
             Ok(Err(e)) => Round::Failed(format!("creating it: {e}")),
@@ -582,9 +591,10 @@ async fn elect(
                     {
                         if *h == cfg.identity {
                             info!(
-                                "standing by: the {where_} names this controller, but not by a write of \
-                                 this process (edited, or a previous container's); taking it once it has \
-                                 gone unrenewed for its duration"
+                                "standing by: the {where_} names this controller in a record it cannot \
+                                 vouch for (just created, edited, or a previous container's): it leads once \
+                                 that record has gone unrenewed for its duration, when any replica that \
+                                 led before has stopped writing"
                             );
                         } else {
                             info!("standing by: {h} leads");

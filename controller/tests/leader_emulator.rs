@@ -210,3 +210,24 @@ fn a_lease_edited_to_name_the_standby_does_not_open_both_gates() {
         pair.b_took_over_alone("ctl-b leading after the edit").await;
     });
 }
+
+/// Someone deletes the Lease (`kubectl delete lease`, to reset the election) right after the
+/// leader renewed: the standby, finding none, must not create it and lead at once while the
+/// leader's gate stays open until its next round.
+#[test]
+fn a_lease_deleted_under_the_leader_does_not_open_both_gates() {
+    bounded(Duration::from_secs(40), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let pair = a_leads_b_stands_by(&emu).await;
+        just_renewed(&pair.a_gate).await;
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(emu.client(), "default");
+        leases
+            .delete("tartan-controller", &Default::default())
+            .await
+            .expect("the Lease is deleted");
+        pair.b_took_over_alone("ctl-b leading after the deletion").await;
+    });
+}
