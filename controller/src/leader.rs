@@ -120,7 +120,7 @@ pub fn may_write(renewed: Stamp, window: Duration, now: Stamp) -> bool {
 pub struct Observation {
     pub resource_version: String,
     pub holder: Option<String>,
-    /// The record's `leaseDurationSeconds` (ours when it states none).
+    /// The record's `leaseDurationSeconds`, never less than ours (ours when it states none).
     pub lease: Duration,
     /// When this exact record was first seen.
     pub since: Instant,
@@ -128,14 +128,17 @@ pub struct Observation {
 
 /// The observation after reading `lease` at `now`: unchanged record → same `since`; any change
 /// (renewal, new holder, release) restarts the count.
-pub fn observe(previous: Option<&Observation>, lease: &Lease, fallback: Duration, now: Instant) -> Observation {
+///
+/// The record's duration counts only when longer than `ours`: a leader states its own, and a
+/// record edited to a shorter one (by hand, after the leader's last renewal) must not let a
+/// standby in while that leader may still write for its whole window.
+pub fn observe(previous: Option<&Observation>, lease: &Lease, ours: Duration, now: Instant) -> Observation {
     let spec = lease.spec.as_ref();
     let holder = spec.and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty());
     let lease_duration = spec
         .and_then(|s| s.lease_duration_seconds)
         .and_then(|s| u64::try_from(s).ok())
-        .filter(|s| *s > 0)
-        .map_or(fallback, Duration::from_secs);
+        .map_or(ours, |s| Duration::from_secs(s).max(ours));
     let resource_version = lease.metadata.resource_version.clone().unwrap_or_default();
     let since = match previous {
         Some(p) if p.resource_version == resource_version && !resource_version.is_empty() => p.since,

@@ -118,6 +118,9 @@ fn observation_restarts_on_any_change_of_the_record() {
         later,
     );
     assert_eq!(o3.since, later);
+    // A stated duration shorter than ours (edited by hand): ours.
+    let short = observe(None, &lease(Some("ctl-b"), "12", Some(1)), Duration::from_secs(7), t0);
+    assert_eq!(short.lease, Duration::from_secs(7));
     // No stated duration (or nonsense): ours.
     let o4 = observe(None, &lease(Some("ctl-b"), "12", None), Duration::from_secs(7), t0);
     assert_eq!(o4.lease, Duration::from_secs(7));

@@ -173,6 +173,22 @@ async fn just_renewed(gate: &Gate) {
 }
 
 impl Pair {
+    /// `ctl-a` still leads, `ctl-b` stands by, and the two gates were never open together.
+    async fn no_overlap_and_a_leads(self, what: &str) {
+        self.sampler.abort();
+        assert!(
+            !self.both_open.load(std::sync::atomic::Ordering::SeqCst),
+            "{what}: both replicas' write gates were open at the same time"
+        );
+        assert!(
+            matches!(*self.a.role().borrow(), Role::Leader { .. }),
+            "{what}: ctl-a leads"
+        );
+        assert!(!self.b_gate.may_write_at(Stamp::now()), "{what}: ctl-b does not write");
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.a.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.b.shutdown()).await;
+    }
+
     /// `ctl-b` leads within 10 s, and the two gates were never open together.
     async fn b_took_over_alone(self, what: &str) {
         role_becomes(&mut self.b.role(), true, what).await;
@@ -229,5 +245,36 @@ fn a_lease_deleted_under_the_leader_does_not_open_both_gates() {
             .await
             .expect("the Lease is deleted");
         pair.b_took_over_alone("ctl-b leading after the deletion").await;
+    });
+}
+
+/// Someone edits the Lease's `leaseDurationSeconds` down (to 1 s) right after the leader renewed:
+/// the standby must not count that record as expired after 1 s, while the leader may write for its
+/// own whole window.
+#[test]
+fn a_lease_edited_to_a_short_duration_does_not_open_both_gates() {
+    bounded(Duration::from_secs(40), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let pair = a_leads_b_stands_by(&emu).await;
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(emu.client(), "default");
+        just_renewed(&pair.a_gate).await;
+        let renewed = pair.a_gate.renewed_at();
+        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
+        lease.spec.as_mut().expect("a spec").lease_duration_seconds = Some(1);
+        leases
+            .replace("tartan-controller", &Default::default(), &lease)
+            .await
+            .expect("the hand edit is written");
+        // ctl-a's next renewal (2 s after its last) rewrites its own duration; ctl-b, polling every
+        // 100 ms, has long seen the edited record by then, and took it if it counted 1 s.
+        let b_role = pair.b.role();
+        tartan_testkit::wait_for("ctl-a renewing, or ctl-b leading", Duration::from_secs(5), || {
+            (pair.a_gate.renewed_at() != renewed || matches!(*b_role.borrow(), Role::Leader { .. })).then_some(())
+        })
+        .await;
+        pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
     });
 }
