@@ -120,6 +120,9 @@ pub fn may_write(renewed: Stamp, window: Duration, now: Stamp) -> bool {
 pub struct Observation {
     pub resource_version: String,
     pub holder: Option<String>,
+    /// Released by its holder: no holder and no `renewTime` ([`released`]). A holder cleared by
+    /// hand leaves its `renewTime`, and its leader may still write until its next round.
+    pub released: bool,
     /// The record's `leaseDurationSeconds`, never less than ours (ours when it states none).
     pub lease: Duration,
     /// When this exact record was first seen.
@@ -144,9 +147,11 @@ pub fn observe(previous: Option<&Observation>, lease: &Lease, ours: Duration, no
         Some(p) if p.resource_version == resource_version && !resource_version.is_empty() => p.since,
         _ => now,
     };
+    let released = holder.is_none() && spec.and_then(|s| s.renew_time.as_ref()).is_none();
     Observation {
         resource_version,
         holder,
+        released,
         lease: lease_duration,
         since,
     }
@@ -157,13 +162,17 @@ pub fn observe(previous: Option<&Observation>, lease: &Lease, ours: Duration, no
 pub enum Takeover {
     /// Take it now, fenced by the observed resourceVersion.
     Now(TakeoverReason),
-    /// Someone else holds it; look again; it cannot be taken before `not_before`.
-    Wait { holder: String, not_before: Instant },
+    /// Someone else holds it (or held it: a holder cleared by hand); look again; it cannot be
+    /// taken before `not_before`.
+    Wait {
+        holder: Option<String>,
+        not_before: Instant,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TakeoverReason {
-    /// Nobody holds it (released, or never held).
+    /// Nobody holds it (released, or never held), or we lead and it lost its holder under us.
     Free,
     /// It names us and is our own live claim (we lead, or we wrote exactly this record): ours to renew.
     Ours,
@@ -180,18 +189,15 @@ pub enum TakeoverReason {
 /// replica that led before the edit keeps its gate open until its next round reads the change.
 pub fn takeover(obs: &Observation, me: &str, own_claim: bool, now: Instant) -> Takeover {
     match obs.holder.as_deref() {
-        None => Takeover::Now(TakeoverReason::Free),
+        None if obs.released || own_claim => Takeover::Now(TakeoverReason::Free),
         Some(h) if h == me && own_claim => Takeover::Now(TakeoverReason::Ours),
-        Some(h) => {
-            let not_before = obs.since.checked_add(obs.lease);
-            match not_before {
-                Some(t) if now < t => Takeover::Wait {
-                    holder: h.to_string(),
-                    not_before: t,
-                },
+        holder => {
+            let holder = holder.map(str::to_string);
+            match obs.since.checked_add(obs.lease) {
+                Some(t) if now < t => Takeover::Wait { holder, not_before: t },
                 // An overflowing lease duration never expires.
                 None => Takeover::Wait {
-                    holder: h.to_string(),
+                    holder,
                     not_before: now + Duration::from_secs(3600),
                 },
                 Some(_) => Takeover::Now(TakeoverReason::Expired),
@@ -497,7 +503,7 @@ async fn round(api: &Api<Lease>, cfg: &ElectionConfig, mem: &mut Memory, leading
     let decision = takeover(&seen, &cfg.identity, own_claim, Instant::now());
     mem.obs = Some(seen);
     if let Takeover::Wait { holder, .. } = decision {
-        return Round::Other(Some(holder));
+        return Round::Other(holder);
     }
     let sent = Stamp::now();
     mem.written = None;

@@ -129,6 +129,10 @@ fn observation_restarts_on_any_change_of_the_record() {
     // An empty holder is nobody; a missing resourceVersion never counts as "unchanged".
     let free = observe(None, &lease(Some(""), "", Some(15)), Duration::from_secs(7), t0);
     assert_eq!(free.holder, None);
+    assert!(free.released, "no holder and no renewTime: released");
+    let mut cleared = lease(None, "13", Some(15));
+    cleared.spec.as_mut().unwrap().renew_time = Some(MicroTime("2026-12-01T22:00:00Z".parse().unwrap()));
+    assert!(!observe(None, &cleared, Duration::from_secs(7), t0).released);
     let again = observe(
         Some(&free),
         &lease(Some(""), "", Some(15)),
@@ -144,6 +148,7 @@ fn takeover_only_when_free_ours_or_unrenewed_for_its_duration() {
     let obs = |holder: Option<&str>| Observation {
         resource_version: "10".into(),
         holder: holder.map(str::to_string),
+        released: holder.is_none(),
         lease: Duration::from_secs(15),
         since: t0,
     };
@@ -158,7 +163,7 @@ fn takeover_only_when_free_ours_or_unrenewed_for_its_duration() {
     assert_eq!(
         takeover(&obs(Some("ctl-b")), "ctl-a", false, t0 + Duration::from_millis(14_999)),
         Takeover::Wait {
-            holder: "ctl-b".into(),
+            holder: Some("ctl-b".into()),
             not_before: t0 + Duration::from_secs(15)
         }
     );
@@ -171,13 +176,29 @@ fn takeover_only_when_free_ours_or_unrenewed_for_its_duration() {
     assert_eq!(
         takeover(&obs(Some("ctl-a")), "ctl-a", false, t0 + Duration::from_millis(14_999)),
         Takeover::Wait {
-            holder: "ctl-a".into(),
+            holder: Some("ctl-a".into()),
             not_before: t0 + Duration::from_secs(15)
         }
     );
     assert_eq!(
         takeover(&obs(Some("ctl-a")), "ctl-a", false, t0 + Duration::from_secs(15)),
         Takeover::Now(TakeoverReason::Expired)
+    );
+    // A holder cleared by hand (its renewTime kept) is not a release: waited out, unless we lead.
+    let cleared = Observation {
+        released: false,
+        ..obs(None)
+    };
+    assert_eq!(
+        takeover(&cleared, "ctl-a", false, t0 + Duration::from_millis(14_999)),
+        Takeover::Wait {
+            holder: None,
+            not_before: t0 + Duration::from_secs(15)
+        }
+    );
+    assert_eq!(
+        takeover(&cleared, "ctl-a", true, t0),
+        Takeover::Now(TakeoverReason::Free)
     );
     let mut forever = obs(Some("ctl-b"));
     forever.lease = Duration::MAX;
@@ -254,6 +275,7 @@ proptest! {
         let obs = Observation {
             resource_version: "7".into(),
             holder: Some("old".into()),
+            released: false,
             lease: lease_d,
             since: observed,
         };

@@ -278,3 +278,32 @@ fn a_lease_edited_to_a_short_duration_does_not_open_both_gates() {
         pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
     });
 }
+
+/// Someone clears the Lease's holder by hand (not a release: its `renewTime` stays) right after the
+/// leader renewed: the standby must not take that as released and lead at once, while the leader
+/// may write until its next round.
+#[test]
+fn a_lease_edited_to_name_nobody_does_not_open_both_gates() {
+    bounded(Duration::from_secs(40), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let pair = a_leads_b_stands_by(&emu).await;
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(emu.client(), "default");
+        just_renewed(&pair.a_gate).await;
+        let renewed = pair.a_gate.renewed_at();
+        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
+        lease.spec.as_mut().expect("a spec").holder_identity = None;
+        leases
+            .replace("tartan-controller", &Default::default(), &lease)
+            .await
+            .expect("the hand edit is written");
+        let b_role = pair.b.role();
+        tartan_testkit::wait_for("ctl-a renewing, or ctl-b leading", Duration::from_secs(5), || {
+            (pair.a_gate.renewed_at() != renewed || matches!(*b_role.borrow(), Role::Leader { .. })).then_some(())
+        })
+        .await;
+        pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
+    });
+}
