@@ -536,6 +536,7 @@ async fn elect(
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let where_ = format!("leader Lease {}/{}", cfg.namespace, cfg.name);
     let mut mem = Memory::default();
+    let mut waiting_own = false;
     metrics.set_leader(&cfg.identity, false);
     info!(identity = %cfg.identity, "standing by for the {where_}");
     loop {
@@ -543,6 +544,7 @@ async fn elect(
         let leading = matches!(*tx.borrow(), Role::Leader { .. });
         let next = match round(&api, &cfg, &mut mem, gate.renewed_at().is_some()).await {
             Round::Holding(sent) => {
+                waiting_own = false;
                 gate.renewed(sent);
                 let until = gate.deadline().unwrap_or_else(|| sent.mono + cfg.write_window());
                 if !leading {
@@ -592,24 +594,28 @@ async fn elect(
                             cfg.retry_every
                         );
                     }
+                    // A record naming us that is not ours to renew yet: nobody leads (so says
+                    // `/readyz`) until we take it.
+                    let own_record = holder.as_deref() == Some(cfg.identity.as_str());
+                    if own_record && !waiting_own {
+                        info!(
+                            "standing by: the {where_} names this controller in a record it cannot vouch \
+                             for (just created, edited, or a previous container's): it leads once that \
+                             record has gone unrenewed for its duration, when any replica that led before \
+                             has stopped writing"
+                        );
+                    }
+                    waiting_own = own_record;
+                    let holder = holder.filter(|_| !own_record);
                     // Compared into a bool first: a `watch::Ref` kept alive into the block would
                     // hold the channel's read lock across a later send on the same task.
                     let announced = *tx.borrow() == (Role::Standby { holder: holder.clone() });
                     if let Some(h) = &holder
                         && !announced
                     {
-                        if *h == cfg.identity {
-                            info!(
-                                "standing by: the {where_} names this controller in a record it cannot \
-                                 vouch for (just created, edited, or a previous container's): it leads once \
-                                 that record has gone unrenewed for its duration, when any replica that \
-                                 led before has stopped writing"
-                            );
-                        } else {
-                            info!("standing by: {h} leads");
-                        }
+                        info!("standing by: {h} leads");
                     }
-                    if holder.is_some() || failure.is_some() {
+                    if holder.is_some() || failure.is_some() || own_record {
                         tx.send_replace(Role::Standby { holder });
                     }
                 }

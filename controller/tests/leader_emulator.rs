@@ -307,3 +307,34 @@ fn a_lease_edited_to_name_nobody_does_not_open_both_gates() {
         pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
     });
 }
+
+/// A replica that creates the missing Lease waits a lease duration before it leads; meanwhile its
+/// role (what `/readyz` says) must not name itself as the leader it is not yet.
+#[test]
+fn a_replica_waiting_out_its_own_record_does_not_say_it_leads() {
+    bounded(Duration::from_secs(30), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let metrics = Arc::new(Metrics::default());
+        let cfg = config("ctl-a");
+        let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
+        let elector = Elector::spawn(emu.client(), cfg, gate, metrics);
+        let mut role = elector.role();
+        let changed = tokio::time::timeout(
+            Duration::from_secs(10),
+            role.wait_for(|r| *r != Role::Standby { holder: None }),
+        )
+        .await
+        .expect("a role other than the initial one within 10 s")
+        .expect("the elector runs")
+        .clone();
+        assert!(
+            matches!(changed, Role::Leader { .. }),
+            "announced {changed:?} before leading"
+        );
+        tokio::time::timeout(Duration::from_secs(5), elector.shutdown())
+            .await
+            .expect("the elector shuts down within 5 s");
+    });
+}
