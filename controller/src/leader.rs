@@ -13,8 +13,10 @@
 //!   before every mutating API request leaves the process ([`GateLayer`], a layer on kube's HTTP
 //!   stack, so no write path can bypass it), and the reconciler is stopped at the same instant.
 //! - A standby takes over only once it has seen the *same* Lease record (same resourceVersion, not
-//!   released) unchanged for that record's `leaseDurationSeconds` on its own monotonic clock, which
-//!   started after the holder sent its last renewal. So the old holder's gate is closed at least
+//!   released) unchanged for that record's `leaseDurationSeconds` (never less than its own) on its
+//!   own monotonic clock, which started after the holder sent its last renewal. Only a record this
+//!   process wrote (or renews while leading) is its own, and only a release frees a record: a
+//!   record edited or created by hand under a live leader is waited out like an expired one. So the old holder's gate is closed at least
 //!   `margin` before the new one's opens, whatever the two wall clocks say; the margin covers
 //!   requests in flight when the gate closed.
 //! - A leader that loses the Lease re-enters standby (the reconciler is rebuilt from fresh watches
