@@ -26,8 +26,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Config};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tartan_api::MacBuild;
 use tracing::{info, warn};
@@ -189,8 +189,9 @@ async fn check_crds(client: &Client, namespaces: &[Option<String>], limit: Durat
 struct Http {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
-    /// The elector's role; `None` without `--leader-elect`.
-    role: Option<tokio::sync::watch::Receiver<Role>>,
+    /// The elector's role; `None` without `--leader-elect`; set once the start-up checks passed
+    /// (the elector starts then), before `ready`.
+    role: Option<Arc<OnceLock<tokio::sync::watch::Receiver<Role>>>>,
 }
 
 async fn metrics_handler(State(h): State<Http>) -> ([(&'static str, &'static str); 1], String) {
@@ -209,7 +210,14 @@ async fn ready_handler(State(h): State<Http>) -> (StatusCode, String) {
     if !h.ready.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into());
     }
-    let body = match h.role.as_ref().map(|r| r.borrow().clone()) {
+    let role = match &h.role {
+        None => None,
+        Some(slot) => match slot.get() {
+            Some(r) => Some(r.borrow().clone()),
+            None => return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into()),
+        },
+    };
+    let body = match role {
         None => "ok\n".to_string(),
         Some(Role::Leader { .. }) => "ok: leading\n".to_string(),
         Some(Role::Standby { holder: Some(h) }) => format!("ok: standing by; {h} leads\n"),
@@ -269,9 +277,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("building the Kubernetes client")?
         .with_layer(&GateLayer(gate.clone()))
         .build();
-    let elector = election
-        .clone()
-        .map(|cfg| Elector::spawn(client.clone(), cfg, gate.clone(), metrics.clone()));
+    let role_slot = election.as_ref().map(|_| Arc::new(OnceLock::new()));
 
     let listener = tokio::net::TcpListener::bind(args.metrics_address)
         .await
@@ -283,7 +289,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_state(Http {
             metrics: metrics.clone(),
             ready: ready.clone(),
-            role: elector.as_ref().map(Elector::role),
+            role: role_slot.clone(),
         });
     let bound = listener.local_addr().map_or(args.metrics_address, |a| a);
     // The bound address (port 0 picks one), in the message so that tests can find it.
@@ -295,6 +301,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     check_crds(&client, &namespaces, args.api_timeout).await?;
+    // Only a replica that passed its checks takes part: one that takes the Lease and then fails
+    // them would hold it while reconciling nothing, and exit without releasing it.
+    let elector = election.map(|cfg| Elector::spawn(client.clone(), cfg, gate.clone(), metrics.clone()));
+    if let (Some(slot), Some(e)) = (&role_slot, &elector) {
+        let _ = slot.set(e.role());
+    }
 
     let reporter = Reporter {
         controller: "tartan-controller".into(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tartan_api::lease_clock::Stamp;
 use tartan_controller::leader::{ElectionConfig, Elector, Gate, Role};
 use tartan_controller::metrics::Metrics;
+use tartan_controller::run::RunArgs;
 use tartan_testkit::{DenyRule, Options};
 
 fn config(identity: &str) -> ElectionConfig {
@@ -337,4 +338,52 @@ fn a_replica_waiting_out_its_own_record_does_not_say_it_leads() {
             .await
             .expect("the elector shuts down within 5 s");
     });
+}
+
+/// A replica whose start-up checks fail (here: the MacBuild CRD is not served) exits without having
+/// taken part in the election: had it taken the Lease first, it would hold it (and say it leads)
+/// while it reconciles nothing, and leave it held when it exits, so that a healthy standby waits a
+/// whole lease duration more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_failing_its_start_up_checks_never_takes_the_lease() {
+    let emu = tartan_testkit::start(Options::default())
+        .await
+        .expect("emulator starts");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let cfg = config("ctl-a");
+    let args = RunArgs {
+        kubeconfig: Some(kubeconfig),
+        namespaces: vec!["default".into()],
+        default_timeout: Duration::from_secs(3600),
+        grace: Duration::from_secs(2),
+        lease_duration: Duration::from_secs(20),
+        agent_lease_namespace: None,
+        api_timeout: Duration::from_secs(5),
+        metrics_address: "127.0.0.1:0".parse().expect("an address"),
+        instance: "ctl-a".into(),
+        leader_elect: true,
+        leader_lease_namespace: Some(cfg.namespace.clone()),
+        leader_lease_name: cfg.name.clone(),
+        leader_identity: Some(cfg.identity.clone()),
+        leader_lease: cfg.lease,
+        leader_renew_every: cfg.renew_every,
+        leader_retry_every: cfg.retry_every,
+        leader_margin: cfg.margin,
+    };
+    let failed = tokio::time::timeout(Duration::from_secs(20), tartan_controller::run::run(args))
+        .await
+        .expect("run ends within 20 s")
+        .expect_err("the start-up checks fail without the MacBuild CRD");
+    assert!(format!("{failed:#}").contains("MacBuild CRD"), "{failed:#}");
+    let lease_requests: Vec<String> = emu
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/leases/") || r.contains("/leases?") || r.ends_with("/leases"))
+        .collect();
+    assert!(
+        lease_requests.is_empty(),
+        "the replica took part in the election before its checks passed: {lease_requests:?}"
+    );
 }
