@@ -541,10 +541,33 @@ async fn elect(
     let mut waiting_own = false;
     metrics.set_leader(&cfg.identity, false);
     info!(identity = %cfg.identity, "standing by for the {where_}");
+    let step_down = |why: &str, holder: Option<String>| {
+        gate.close();
+        metrics.set_leader(&cfg.identity, false);
+        error!("lost the {where_} ({why}): stopped writing; reconciling stops; standing by");
+        tx.send_replace(Role::Standby { holder });
+    };
     loop {
         let started = tokio::time::Instant::now();
+        let round = round(&api, &cfg, &mut mem, gate.renewed_at().is_some());
+        tokio::pin!(round);
+        // A round can outlast the write window (its requests hang until their timeout): the leader
+        // steps down at the window's end, not when the round gives up. A renewal of that round
+        // that still succeeds was sent inside its own window, and leads again.
+        let outcome = loop {
+            let leading = matches!(*tx.borrow(), Role::Leader { .. });
+            let deadline = gate.deadline().filter(|_| leading);
+            tokio::select! {
+                outcome = &mut round => break outcome,
+                _ = tokio::time::sleep_until(deadline.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)),
+                    if deadline.is_some() =>
+                {
+                    step_down("no renewal within the write window; the renewal under way is still unanswered", None);
+                }
+            }
+        };
         let leading = matches!(*tx.borrow(), Role::Leader { .. });
-        let next = match round(&api, &cfg, &mut mem, gate.renewed_at().is_some()).await {
+        let next = match outcome {
             Round::Holding(sent) => {
                 waiting_own = false;
                 gate.renewed(sent);
@@ -577,17 +600,12 @@ async fn elect(
                             left.as_secs_f64()
                         );
                     } else {
-                        gate.close();
-                        metrics.set_leader(&cfg.identity, false);
-                        error!(
-                            "lost the {where_} ({}): stopped writing; reconciling stops; standing by",
-                            match (&holder, &failure) {
-                                (Some(h), _) => format!("{h:?} holds it"),
-                                (None, Some(f)) => format!("no renewal within the write window: {f}"),
-                                (None, None) => "no renewal within the write window".into(),
-                            }
-                        );
-                        tx.send_replace(Role::Standby { holder: holder.clone() });
+                        let why = match (&holder, &failure) {
+                            (Some(h), _) => format!("{h:?} holds it"),
+                            (None, Some(f)) => format!("no renewal within the write window: {f}"),
+                            (None, None) => "no renewal within the write window".into(),
+                        };
+                        step_down(&why, holder.clone());
                     }
                 } else {
                     if let Some(f) = &failure {
@@ -639,10 +657,7 @@ async fn elect(
         let leading_now = matches!(*tx.borrow(), Role::Leader { .. });
         if leading_now && !gate.may_write_at(Stamp::now()) && gate.renewed_at().is_some() {
             // The window closed before the next round: step down now, the round below may renew.
-            gate.close();
-            metrics.set_leader(&cfg.identity, false);
-            error!("lost the {where_}: no renewal within the write window; stopped writing; standing by");
-            tx.send_replace(Role::Standby { holder: None });
+            step_down("no renewal within the write window", None);
         }
     }
     // Shutting down.

@@ -1,8 +1,9 @@
 //! The leader elector against the testkit's Kubernetes API emulator (real HTTP): what a replica
 //! does when the API goes away under it and comes back.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 use tartan_api::lease_clock::Stamp;
 use tartan_controller::leader::{ElectionConfig, Elector, Gate, Role};
 use tartan_controller::metrics::Metrics;
@@ -386,4 +387,50 @@ async fn a_replica_failing_its_start_up_checks_never_takes_the_lease() {
         lease_requests.is_empty(),
         "the replica took part in the election before its checks passed: {lease_requests:?}"
     );
+}
+
+/// A leader whose renewals hang (an API server that stopped answering) steps down the moment its
+/// write window ends, not when a hanging round gives up: until then `/readyz` and `/metrics` say
+/// it leads and its reconcilers run, every write refused.
+#[test]
+fn a_leader_whose_renewals_hang_steps_down_when_its_window_ends() {
+    bounded(Duration::from_secs(30), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let metrics = Arc::new(Metrics::default());
+        let cfg = config("ctl-a");
+        let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
+        let elector = Elector::spawn(emu.client(), cfg.clone(), gate.clone(), metrics);
+        let mut role = elector.role();
+        role_becomes(&mut role, true, "taking the free Lease").await;
+        // Every request hangs past the elector's timeout from now on.
+        emu.set_latency(Duration::from_secs(5));
+        let last_deadline = Arc::new(Mutex::new(None));
+        let sampler = tokio::spawn({
+            let (gate, last_deadline) = (gate.clone(), last_deadline.clone());
+            async move {
+                loop {
+                    if let Some(d) = gate.deadline() {
+                        *last_deadline.lock().expect("lock") = Some(d);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        });
+        role_becomes(&mut role, false, "stepping down once its renewals hang past the window").await;
+        let stepped_down = Instant::now();
+        sampler.abort();
+        let deadline = last_deadline.lock().expect("lock").expect("a deadline while leading");
+        let late = stepped_down.saturating_duration_since(deadline);
+        assert!(
+            late < Duration::from_millis(60),
+            "stepped down {late:?} after the write window ended (renewal timeout {:?})",
+            cfg.api_timeout
+        );
+        emu.set_latency(Duration::ZERO);
+        tokio::time::timeout(Duration::from_secs(5), elector.shutdown())
+            .await
+            .expect("the elector shuts down within 5 s");
+    });
 }
