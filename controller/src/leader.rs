@@ -549,8 +549,8 @@ async fn elect(
     };
     loop {
         let started = tokio::time::Instant::now();
-        let round = round(&api, &cfg, &mut mem, gate.renewed_at().is_some());
-        tokio::pin!(round);
+        let this_round = round(&api, &cfg, &mut mem, gate.renewed_at().is_some());
+        tokio::pin!(this_round);
         // A round can outlast the write window (its requests hang until their timeout): the leader
         // steps down at the window's end, not when the round gives up. A renewal of that round
         // that still succeeds was sent inside its own window, and leads again.
@@ -558,7 +558,7 @@ async fn elect(
             let leading = matches!(*tx.borrow(), Role::Leader { .. });
             let deadline = gate.deadline().filter(|_| leading);
             tokio::select! {
-                outcome = &mut round => break outcome,
+                outcome = &mut this_round => break outcome,
                 _ = tokio::time::sleep_until(deadline.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)),
                     if deadline.is_some() =>
                 {
