@@ -340,11 +340,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = stop.wait_for(|s| *s) => break,
         }
         info!("leading: starting the reconcilers");
-        let loops = futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx));
+        let mut loops = std::pin::pin!(futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx)));
         tokio::select! {
             // They end only on SIGTERM/SIGINT (`shutdown_on_signal`).
-            _ = loops => break,
-            lost = role.wait_for(|r| !matches!(r, Role::Leader { .. })) => {
+            _ = &mut loops => break,
+            // A signal that came before the loops first listened for one: they would never end,
+            // and the Lease would not be released. Give them the usual drain, bounded.
+            _ = async { stop.wait_for(|s| *s).await.is_ok() } => {
+                if tokio::time::timeout(SHUTDOWN_DRAIN, &mut loops).await.is_err() {
+                    warn!("the reconcilers did not stop within {SHUTDOWN_DRAIN:?} of the signal; dropping them");
+                }
+                break;
+            }
+            lost = async { role.wait_for(|r| !matches!(r, Role::Leader { .. })).await.map(|_| ()) } => {
                 lost.context("the leader elector stopped")?;
                 // Dropping the loops cancels every reconcile in flight; the gate already refuses
                 // their writes.
@@ -357,6 +365,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     server.abort();
     Ok(())
 }
+
+/// How long a leader's reconcilers may take to finish what they are doing after SIGTERM.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// Becomes true on SIGTERM or SIGINT.
 fn stop_signal() -> tokio::sync::watch::Receiver<bool> {
