@@ -610,7 +610,7 @@ async fn elect(
                 } else {
                     if let Some(f) = &failure {
                         warn!(
-                            "reading the {where_} failed: {f}; standing by, trying again in {:?}",
+                            "standing by: the {where_} could not be checked or taken ({f}); trying again in {:?}",
                             cfg.retry_every
                         );
                     }
