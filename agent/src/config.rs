@@ -254,7 +254,7 @@ pub struct Timing {
     /// an interval after the start).
     pub compaction_interval: Duration,
     /// The window of the rendezvous wait before a first claim (500 ms): each agent waits a fixed,
-    /// evenly spread share of it per build, so the free agents do not all write at once
+    /// logarithmically spaced share of it per build, so the free agents do not all write at once
     /// (`cluster::placement`). 0 claims at once.
     pub claim_spread: Duration,
     /// The extra wait before claiming a build whose image this host does not hold (5 s), so that a

@@ -383,10 +383,12 @@ async fn two_agents_race_for_one_macbuild_and_exactly_one_wins() {
 }
 
 #[tokio::test]
-async fn a_claim_based_on_a_stale_read_is_lost() {
+async fn a_claim_on_a_read_made_stale_by_another_write_is_made_again_on_a_fresh_read() {
     let emu = emulator().await;
     let stale = create_build(&emu, "stale").await;
-    // The controller touches the build after our read.
+    // Someone touches the build after our read; it stays unclaimed. Giving up here journaled the
+    // attempt as lost, and an agent never claims an attempt twice: had every agent read the
+    // build before that write, nobody would ever have claimed it.
     builds(&emu)
         .patch(
             "stale",
@@ -395,16 +397,47 @@ async fn a_claim_based_on_a_stale_read_is_lost() {
         )
         .await
         .unwrap();
+    let (c, _) = won(&emu, &stale, "mac-a", 1).await;
+    assert_eq!(c.holder, "mac-a");
+    let now = get(&emu, "stale").await;
+    assert_eq!(
+        now.status.and_then(|s| s.claim).map(|c| c.holder).as_deref(),
+        Some("mac-a")
+    );
+    assert_eq!(now.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
+}
+
+#[tokio::test]
+async fn a_claim_on_a_read_from_before_another_agents_claim_is_lost_without_writing_again() {
+    let emu = emulator().await;
+    let stale = create_build(&emu, "taken").await;
+    won(&emu, &stale, "mac-b", 1).await;
+    let writes_before = status_writes(&emu, "taken");
     match claim::claim(&emu.client(), API_TIMEOUT, &stale, "mac-a", 1)
         .await
         .unwrap()
     {
-        ClaimOutcome::Lost { reason } => assert!(reason.contains("test failed"), "{reason}"),
+        ClaimOutcome::Lost { reason } => {
+            assert!(reason.contains("test failed") && reason.contains("mac-b"), "{reason}")
+        }
         other => panic!("{other:?}"),
     }
-    let now = get(&emu, "stale").await;
-    assert_eq!(now.status, None);
-    assert_eq!(now.metadata.finalizers, None);
+    // One losing write, then only the read that showed mac-b's claim.
+    assert_eq!(status_writes(&emu, "taken") - writes_before, 1);
+    let now = get(&emu, "taken").await;
+    assert_eq!(
+        now.status.and_then(|s| s.claim).map(|c| c.holder).as_deref(),
+        Some("mac-b")
+    );
+}
+
+/// How many status writes the emulator answered for MacBuild `name`.
+fn status_writes(emu: &EmulatorHandle, name: &str) -> usize {
+    let path = format!("/macbuilds/{name}/status");
+    emu.answers()
+        .iter()
+        .filter(|a| a.method == "PATCH" && a.uri.split('?').next().is_some_and(|p| p.ends_with(&path)))
+        .count()
 }
 
 #[tokio::test]

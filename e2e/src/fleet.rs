@@ -75,6 +75,21 @@ pub fn macbuild_of(uri: &str) -> Option<&str> {
     it.next().filter(|n| !n.is_empty())
 }
 
+/// The kind of a `ClaimLost` record's detail (the claim module's reasons), for counting.
+pub fn lost_reason_class(detail: &str) -> &'static str {
+    if detail.contains("test failed") {
+        "its claim's test failed (written on a stale read, or raced)"
+    } else if detail.contains("not claimable") {
+        "it was not claimable by then (nothing written)"
+    } else if detail.contains("nobody confirmed") {
+        "the claim was not confirmed (API error)"
+    } else if detail.contains("deleted") {
+        "the MacBuild was deleted"
+    } else {
+        "other"
+    }
+}
+
 /// `VmRSS` and `VmHWM` (KiB) of `pid`.
 fn memory_kib(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -240,11 +255,26 @@ pub async fn run(opts: FleetOptions) {
     let mut per_agent: BTreeMap<String, usize> = ids.iter().map(|id| (id.clone(), 0)).collect();
     let mut holder_of: BTreeMap<String, String> = BTreeMap::new();
     let mut claim_lost = 0usize;
+    // Claim attempts per (agent, build) and when each began (`[*] -> Requested` is journaled
+    // right before the claim's write); why each lost claim was lost.
+    let mut requested: BTreeMap<(String, String), Vec<Timestamp>> = BTreeMap::new();
+    let mut lost_by: Vec<(String, String)> = Vec::new();
+    let mut lost_reasons: BTreeMap<String, usize> = BTreeMap::new();
     for id in &ids {
         for r in stack.journal(id) {
             let Some(b) = r.build.as_ref() else { continue };
-            if r.reason == Some(tartan_api::Reason::ClaimLost) && created.contains_key(&b.name) {
+            if !created.contains_key(&b.name) {
+                continue;
+            }
+            if r.from.is_none() && r.to == AttemptState::Requested {
+                requested.entry((id.clone(), b.name.clone())).or_default().push(r.time);
+            }
+            if r.reason == Some(tartan_api::Reason::ClaimLost) {
                 claim_lost += 1;
+                lost_by.push((id.clone(), b.name.clone()));
+                *lost_reasons
+                    .entry(lost_reason_class(&r.detail).to_string())
+                    .or_default() += 1;
             }
             if r.to != AttemptState::Admitted {
                 continue;
@@ -258,6 +288,21 @@ pub async fn run(opts: FleetOptions) {
         }
     }
     latency.sort_by(|a, b| a.total_cmp(b));
+    // How long after the winner began its claim each loser began its own: a loser that began
+    // well after it had not seen the claim yet (its watch lagged); one that began before or at
+    // about the same time raced it.
+    let mut lag_after_winner: Vec<f64> = lost_by
+        .iter()
+        .filter_map(|(agent, build)| {
+            let winner = holder_of.get(build)?;
+            let won_at = requested.get(&(winner.clone(), build.clone()))?.first()?;
+            let lost_at = requested.get(&(agent.clone(), build.clone()))?.first()?;
+            Some((lost_at.as_millisecond() - won_at.as_millisecond()) as f64)
+        })
+        .collect();
+    lag_after_winner.sort_by(|a, b| a.total_cmp(b));
+    let attempts_max = requested.values().map(Vec::len).max().unwrap_or(0);
+    let repeated = requested.values().filter(|v| v.len() > 1).count();
 
     // Requests from the emulator's answers log.
     let answers = stack
@@ -334,6 +379,17 @@ pub async fn run(opts: FleetOptions) {
     println!(
         "ClaimLost journaled (an agent wrote a claim, or found the build taken after journaling Requested): {claim_lost} = {:.2} per build",
         claim_lost as f64 / n
+    );
+    for (class, count) in &lost_reasons {
+        println!("  lost because {class}: {count}");
+    }
+    let lag = |p: f64| percentile(&lag_after_winner, p).map_or("-".into(), |v| format!("{v:.0} ms"));
+    println!(
+        "  loser's claim began after the winner's: p50 {} p99 {} max {} (min {}); claims begun per agent and build: max {attempts_max}, {repeated} pairs more than once",
+        lag(50.0),
+        lag(99.0),
+        lag(100.0),
+        lag(0.0)
     );
     println!("agent API requests per build during the run, by kind:");
     for (k, v) in &kinds {
@@ -452,6 +508,23 @@ mod tests {
         assert_eq!(macbuild_of(&format!("{ns}/b/status?x=1")), Some("b"));
         assert_eq!(macbuild_of(ns), None);
         assert_eq!(macbuild_of("/api/v1/namespaces/e2e/events"), None);
+    }
+
+    #[test]
+    fn lost_claims_are_classed_by_the_claim_modules_reasons() {
+        assert!(
+            lost_reason_class(
+                "claim lost to the claim's test failed (422); it is now claimed by mac-01 for b#1 (epoch 1); nothing cloned"
+            )
+            .starts_with("its claim's test")
+        );
+        assert!(lost_reason_class("claim lost to not claimable: Claimed").starts_with("it was not"));
+        assert!(lost_reason_class("claim lost to nobody confirmed: x").starts_with("the claim was not"));
+        assert_eq!(
+            lost_reason_class("claim lost to the MacBuild was deleted"),
+            "the MacBuild was deleted"
+        );
+        assert_eq!(lost_reason_class("something new"), "other");
     }
 
     #[test]

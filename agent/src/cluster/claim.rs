@@ -271,14 +271,57 @@ fn describe_claim(mb: &MacBuild) -> String {
     }
 }
 
+/// How many times a first claim is written when writes by others keep failing its test.
+const FIRST_CLAIM_TRIES: u32 = 3;
+
+/// What a 409/422 on a claim means, from the MacBuild as read before the write and as read after.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterConflict {
+    /// Our claim is there (an earlier answer was lost in transit).
+    Won,
+    /// Nothing changed, so no test failed: the write itself was refused (an admission policy).
+    Refused,
+    /// Someone else claimed it, or it changed so that this claim no longer applies.
+    Lost(String),
+    /// Only something else changed (a label, a message): still open for this very first claim,
+    /// so claim it again on the fresh read.
+    ClaimAgain,
+}
+
+/// The decision after a 409/422 on the claim of `attempt` (`first`: a first claim, fenced on the
+/// resourceVersion) that `read` was the basis of, `fresh` the build as it is now.
+pub fn after_claim_conflict(
+    read: &MacBuild,
+    fresh: &MacBuild,
+    wanted: &Claim,
+    attempt: u32,
+    first: bool,
+) -> AfterConflict {
+    if fresh.metadata.uid != read.metadata.uid {
+        return AfterConflict::Lost("the MacBuild was deleted and created again".into());
+    }
+    if is_ours(fresh, wanted) {
+        return AfterConflict::Won;
+    }
+    if fresh.metadata.resource_version == read.metadata.resource_version {
+        return AfterConflict::Refused;
+    }
+    // The attempt number is journaled already: a build handed on meanwhile needs another one.
+    if first && open_for_first_claim(fresh).is_ok() && first_attempt_number(fresh) == attempt {
+        return AfterConflict::ClaimAgain;
+    }
+    AfterConflict::Lost(format!("it is now {}", describe_claim(fresh)))
+}
+
 /// Claims attempt `attempt` of `mb` (as last read) for `holder`, then adds the finalizer and agent
 /// label. Attempt 1 needs an unclaimed build; attempt n > 1 needs our own claim of attempt n−1.
 /// Idempotent: if `mb` already shows this claim, only the missing metadata is added.
 ///
-/// 409/422 are resolved by reading the MacBuild again: our claim there → won (an earlier answer
-/// was lost in transit); someone else's claim, a changed resourceVersion, or deletion → lost; the
-/// same resourceVersion and no claim → the write was refused (e.g. by an admission policy) →
-/// [`ClaimError`].
+/// 409/422 are resolved by reading the MacBuild again ([`after_claim_conflict`]): our claim there
+/// → won (an earlier answer was lost in transit); someone else's claim, a hand-over or deletion →
+/// lost; still unclaimed after another write → the first claim is made again on the fresh read (at
+/// most [`FIRST_CLAIM_TRIES`] writes in all); the same resourceVersion and no claim → the write
+/// was refused (e.g. by an admission policy) → [`ClaimError`].
 pub async fn claim(
     client: &kube::Client,
     api_timeout: Duration,
@@ -304,37 +347,46 @@ pub async fn claim(
             .map_err(|read| err(action, format!("{write} got {e}, and reading it again failed: {read}")))
     };
 
-    // Step 1: the claim, unless `mb` shows it already.
-    let mut current = if is_ours(mb, &wanted) {
-        mb.clone()
-    } else {
-        let unclaimed = mb
+    // Step 1: the claim, unless `mb` shows it already. A first claim whose test failed only
+    // because something else wrote the build (a label, a status message) is made again on the
+    // fresh read, a few times: the journal allows one claim per attempt, so giving up here would
+    // leave the build to nobody if every agent had read it before that write.
+    let mut read = mb.clone();
+    let mut wanted = wanted;
+    let mut tries = 0;
+    let mut current = loop {
+        if is_ours(&read, &wanted) {
+            break read;
+        }
+        tries += 1;
+        let unclaimed = read
             .status
             .as_ref()
             .and_then(|s| s.claim.as_ref())
             .is_none_or(|c| c.holder.is_empty());
         // A first claim (attempt 1, or the first after a hand-over) needs an unclaimed build; a
         // retry follows our own claim of the attempt before.
-        let patch = if attempt <= 1 || unclaimed {
+        let first = attempt <= 1 || unclaimed;
+        let patch = if first {
             // The caller matched labels and namespaces; here only the build's own state matters.
-            if let Err(why) = open_for_first_claim(mb) {
+            if let Err(why) = open_for_first_claim(&read) {
                 return lost(format!("not claimable: {why:?}"));
             }
-            first_claim_patch(mb, &wanted)
+            first_claim_patch(&read, &wanted)
         } else {
             let previous = Claim {
                 holder: holder.to_string(),
                 attempt: attempt_id(&name, attempt - 1),
                 epoch: 0,
             };
-            if !is_ours(mb, &previous) {
+            if !is_ours(&read, &previous) {
                 return lost(format!(
                     "attempt {} is not ours to follow: {}",
                     previous.attempt,
-                    describe_claim(mb)
+                    describe_claim(&read)
                 ));
             }
-            next_claim_patch(mb.metadata.uid.as_deref().unwrap_or_default(), &previous, &wanted)
+            next_claim_patch(read.metadata.uid.as_deref().unwrap_or_default(), &previous, &wanted)
         };
         crate::crash_point!("claim.status.before");
         let claimed = timed(
@@ -344,25 +396,29 @@ pub async fn claim(
         .await;
         crate::crash_point!("claim.status.after");
         match claimed {
-            Ok(updated) => updated,
+            Ok(updated) => break updated,
             Err(e) if e.is_not_found() => return lost("the MacBuild was deleted".into()),
             Err(e) if e.is_precondition() => {
                 let Some(fresh) = reread("claiming", "the claim", &e).await? else {
                     return lost("the MacBuild was deleted".into());
                 };
-                if fresh.metadata.uid != mb.metadata.uid {
-                    return lost("the MacBuild was deleted and created again".into());
-                }
-                if is_ours(&fresh, &wanted) {
-                    fresh
-                } else if fresh.metadata.resource_version == mb.metadata.resource_version {
-                    // Nothing changed, so no test failed: the write itself was refused.
-                    return Err(err("claiming", format!("the claim was refused: {e}")));
-                } else {
-                    return lost(format!(
-                        "the claim's test failed ({e}); it is now {}",
-                        describe_claim(&fresh)
-                    ));
+                match after_claim_conflict(&read, &fresh, &wanted, attempt, first) {
+                    AfterConflict::Won => break fresh,
+                    AfterConflict::Refused => {
+                        return Err(err("claiming", format!("the claim was refused: {e}")));
+                    }
+                    AfterConflict::Lost(why) => return lost(format!("the claim's test failed ({e}); {why}")),
+                    AfterConflict::ClaimAgain if tries < FIRST_CLAIM_TRIES => {
+                        tracing::debug!(build = %build, "the claim's test failed ({e}) but the build is still unclaimed; claiming it again on the fresh read");
+                        wanted = claim_for(&fresh, holder, attempt);
+                        read = fresh;
+                    }
+                    AfterConflict::ClaimAgain => {
+                        return Err(err(
+                            "claiming",
+                            format!("the build kept changing under the claim ({FIRST_CLAIM_TRIES} tries, last {e})"),
+                        ));
+                    }
                 }
             }
             Err(e) => return Err(err("claiming", e.to_string())),
@@ -654,6 +710,85 @@ mod tests {
         }));
         assert_eq!(claim_for(&made, "mac-mini-07", 2), next);
         assert_eq!(claim_for(&made, "other", 2), claim("other", "b#2", 3));
+    }
+
+    #[test]
+    fn a_conflict_is_won_lost_refused_or_claimed_again_by_what_changed() {
+        let read = mb(None);
+        let wanted = claim("mac-a", "b#1", 1);
+        let changed = |f: &dyn Fn(&mut MacBuild)| {
+            let mut m = read.clone();
+            m.metadata.resource_version = Some("42".into());
+            f(&mut m);
+            m
+        };
+        // Only a label changed: still unclaimed, so claim it again (the old code gave up, and with
+        // its attempt journaled this agent never claimed the build again).
+        let labelled = changed(&|m| m.metadata.labels = Some(labels(&[("x", "y")])));
+        assert_eq!(
+            after_claim_conflict(&read, &labelled, &wanted, 1, true),
+            AfterConflict::ClaimAgain
+        );
+        // Claimed by another agent: lost, no second write.
+        let taken = changed(&|m| {
+            m.status = Some(MacBuildStatus {
+                claim: Some(claim("mac-b", "b#1", 1)),
+                ..Default::default()
+            })
+        });
+        assert!(matches!(
+            after_claim_conflict(&read, &taken, &wanted, 1, true),
+            AfterConflict::Lost(why) if why.contains("mac-b")
+        ));
+        // Ours: an answer lost in transit.
+        let ours = changed(&|m| {
+            m.status = Some(MacBuildStatus {
+                claim: Some(wanted.clone()),
+                ..Default::default()
+            })
+        });
+        assert_eq!(after_claim_conflict(&read, &ours, &wanted, 1, true), AfterConflict::Won);
+        // Nothing changed: the write was refused.
+        assert_eq!(
+            after_claim_conflict(&read, &read, &wanted, 1, true),
+            AfterConflict::Refused
+        );
+        // Cancelled, handed on (attempt 2 next), or a new build of that name: lost.
+        let cancelled = changed(&|m| m.spec.cancel_requested = true);
+        assert!(matches!(
+            after_claim_conflict(&read, &cancelled, &wanted, 1, true),
+            AfterConflict::Lost(_)
+        ));
+        let handed_on = changed(&|m| {
+            m.status = Some(MacBuildStatus {
+                attempts: vec![tartan_api::AttemptRecord {
+                    number: 1,
+                    id: "b#1".into(),
+                    vm: "mb-ci-b-a1".into(),
+                    host: "mac-c".into(),
+                    outcome: None,
+                    reason: None,
+                    started_at: None,
+                    finished_at: None,
+                    message: None,
+                }],
+                ..Default::default()
+            })
+        });
+        assert!(matches!(
+            after_claim_conflict(&read, &handed_on, &wanted, 1, true),
+            AfterConflict::Lost(_)
+        ));
+        let recreated = changed(&|m| m.metadata.uid = Some("uid-2".into()));
+        assert!(matches!(
+            after_claim_conflict(&read, &recreated, &wanted, 1, true),
+            AfterConflict::Lost(why) if why.contains("created again")
+        ));
+        // A later claim by the holder is fenced on its own claim, not the version: not repeated.
+        assert!(matches!(
+            after_claim_conflict(&read, &labelled, &claim("mac-a", "b#2", 2), 2, false),
+            AfterConflict::Lost(_)
+        ));
     }
 
     #[test]

@@ -5,12 +5,20 @@
 //! Every agent watches every MacBuild. Claiming the moment a build appears makes every free agent
 //! write at once, and all but one get 409/422 (a thundering herd: N−1 losing writes, N−1 journal
 //! records and re-reads per build). Instead each agent waits [`claim_delay`] before its first
-//! claim: `claim_spread × score(build uid, agent id) / 2⁶⁴`, a rendezvous hash. The scores of one
-//! build are independent and uniform over the agents, so the free agent with the lowest score
-//! claims first, a few milliseconds in when many are free (spread / (free agents + 1) on
-//! average), and the next one comes spread / (free agents) later, by when it has usually seen the
-//! claim and does not write at all. No agent knows the others; the wait is bounded by
-//! `claim_spread`, so a build is never left waiting while an agent is free.
+//! claim, set by a rendezvous hash: `score(build uid, agent id) / 2⁶⁴` is uniform and independent
+//! over the agents, so the free agent with the lowest score claims first. No agent knows the
+//! others; the wait is bounded by `claim_spread`, so a build is never left waiting while an agent
+//! is free.
+//!
+//! The wait is logarithmic in the score, not proportional to it. A loser is an agent whose wait
+//! ends before it has seen the winner's claim (the claim's write, the watch's delivery to it:
+//! tens of milliseconds, more under load). With k free agents the two lowest of k uniform scores
+//! lie about 1/k apart, so a proportional wait spaces the first two claimants `spread / k` apart
+//! (10 ms at 50 agents and 500 ms: ten losers per build when the watch lags 100 ms). With
+//! `spread × ln(S·u) / ln S` (u the score in [0, 1), S = [`SPACED_FOR`], 0 below u = 1/S) the
+//! i-th and (i+1)-th claimants lie `spread × ln((i+1)/i) / ln S` apart whatever k is: the first
+//! two 62 ms at 500 ms, at 2 free agents as at 200. The price: a lone free agent waits
+//! 0.8 × spread on average instead of half.
 //!
 //! # Claim where the image already is
 //!
@@ -55,13 +63,23 @@ pub fn rendezvous_score(uid: &str, agent: &str) -> u64 {
     h ^ (h >> 31)
 }
 
+/// The number of free agents per build the claim order is spaced for: below a score of
+/// `2⁶⁴ / SPACED_FOR` the wait is zero, so only with more free agents than this do the first
+/// claimants often go at once.
+pub const SPACED_FOR: f64 = 256.0;
+
 /// How long after a build became claimable agent `agent` waits before claiming it:
-/// `spread × score / 2⁶⁴`, plus `uncached` when the host does not hold the build's image. Always
-/// less than `spread + uncached`.
+/// `spread × ln(SPACED_FOR × u) / ln(SPACED_FOR)` (0 when negative), u = score / 2⁶⁴ (see the
+/// module's notes), plus `uncached` when the host does not hold the build's image. Increasing in
+/// the score, and always less than `spread + uncached`.
 pub fn claim_delay(uid: &str, agent: &str, holds_image: bool, timing: &ClaimTiming) -> Duration {
-    let fraction = rendezvous_score(uid, agent) as u128;
-    let nanos = (timing.spread.as_nanos().saturating_mul(fraction) >> 64) as u64;
-    let ranked = Duration::from_nanos(nanos);
+    let u = rendezvous_score(uid, agent) as f64 / 2f64.powi(64);
+    let fraction = ((SPACED_FOR * u).ln() / SPACED_FOR.ln()).clamp(0.0, 1.0);
+    // (The last score rounds to u = 1: the wait stays below the spread.)
+    let ranked = timing
+        .spread
+        .mul_f64(fraction)
+        .min(timing.spread.saturating_sub(Duration::from_nanos(1)));
     if holds_image {
         ranked
     } else {
@@ -178,15 +196,61 @@ mod tests {
     }
 
     #[test]
-    fn delays_spread_evenly_over_the_window() {
-        // One agent over many builds: deciles of the window hold about a tenth each.
+    fn delays_are_logarithmic_in_the_score() {
+        // One agent over many builds: P(wait < spread × t) = SPACED_FOR^(t − 1).
         let t = timing(1000, 0);
-        let mut deciles = [0u32; 10];
-        for b in 0..10_000 {
-            let d = claim_delay(&format!("uid-{b}"), "mac-mini-07", true, &t);
-            deciles[(d.as_millis() / 100) as usize] += 1;
+        let n = 20_000;
+        let delays: Vec<Duration> = (0..n)
+            .map(|b| claim_delay(&format!("uid-{b}"), "mac-mini-07", true, &t))
+            .collect();
+        for (at, expected) in [(0.0, 1.0 / SPACED_FOR), (0.25, 0.0156), (0.5, 0.0625), (0.75, 0.25)] {
+            let below = if at == 0.0 {
+                delays.iter().filter(|d| d.is_zero()).count()
+            } else {
+                delays.iter().filter(|d| d.as_secs_f64() < at).count()
+            };
+            let share = below as f64 / n as f64;
+            assert!(
+                (share - expected).abs() < 0.15 * expected + 0.002,
+                "below {at}: {share} (expected {expected})"
+            );
         }
-        assert!(deciles.iter().all(|&n| (850..=1150).contains(&n)), "{deciles:?}");
+    }
+
+    /// Over `builds` builds with `free` agents: the median wait of the first claimant and the
+    /// median gap between the first and the second (ms, at a 500 ms spread).
+    fn first_two(free: usize, builds: usize) -> (f64, f64) {
+        let t = timing(500, 0);
+        let fleet = agents(free);
+        let (mut firsts, mut gaps) = (Vec::new(), Vec::new());
+        for b in 0..builds {
+            let uid = format!("0b6e{b:08x}-7d1c-4d3e-9a7b-{b:012x}");
+            let mut d: Vec<f64> = fleet
+                .iter()
+                .map(|a| claim_delay(&uid, a, true, &t).as_secs_f64() * 1000.0)
+                .collect();
+            d.sort_by(f64::total_cmp);
+            firsts.push(d[0]);
+            gaps.push(d[1] - d[0]);
+        }
+        firsts.sort_by(f64::total_cmp);
+        gaps.sort_by(f64::total_cmp);
+        (firsts[builds / 2], gaps[builds / 2])
+    }
+
+    #[test]
+    fn the_first_two_claimants_stay_apart_however_many_agents_are_free() {
+        // The second claimant loses unless the first one's claim reached it (write + watch
+        // delivery, tens of ms). A wait proportional to the score spaced them 500 ms / (k + 1):
+        // 10 ms at 50 free agents, so most of the fleet wrote a losing claim under load.
+        for free in [2, 10, 50, 100] {
+            let (first, gap) = first_two(free, 2000);
+            assert!(gap >= 40.0, "{free} free agents: median gap {gap:.1} ms");
+            // And the first one still goes early (latency goal: p99 ≤ 1 s).
+            assert!(first <= 450.0, "{free} free agents: first claim after {first:.1} ms");
+        }
+        let (first, _) = first_two(50, 2000);
+        assert!(first <= 150.0, "50 free agents: first claim after {first:.1} ms");
     }
 
     proptest! {
