@@ -1,6 +1,7 @@
-//! The I/O around [`decide`]: read the CustomRun, its MacBuild and the holder's Lease fresh from
-//! the API, decide, act on the MacBuild, then write the CustomRun's `/status` (only if it
-//! changed), publish Events and count metrics.
+//! The I/O around [`decide`]: read the CustomRun, its MacBuild and the holder's Lease from the
+//! watches' caches (fresh from the API when acting on the cache could be wrong, or after a
+//! conflict), decide, act on the MacBuild, then write the CustomRun's `/status` (only if it
+//! changed), publish Events and count metrics. A finished run with nothing owed costs nothing.
 
 use crate::customrun::{CustomRun, CustomRunStatus};
 use crate::decide::{self, BuildAction, Plan, Timing};
@@ -13,15 +14,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Api, Client, Resource as _};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tartan_api::{CONTROLLER_FIELD_MANAGER, MacBuild};
 use tracing::{info, warn};
 
-/// Shared state of all reconciles.
+/// Shared state of the reconciles of one watched namespace.
 pub struct Ctx {
     pub client: Client,
     pub timing: Timing,
@@ -31,6 +34,83 @@ pub struct Ctx {
     pub api_timeout: Duration,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    pub cache: Caches,
+}
+
+/// The watches' caches, read instead of the API, and our own writes they may not show yet.
+pub struct Caches {
+    pub runs: Store<CustomRun>,
+    pub builds: Store<MacBuild>,
+    pub leases: Store<Lease>,
+    pub own_runs: OwnWrites<CustomRun>,
+    pub own_builds: OwnWrites<MacBuild>,
+}
+
+impl Caches {
+    pub fn new(runs: Store<CustomRun>, builds: Store<MacBuild>, leases: Store<Lease>) -> Caches {
+        Caches {
+            runs,
+            builds,
+            leases,
+            own_runs: OwnWrites::default(),
+            own_builds: OwnWrites::default(),
+        }
+    }
+}
+
+/// Entries kept in an [`OwnWrites`] before it starts over (it only saves a conflict and a
+/// fresh read; every write stays fenced without it).
+const OWN_WRITES_MAX: usize = 4096;
+
+/// The objects our own writes returned, each with the resourceVersion the cache showed when
+/// we wrote (`None`: absent). While the cache still shows that version it has not seen our
+/// write, and the written object is the fresher; once it moves on, the cache is.
+pub struct OwnWrites<K: Resource<DynamicType = ()>> {
+    written: Mutex<HashMap<ObjectRef<K>, Written<K>>>,
+}
+
+/// The resourceVersion the cache showed when we wrote, and what the API answered.
+type Written<K> = (Option<String>, Arc<K>);
+
+impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
+    fn default() -> Self {
+        OwnWrites {
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
+    /// The fresher of `cached` (what the cache holds for `key`) and our last write of it.
+    pub fn fresher(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+        let mut written = self.written.lock().expect("own-writes lock");
+        let cached_rv = cached.as_ref().and_then(|c| c.meta().resource_version.clone());
+        match written.get(key) {
+            None => cached,
+            Some((seen, ours)) if *seen == cached_rv => Some(ours.clone()),
+            Some(_) => {
+                written.remove(key);
+                cached
+            }
+        }
+    }
+
+    /// Records `ours`, just written while the cache showed `cached_rv`.
+    pub fn remember(&self, cached_rv: Option<String>, ours: K) {
+        let mut written = self.written.lock().expect("own-writes lock");
+        if written.len() >= OWN_WRITES_MAX {
+            written.clear();
+        }
+        written.insert(ObjectRef::from_obj(&ours), (cached_rv, Arc::new(ours)));
+    }
+
+    pub fn forget(&self, key: &ObjectRef<K>) {
+        self.written.lock().expect("own-writes lock").remove(key);
+    }
+}
+
+fn rv_in<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, key: &ObjectRef<K>) -> Option<String> {
+    store.get(key).and_then(|o| o.meta().resource_version.clone())
 }
 
 /// Why a reconcile failed. Each says what failed, on what, and that it will be retried.
@@ -136,6 +216,98 @@ fn key(run: &CustomRun) -> String {
     )
 }
 
+/// Waits (bounded) until a watch cache holds its first full list: before that, an absent object
+/// only means "not listed yet".
+async fn cache_ready<K>(store: &Store<K>, what: &'static str, target: &str, limit: Duration) -> Result<(), Error>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    match tokio::time::timeout(limit, store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+            what,
+            target: target.to_string(),
+            secs: limit.as_secs(),
+        }),
+    }
+}
+
+/// What one decision reads: the CustomRun, its MacBuild, the holder's Lease.
+struct Inputs {
+    run: Arc<CustomRun>,
+    mb: Option<Arc<MacBuild>>,
+    lease: Option<Arc<Lease>>,
+}
+
+impl Ctx {
+    fn lease_ref(&self, ns: &str, holder: &str) -> (String, String) {
+        let lease_ns = self.lease_namespace.clone().unwrap_or_else(|| ns.to_string());
+        (lease_ns, lease_name(holder))
+    }
+
+    /// From the watches' caches (and our own writes they may not show yet): no API request.
+    async fn cached(&self, run: Arc<CustomRun>, ns: &str, name: &str, target: &str) -> Result<Inputs, Error> {
+        let limit = self.api_timeout;
+        cache_ready(
+            &self.cache.builds,
+            "waiting for the MacBuild watch's first list",
+            target,
+            limit,
+        )
+        .await?;
+        cache_ready(
+            &self.cache.leases,
+            "waiting for the agent Lease watch's first list",
+            target,
+            limit,
+        )
+        .await?;
+        let key = ObjectRef::new(name).within(ns);
+        let mb = self.cache.own_builds.fresher(&key, self.cache.builds.get(&key));
+        let lease = match mb.as_ref().map(|m| build_view(m)).and_then(|v| v.holder) {
+            None => None,
+            Some(holder) => {
+                let (lease_ns, lname) = self.lease_ref(ns, &holder);
+                self.cache.leases.get(&ObjectRef::new(&lname).within(&lease_ns))
+            }
+        };
+        Ok(Inputs { run, mb, lease })
+    }
+
+    /// Fresh from the API: after a conflict, or before acting on what a stale cache could get
+    /// wrong. `None` when the CustomRun is gone.
+    async fn fresh(&self, ns: &str, name: &str, target: &str) -> Result<Option<Inputs>, Error> {
+        let t = self.api_timeout;
+        let runs: Api<CustomRun> = Api::namespaced(self.client.clone(), ns);
+        let builds: Api<MacBuild> = Api::namespaced(self.client.clone(), ns);
+        let run = match call("reading CustomRun", target, t, runs.get_opt(name)).await? {
+            Ok(Some(run)) => run,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(kube_err("reading CustomRun", target, e)),
+        };
+        let mb = call("reading MacBuild", target, t, builds.get_opt(name))
+            .await?
+            .map_err(|e| kube_err("reading MacBuild", target, e))?;
+        let lease = match mb.as_ref().map(build_view).and_then(|v| v.holder) {
+            None => None,
+            Some(holder) => {
+                let (lease_ns, lname) = self.lease_ref(ns, &holder);
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), &lease_ns);
+                let lt = format!("{lease_ns}/{lname}");
+                call("reading agent Lease", &lt, t, leases.get_opt(&lname))
+                    .await?
+                    .map_err(|e| kube_err("reading agent Lease", &lt, e))?
+            }
+        };
+        Ok(Some(Inputs {
+            run: Arc::new(run),
+            mb: mb.map(Arc::new),
+            lease: lease.map(Arc::new),
+        }))
+    }
+}
+
 /// Reconciles one CustomRun. Runs of other custom tasks are ignored.
 pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if !obj.spec.is_macbuild() {
@@ -145,40 +317,44 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
     let ns = obj.metadata.namespace.clone().unwrap_or_default();
     let name = obj.metadata.name.clone().unwrap_or_default();
     let target = format!("{ns}/{name}");
+    let run_key = ObjectRef::from_obj(obj.as_ref());
+    let mut obj = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
+    // Finished, and its status says so already: nothing to read, nothing to write.
+    if decide::nothing_owed(&obj) {
+        return Ok(Action::await_change());
+    }
     let runs: Api<CustomRun> = Api::namespaced(ctx.client.clone(), &ns);
     let builds: Api<MacBuild> = Api::namespaced(ctx.client.clone(), &ns);
+    let mb_key: ObjectRef<MacBuild> = ObjectRef::new(&name).within(&ns);
     let t = ctx.api_timeout;
 
-    for _ in 0..5 {
-        // Fresh reads (not the watch cache): a MacBuild created a moment ago must be seen.
-        let run = match call("reading CustomRun", &target, t, runs.get_opt(&name)).await? {
-            Ok(Some(run)) => run,
-            Ok(None) => return Ok(Action::await_change()),
-            Err(e) => return Err(kube_err("reading CustomRun", &target, e)),
+    // The first decision is made on the caches; a conflict, or a verdict a stale cache could
+    // get wrong, sends us to fresh reads.
+    let mut fresh = false;
+    for _ in 0..6 {
+        let inputs = if fresh {
+            match ctx.fresh(&ns, &name, &target).await? {
+                Some(i) => i,
+                None => return Ok(Action::await_change()),
+            }
+        } else {
+            ctx.cached(obj.clone(), &ns, &name, &target).await?
         };
+        let Inputs { run, mb, lease } = inputs;
         if run.metadata.deletion_timestamp.is_some() {
             // Garbage collection takes the MacBuild with it; the agent's finalizer keeps it until its VM is gone.
             return Ok(Action::await_change());
         }
-        let mb = call("reading MacBuild", &target, t, builds.get_opt(&name))
-            .await?
-            .map_err(|e| kube_err("reading MacBuild", &target, e))?;
-        let view = mb.as_ref().map(build_view);
-        let lease = match view.as_ref().and_then(|v| v.holder.clone()) {
-            None => None,
-            Some(holder) => {
-                let lease_ns = ctx.lease_namespace.clone().unwrap_or_else(|| ns.clone());
-                let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &lease_ns);
-                let lname = lease_name(&holder);
-                let lt = format!("{lease_ns}/{lname}");
-                call("reading agent Lease", &lt, t, leases.get_opt(&lname))
-                    .await?
-                    .map_err(|e| kube_err("reading agent Lease", &lt, e))?
-                    .map(|l| lease_view(&l))
-            }
-        };
+        let view = mb.as_deref().map(build_view);
+        let lease = lease.as_deref().map(lease_view);
         let now = Timestamp::now();
         let mut plan = decide::decide(&run, view.as_ref(), lease.as_ref(), &ctx.timing, now);
+        if !fresh && decide::needs_fresh_inputs(&plan, view.as_ref()) {
+            fresh = true;
+            continue;
+        }
+        // Whatever goes wrong from here is decided again on fresh reads.
+        fresh = true;
 
         // 1. The MacBuild first, so that a status write that fails is simply decided again.
         match &plan.action {
@@ -190,9 +366,11 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                         field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
                         ..Default::default()
                     };
+                    let cached_rv = rv_in(&ctx.cache.builds, &mb_key);
                     match call("creating MacBuild", &target, t, builds.create(&pp, &object)).await? {
-                        Ok(_) => {
+                        Ok(created) => {
                             info!(customrun = %target, "created MacBuild");
+                            ctx.cache.own_builds.remember(cached_rv, created);
                             publish(
                                 &ctx,
                                 &run,
@@ -201,6 +379,11 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                                 format!("created MacBuild {target}"),
                             )
                             .await;
+                            // Decide again on the created MacBuild before writing: one status
+                            // write then records it (its uid) instead of two.
+                            obj = run.clone();
+                            fresh = false;
+                            continue;
                         }
                         // Another replica or an earlier reconcile created it: decide again, adopting
                         // it if it is ours.
@@ -219,6 +402,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                     field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
                     ..Default::default()
                 };
+                let cached_rv = rv_in(&ctx.cache.builds, &mb_key);
                 match call(
                     "requesting cancel on MacBuild",
                     &target,
@@ -227,7 +411,8 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                 )
                 .await?
                 {
-                    Ok(_) => {
+                    Ok(patched) => {
+                        ctx.cache.own_builds.remember(cached_rv, patched);
                         if let Some(mb) = &mb {
                             publish_on(
                                 &ctx,
@@ -251,6 +436,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                     }),
                     ..Default::default()
                 };
+                ctx.cache.own_builds.forget(&mb_key);
                 match call("deleting MacBuild", &target, t, builds.delete(&name, &dp)).await? {
                     Ok(_) => {
                         if let Some(mb) = &mb {
@@ -266,7 +452,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
             }
         }
 
-        // 2. The status, only if it changed.
+        // 2. The status, only if it changed: a write that changes nothing is never sent.
         if run.status.as_ref() != Some(&plan.status) {
             let patch = status_patch(
                 run.status.as_ref(),
@@ -277,6 +463,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                 field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
                 ..Default::default()
             };
+            let cached_rv = rv_in(&ctx.cache.runs, &run_key);
             match call(
                 "writing CustomRun status",
                 &target,
@@ -285,7 +472,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
             )
             .await?
             {
-                Ok(_) => {}
+                Ok(written) => ctx.cache.own_runs.remember(cached_rv, written),
                 // Someone else wrote first (a failed `test` is 422, a stale version 409): decide again.
                 Err(e) if matches!(api_code(&e), Some(409 | 422)) => continue,
                 Err(e) if api_code(&e) == Some(404) => return Ok(Action::await_change()),
@@ -380,6 +567,58 @@ pub fn error_policy(obj: Arc<CustomRun>, error: &Error, ctx: Arc<Ctx>) -> Action
 mod tests {
     use super::*;
     use crate::customrun::Condition;
+
+    fn run_at(rv: &str, reason: &str) -> Arc<CustomRun> {
+        let mut run = CustomRun::new("r", Default::default());
+        run.metadata.namespace = Some("ci".into());
+        run.metadata.resource_version = Some(rv.into());
+        run.status = Some(CustomRunStatus {
+            conditions: vec![Condition {
+                type_: "Succeeded".into(),
+                status: "Unknown".into(),
+                reason: Some(reason.into()),
+                message: None,
+                severity: None,
+                last_transition_time: None,
+            }],
+            ..Default::default()
+        });
+        Arc::new(run)
+    }
+
+    #[test]
+    fn our_own_write_is_read_until_the_cache_shows_it() {
+        let rv = |r: Option<Arc<CustomRun>>| r.and_then(|r| r.metadata.resource_version.clone());
+        let own = OwnWrites::<CustomRun>::default();
+        let key = ObjectRef::new("r").within("ci");
+        let cached = run_at("10", "Pending");
+        assert_eq!(
+            rv(own.fresher(&key, Some(cached.clone()))).as_deref(),
+            Some("10"),
+            "nothing written yet"
+        );
+        // We wrote while the cache showed 10; the API answered with 11.
+        own.remember(Some("10".into()), (*run_at("11", "Running")).clone());
+        assert_eq!(
+            rv(own.fresher(&key, Some(cached.clone()))).as_deref(),
+            Some("11"),
+            "the cache is behind"
+        );
+        // The cache moved on (to our write or past it): from now on it is the fresher.
+        assert_eq!(
+            rv(own.fresher(&key, Some(run_at("12", "Running")))).as_deref(),
+            Some("12")
+        );
+        assert_eq!(
+            rv(own.fresher(&key, Some(cached))).as_deref(),
+            Some("10"),
+            "forgotten once the cache moved"
+        );
+        // A created object the cache has not listed yet.
+        let created = OwnWrites::<CustomRun>::default();
+        created.remember(None, (*run_at("5", "Pending")).clone());
+        assert_eq!(rv(created.fresher(&key, None)).as_deref(), Some("5"));
+    }
 
     #[test]
     fn first_status_write_is_fenced_on_the_resource_version() {

@@ -1,14 +1,15 @@
 //! `tartan-controller run`: connect, check the CRDs, serve `/metrics` `/healthz` `/readyz`, and
-//! run one kube `Controller` on CustomRuns per watched namespace (`.owns()` MacBuilds, watches
-//! agent Leases).
+//! run one kube `Controller` on CustomRuns per watched namespace (owning MacBuilds, watching
+//! agent Leases). Each of the three watches keeps a trimmed cache that reconciles read instead
+//! of the API.
 
 use crate::customrun::CustomRun;
 use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Ctx, error_policy, reconcile};
-use crate::view::lease_agent;
+use crate::reconcile::{Caches, Ctx, error_policy, reconcile};
+use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use anyhow::{Context as _, bail};
 use axum::Router;
 use axum::extract::State;
@@ -19,10 +20,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Config};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,6 +88,10 @@ pub struct RunArgs {
     /// The leader stops writing this long before its Lease could expire without a renewal.
     #[arg(long, default_value = "5s", value_parser = parse_flag)]
     pub leader_margin: Duration,
+    /// Most CustomRuns reconciled at once per watched namespace (0: no limit). Bounds the
+    /// requests in flight and the memory after a restart with many CustomRuns.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
 }
 
 impl RunArgs {
@@ -300,18 +305,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "tartan-controller".into(),
         instance: Some(args.instance.clone()),
     };
-    let ctx = Arc::new(Ctx {
-        client: gated.clone(),
-        timing: args.timing(),
-        lease_namespace: args.agent_lease_namespace.clone(),
-        api_timeout: args.api_timeout,
-        recorder: Recorder::new(gated.clone(), reporter),
-        metrics: metrics.clone(),
-    });
+    let recorder = Recorder::new(gated.clone(), reporter);
 
     let Some(elector) = elector else {
         ready.store(true, Ordering::Relaxed);
-        futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx)).await;
+        futures::future::join_all(controllers(&args, &gated, &namespaces, &recorder, &metrics)).await;
         info!("controller stopped");
         server.abort();
         return Ok(());
@@ -328,7 +326,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = stop.wait_for(|s| *s) => break,
         }
         info!("leading: starting the reconcilers");
-        let loops = futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx));
+        let loops = futures::future::join_all(controllers(&args, &gated, &namespaces, &recorder, &metrics));
         tokio::select! {
             // They end only on SIGTERM/SIGINT (`shutdown_on_signal`).
             _ = loops => break,
@@ -375,7 +373,8 @@ fn controllers(
     args: &RunArgs,
     client: &Client,
     namespaces: &[Option<String>],
-    ctx: &Arc<Ctx>,
+    recorder: &Recorder,
+    metrics: &Arc<Metrics>,
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
     let client = client.clone();
     let mut loops = Vec::new();
@@ -403,17 +402,42 @@ fn controllers(
                     Api::all(client.clone()),
                 ),
             };
-        let controller = Controller::new(runs, watcher::Config::default().any_semantic());
-        let store = controller.store();
+        // One watch per kind, each feeding a trimmed cache and the controller's triggers.
+        let (run_store, run_writer) = reflector::store();
+        let run_events = watcher(runs, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_customrun)
+            .reflect(run_writer)
+            .applied_objects();
+        let (build_store, build_writer) = reflector::store();
+        let build_events = watcher(builds, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_macbuild)
+            .reflect(build_writer)
+            .touched_objects();
+        let (lease_store, lease_writer) = reflector::store();
+        let lease_events = watcher(leases, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_lease)
+            .reflect(lease_writer)
+            .touched_objects();
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            timing: args.timing(),
+            lease_namespace: args.agent_lease_namespace.clone(),
+            api_timeout: args.api_timeout,
+            recorder: recorder.clone(),
+            metrics: metrics.clone(),
+            cache: Caches::new(run_store.clone(), build_store, lease_store),
+        });
         let scope = ns.clone().unwrap_or_else(|| "all namespaces".into());
-        info!(namespace = %scope, "watching CustomRuns");
-        let ctx = ctx.clone();
+        info!(namespace = %scope, concurrency = args.concurrency, "watching CustomRuns");
+        let held = run_store.clone();
         loops.push(
-            controller
-                .owns(builds, watcher::Config::default())
-                .watches(leases, watcher::Config::default(), move |lease| {
-                    runs_held_by(&store, &lease)
-                })
+            Controller::for_stream(run_events, run_store)
+                .with_config(controller::Config::default().concurrency(args.concurrency))
+                .owns_stream(build_events)
+                .watches_stream(lease_events, move |lease| runs_held_by(&held, &lease))
                 .shutdown_on_signal()
                 .run(reconcile, error_policy, ctx)
                 .for_each(|res| async move {
