@@ -557,7 +557,10 @@ impl Controller {
             ])
             .arg(kubeconfig)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -858,7 +861,10 @@ async fn bench(args: &Args) -> anyhow::Result<Report> {
     let world = start_watches(&client);
     let tally = Arc::new(Mutex::new(RequestTally::default()));
     let _poller = tally_task(cluster.clone(), tally.clone());
-    let log = cluster._dir.path().join("controller.log");
+    let log = match std::env::var_os("BENCH_CONTROLLER_LOGFILE") {
+        Some(f) => PathBuf::from(f),
+        None => cluster._dir.path().join("controller.log"),
+    };
     let builds: Api<MacBuild> = Api::namespaced(client.clone(), NS);
     let n = args.runs;
 

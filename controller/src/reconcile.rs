@@ -7,6 +7,8 @@ use crate::customrun::{CustomRun, CustomRunStatus};
 use crate::decide::{self, BuildAction, Plan, Timing};
 use crate::metrics::{ErrorLabels, Metrics, OutcomeLabels, RetirementLabels};
 use crate::view::{build_view, lease_name, lease_view, new_macbuild};
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, TestOperation};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -44,11 +46,14 @@ pub struct Caches {
     pub leases: Store<Lease>,
     pub own_runs: OwnWrites<CustomRun>,
     pub own_builds: OwnWrites<MacBuild>,
+    /// The MacBuild and Lease caches have listed once.
+    pub ready: CachesReady,
 }
 
 impl Caches {
     pub fn new(runs: Store<CustomRun>, builds: Store<MacBuild>, leases: Store<Lease>) -> Caches {
         Caches {
+            ready: caches_ready(builds.clone(), leases.clone()),
             runs,
             builds,
             leases,
@@ -216,21 +221,17 @@ fn key(run: &CustomRun) -> String {
     )
 }
 
-/// Waits (bounded) until a watch cache holds its first full list: before that, an absent object
-/// only means "not listed yet".
-async fn cache_ready<K>(store: &Store<K>, what: &'static str, target: &str, limit: Duration) -> Result<(), Error>
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    match tokio::time::timeout(limit, store.wait_until_ready()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) | Err(_) => Err(Error::Timeout {
-            what,
-            target: target.to_string(),
-            secs: limit.as_secs(),
-        }),
-    }
+/// Resolves (true) once the MacBuild and Lease caches hold their first full list; before that, an
+/// absent object only means "not listed yet". One future shared by every reconcile, because
+/// kube's `Store::wait_until_ready` keeps a single waker (a oneshot's): of several reconciles
+/// waiting on it at once only the last is woken, and the others sat until their timeout (10 s,
+/// the whole of a catch-up after a restart). `Shared` wakes every waiter.
+pub type CachesReady = Shared<BoxFuture<'static, bool>>;
+
+pub fn caches_ready(builds: Store<MacBuild>, leases: Store<Lease>) -> CachesReady {
+    async move { builds.wait_until_ready().await.is_ok() && leases.wait_until_ready().await.is_ok() }
+        .boxed()
+        .shared()
 }
 
 /// What one decision reads: the CustomRun, its MacBuild, the holder's Lease.
@@ -249,20 +250,13 @@ impl Ctx {
     /// From the watches' caches (and our own writes they may not show yet): no API request.
     async fn cached(&self, run: Arc<CustomRun>, ns: &str, name: &str, target: &str) -> Result<Inputs, Error> {
         let limit = self.api_timeout;
-        cache_ready(
-            &self.cache.builds,
-            "waiting for the MacBuild watch's first list",
-            target,
-            limit,
-        )
-        .await?;
-        cache_ready(
-            &self.cache.leases,
-            "waiting for the agent Lease watch's first list",
-            target,
-            limit,
-        )
-        .await?;
+        if !matches!(tokio::time::timeout(limit, self.cache.ready.clone()).await, Ok(true)) {
+            return Err(Error::Timeout {
+                what: "waiting for the MacBuild and agent Lease watches' first lists",
+                target: target.to_string(),
+                secs: limit.as_secs(),
+            });
+        }
         let key = ObjectRef::new(name).within(ns);
         let mb = self.cache.own_builds.fresher(&key, self.cache.builds.get(&key));
         let lease = match mb.as_ref().map(|m| build_view(m)).and_then(|v| v.holder) {
@@ -310,6 +304,7 @@ impl Ctx {
 
 /// Reconciles one CustomRun. Runs of other custom tasks are ignored.
 pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let mut clock = PhaseClock::new(&obj);
     if !obj.spec.is_macbuild() {
         return Ok(Action::await_change());
     }
@@ -340,6 +335,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
         } else {
             ctx.cached(obj.clone(), &ns, &name, &target).await?
         };
+        clock.mark(if fresh { "fresh" } else { "cached" });
         let Inputs { run, mb, lease } = inputs;
         if run.metadata.deletion_timestamp.is_some() {
             // Garbage collection takes the MacBuild with it; the agent's finalizer keeps it until its VM is gone.
@@ -472,7 +468,10 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
             )
             .await?
             {
-                Ok(written) => ctx.cache.own_runs.remember(cached_rv, written),
+                Ok(written) => {
+                    clock.mark("status");
+                    ctx.cache.own_runs.remember(cached_rv, written)
+                }
                 // Someone else wrote first (a failed `test` is 422, a stale version 409): decide again.
                 Err(e) if matches!(api_code(&e), Some(409 | 422)) => continue,
                 Err(e) if api_code(&e) == Some(404) => return Ok(Action::await_change()),
@@ -481,11 +480,47 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
             for note in &plan.events {
                 publish(&ctx, &run, note.warning, &note.reason, note.message.clone()).await;
             }
+            clock.mark("events");
             count_finish(&ctx, &plan);
         }
         return Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue));
     }
     Err(Error::Conflicts(target))
+}
+
+/// How long each phase of one reconcile took (reading, writing the status, the Events), logged
+/// at debug level under `tartan_controller::timing` for reconciles that did some work: the
+/// benchmark (`BENCH_CONTROLLER_LOG`) finds where a slow catch-up waits with it.
+struct PhaseClock {
+    key: String,
+    start: std::time::Instant,
+    last: std::time::Instant,
+    marks: Vec<(&'static str, u128)>,
+}
+
+impl PhaseClock {
+    fn new(run: &CustomRun) -> Self {
+        let now = std::time::Instant::now();
+        PhaseClock {
+            key: key(run),
+            start: now,
+            last: now,
+            marks: vec![],
+        }
+    }
+    fn mark(&mut self, what: &'static str) {
+        let now = std::time::Instant::now();
+        self.marks.push((what, now.duration_since(self.last).as_micros()));
+        self.last = now;
+    }
+}
+
+impl Drop for PhaseClock {
+    fn drop(&mut self) {
+        if !self.marks.is_empty() {
+            tracing::debug!(target: "tartan_controller::timing", customrun = %self.key, total_us = self.start.elapsed().as_micros(), marks = ?self.marks, "reconcile phases");
+        }
+    }
 }
 
 fn count_finish(ctx: &Ctx, plan: &Plan) {
@@ -584,6 +619,34 @@ mod tests {
             ..Default::default()
         });
         Arc::new(run)
+    }
+
+    /// Found by the controller benchmark: after a restart the first reconciles (as many as the
+    /// concurrency) all wait for the caches, and with kube's own readiness future only the last
+    /// to wait was woken; the others sat out their 10 s timeout.
+    #[tokio::test]
+    async fn every_reconcile_waiting_for_the_caches_wakes_when_they_fill() {
+        use futures::StreamExt as _;
+        use futures::stream::FuturesUnordered;
+        use kube::runtime::{reflector, watcher};
+        let (builds, mut build_writer) = reflector::store::<MacBuild>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        let caches = Caches::new(reflector::store::<CustomRun>().0, builds, leases);
+        // Polled the way kube's controller polls its reconciles: one task, a waker each.
+        let mut waiting: FuturesUnordered<_> = (0..16).map(|_| caches.ready.clone()).collect();
+        assert!(futures::poll!(waiting.next()).is_pending(), "nothing listed yet");
+        build_writer.apply_watcher_event(&watcher::Event::Init);
+        build_writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(
+            futures::poll!(waiting.next()).is_pending(),
+            "the Leases are not listed yet"
+        );
+        lease_writer.apply_watcher_event(&watcher::Event::Init);
+        lease_writer.apply_watcher_event(&watcher::Event::InitDone);
+        let woke = tokio::time::timeout(Duration::from_secs(5), waiting.collect::<Vec<bool>>())
+            .await
+            .expect("every waiting reconcile is woken once both caches are listed");
+        assert_eq!(woke, vec![true; 16]);
     }
 
     #[test]
