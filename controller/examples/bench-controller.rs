@@ -221,6 +221,8 @@ impl RequestTally {
 /// `GET /apis/g/v/namespaces/ns/customruns/x?...` → `get customruns`; lists and watches apart.
 fn classify(line: &str) -> String {
     let (method, uri) = line.split_once(' ').unwrap_or((line, ""));
+    // The log line goes on after the URI (the client's User-Agent).
+    let uri = uri.split(' ').next().unwrap_or(uri);
     let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     // After "namespaces/<ns>" (or the group/version), the resource, name, subresource.
