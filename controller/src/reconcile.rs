@@ -7,11 +7,12 @@ use crate::customrun::{CustomRun, CustomRunStatus};
 use crate::decide::{self, BuildAction, Plan, Timing};
 use crate::metrics::{ErrorLabels, Metrics, OutcomeLabels, RetirementLabels};
 use crate::view::{build_view, lease_name, lease_view, new_macbuild};
-use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt as _, StreamExt as _};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, TestOperation};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -24,6 +25,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tartan_api::{CONTROLLER_FIELD_MANAGER, MacBuild};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 /// Shared state of the reconciles of one watched namespace.
@@ -34,7 +36,8 @@ pub struct Ctx {
     pub lease_namespace: Option<String>,
     /// Timeout of each API call.
     pub api_timeout: Duration,
-    pub recorder: Recorder,
+    /// Where Events wait for [`publish_events`].
+    pub events: mpsc::Sender<PendingEvent>,
     pub metrics: Arc<Metrics>,
     pub cache: Caches,
 }
@@ -555,15 +558,9 @@ async fn publish_on(ctx: &Ctx, mb: &MacBuild, warning: bool, reason: &str, note:
     publish_ref(ctx, mb.object_ref(&()), target, warning, reason, note).await;
 }
 
-/// Events are best effort: a failure is logged and never fails the reconcile.
-async fn publish_ref(
-    ctx: &Ctx,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
-    target: String,
-    warning: bool,
-    reason: &str,
-    note: String,
-) {
+/// Events are best effort: queued for [`publish_events`] (waiting only while the queue is full);
+/// a failure is logged and never fails the reconcile.
+async fn publish_ref(ctx: &Ctx, reference: ObjectReference, target: String, warning: bool, reason: &str, note: String) {
     let mut note = note;
     if note.len() > 1000 {
         let mut cut = 1000;
@@ -572,18 +569,57 @@ async fn publish_ref(
         }
         note.truncate(cut);
     }
-    let ev = Event {
+    let event = Event {
         type_: if warning { EventType::Warning } else { EventType::Normal },
         reason: reason.to_string(),
         note: Some(note),
         action: "Reconcile".into(),
         secondary: None,
     };
-    match tokio::time::timeout(ctx.api_timeout, ctx.recorder.publish(&ev, &reference)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(object = %target, reason, "publishing Event failed: {e}; continuing without it"),
-        Err(_) => warn!(object = %target, reason, "publishing Event timed out; continuing without it"),
+    let pending = PendingEvent {
+        event,
+        reference,
+        target,
+    };
+    if let Err(mpsc::error::SendError(p)) = ctx.events.send(pending).await {
+        warn!(object = %p.target, reason, "Event not published: the controller is stopping");
     }
+}
+
+/// An Event waiting to be published, and what it is about.
+pub struct PendingEvent {
+    event: Event,
+    reference: ObjectReference,
+    target: String,
+}
+
+/// Most Events waiting; a reconcile with an Event to publish waits while the queue is full.
+pub const EVENT_QUEUE: usize = 4096;
+
+/// Events published at once. Fewer than the reconciles' writes: after a restart the status
+/// writes (what Tekton waits for) get most of the API server, and the Events follow.
+pub const EVENTS_IN_FLIGHT: usize = 4;
+
+pub fn event_queue() -> (mpsc::Sender<PendingEvent>, mpsc::Receiver<PendingEvent>) {
+    mpsc::channel(EVENT_QUEUE)
+}
+
+/// Publishes the queued Events, [`EVENTS_IN_FLIGHT`] at once, until every sender is gone. Apart
+/// from the reconciles, so that a status write never waits for another run's Event.
+pub async fn publish_events(rx: mpsc::Receiver<PendingEvent>, recorder: Recorder, limit: Duration) {
+    let recorder = &recorder;
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
+        .for_each_concurrent(EVENTS_IN_FLIGHT, |p| async move {
+            let reason = p.event.reason.as_str();
+            match tokio::time::timeout(limit, recorder.publish(&p.event, &p.reference)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(object = %p.target, reason, "publishing Event failed: {e}; continuing without it")
+                }
+                Err(_) => warn!(object = %p.target, reason, "publishing Event timed out; continuing without it"),
+            }
+        })
+        .await;
 }
 
 /// On error: log, count, and retry in 5 s (the call that failed has its own timeout).

@@ -8,7 +8,7 @@ use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Caches, Ctx, error_policy, reconcile};
+use crate::reconcile::{Caches, Ctx, error_policy, event_queue, publish_events, reconcile};
 use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use anyhow::{Context as _, bail};
 use axum::Router;
@@ -421,33 +421,34 @@ fn controllers(
             .modify(trim_lease)
             .reflect(lease_writer)
             .touched_objects();
+        let (events, queued) = event_queue();
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             timing: args.timing(),
             lease_namespace: args.agent_lease_namespace.clone(),
             api_timeout: args.api_timeout,
-            recorder: recorder.clone(),
+            events,
             metrics: metrics.clone(),
             cache: Caches::new(run_store.clone(), build_store, lease_store),
         });
         let scope = ns.clone().unwrap_or_else(|| "all namespaces".into());
         info!(namespace = %scope, concurrency = args.concurrency, "watching CustomRuns");
         let held = run_store.clone();
-        loops.push(
-            Controller::for_stream(run_events, run_store)
-                .with_config(controller::Config::default().concurrency(args.concurrency))
-                .owns_stream(build_events)
-                .watches_stream(lease_events, move |lease| runs_held_by(&held, &lease))
-                .shutdown_on_signal()
-                .run(reconcile, error_policy, ctx)
-                .for_each(|res| async move {
-                    match res {
-                        Ok((obj, _)) => tracing::debug!(customrun = %obj, "reconciled"),
-                        Err(e) => tracing::debug!("controller event: {e}"),
-                    }
-                })
-                .boxed(),
-        );
+        // Ends once the controller (holding the queue's sender in its context) has ended.
+        let events = publish_events(queued, recorder.clone(), args.api_timeout);
+        let reconciling = Controller::for_stream(run_events, run_store)
+            .with_config(controller::Config::default().concurrency(args.concurrency))
+            .owns_stream(build_events)
+            .watches_stream(lease_events, move |lease| runs_held_by(&held, &lease))
+            .shutdown_on_signal()
+            .run(reconcile, error_policy, ctx)
+            .for_each(|res| async move {
+                match res {
+                    Ok((obj, _)) => tracing::debug!(customrun = %obj, "reconciled"),
+                    Err(e) => tracing::debug!("controller event: {e}"),
+                }
+            });
+        loops.push(futures::future::join(reconciling, events).map(|_| ()).boxed());
     }
     loops
 }

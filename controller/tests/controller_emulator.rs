@@ -279,6 +279,25 @@ async fn customrun_becomes_an_owned_macbuild_and_succeeds_only_after_vm_deleted(
     assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
     assert_eq!(after.results, st.results);
     assert!(!h.builds().get("run").await.unwrap().spec.cancel_requested);
+
+    // The transitions' Events, published apart from the reconciles, reach the API.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client.clone(), NS);
+    eventually("the CustomRun's Events", || async {
+        let mut reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("run"))
+            .filter_map(|e| e.reason)
+            .collect();
+        reasons.sort();
+        reasons.dedup();
+        let want = ["MacBuildCreated", "TestsPassed"];
+        want.iter().all(|w| reasons.iter().any(|r| r == w)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
