@@ -351,20 +351,11 @@ const CALLS: &[Call] = &[
         "Lease",
         "watcher",
     ),
-    // Events on CustomRuns and MacBuilds: one Recorder for the process, so series are patched.
+    // Events on CustomRuns and MacBuilds: a fresh Recorder per Event, so never a series patch.
     c(
         Controller,
         EVENT,
         Create,
-        Namespaced,
-        "controller/src/run.rs",
-        "Event",
-        "Recorder::new",
-    ),
-    c(
-        Controller,
-        EVENT,
-        Patch,
         Namespaced,
         "controller/src/run.rs",
         "Event",

@@ -600,18 +600,21 @@ pub const EVENT_QUEUE: usize = 4096;
 /// writes (what Tekton waits for) get most of the API server, and the Events follow.
 pub const EVENTS_IN_FLIGHT: usize = 4;
 
+/// Makes the Recorder that publishes one Event.
+pub type NewRecorder = Arc<dyn Fn() -> Recorder + Send + Sync>;
+
 pub fn event_queue() -> (mpsc::Sender<PendingEvent>, mpsc::Receiver<PendingEvent>) {
     mpsc::channel(EVENT_QUEUE)
 }
 
 /// Publishes the queued Events, [`EVENTS_IN_FLIGHT`] at once, until every sender is gone. Apart
 /// from the reconciles, so that a status write never waits for another run's Event.
-pub async fn publish_events(rx: mpsc::Receiver<PendingEvent>, recorder: Recorder, limit: Duration) {
+pub async fn publish_events(rx: mpsc::Receiver<PendingEvent>, recorder: NewRecorder, limit: Duration) {
     let recorder = &recorder;
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
         .for_each_concurrent(EVENTS_IN_FLIGHT, |p| async move {
             let reason = p.event.reason.as_str();
-            match tokio::time::timeout(limit, recorder.publish(&p.event, &p.reference)).await {
+            match tokio::time::timeout(limit, recorder().publish(&p.event, &p.reference)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     warn!(object = %p.target, reason, "publishing Event failed: {e}; continuing without it")

@@ -8,7 +8,7 @@ use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Caches, Ctx, error_policy, event_queue, publish_events, reconcile};
+use crate::reconcile::{Caches, Ctx, NewRecorder, error_policy, event_queue, publish_events, reconcile};
 use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use anyhow::{Context as _, bail};
 use axum::Router;
@@ -305,7 +305,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "tartan-controller".into(),
         instance: Some(args.instance.clone()),
     };
-    let recorder = Recorder::new(gated.clone(), reporter);
+    // A fresh Recorder per Event: kube's keeps every Event it sent for 6 minutes (for series)
+    // and scans them all at each publish; a controller's transitions do not repeat, and at
+    // 10,000 CustomRuns that cache cost most of the CPU and tens of MiB.
+    let events_client = gated.clone();
+    let recorder: NewRecorder = Arc::new(move || Recorder::new(events_client.clone(), reporter.clone()));
 
     let Some(elector) = elector else {
         ready.store(true, Ordering::Relaxed);
@@ -373,7 +377,7 @@ fn controllers(
     args: &RunArgs,
     client: &Client,
     namespaces: &[Option<String>],
-    recorder: &Recorder,
+    recorder: &NewRecorder,
     metrics: &Arc<Metrics>,
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
     let client = client.clone();
