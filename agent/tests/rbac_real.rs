@@ -268,7 +268,8 @@ const CALLS: &[Call] = &[
         "CustomRun",
         "list",
     ),
-    // The Controller's watches: CustomRuns, owned MacBuilds, agent Leases (namespaced or all).
+    // The Controller's watches (each feeding a trimmed cache the reconciles read): CustomRuns,
+    // owned MacBuilds, agent Leases (namespaced or all).
     c(
         Controller,
         CUSTOMRUN,
@@ -276,7 +277,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "CustomRun",
-        "Controller::new",
+        "watcher",
     ),
     c(
         Controller,
@@ -285,7 +286,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "CustomRun",
-        "Controller::new",
+        "watcher",
     ),
     c(
         Controller,
@@ -294,7 +295,7 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "CustomRun",
-        "Controller::new",
+        "watcher",
     ),
     c(
         Controller,
@@ -303,7 +304,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "MacBuild",
-        "owns",
+        "watcher",
     ),
     c(
         Controller,
@@ -312,7 +313,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "MacBuild",
-        "owns",
+        "watcher",
     ),
     c(
         Controller,
@@ -321,7 +322,7 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "MacBuild",
-        "owns",
+        "watcher",
     ),
     c(
         Controller,
@@ -330,7 +331,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "Lease",
-        "watches",
+        "watcher",
     ),
     c(
         Controller,
@@ -339,7 +340,7 @@ const CALLS: &[Call] = &[
         Cluster,
         "controller/src/run.rs",
         "Lease",
-        "watches",
+        "watcher",
     ),
     c(
         Controller,
@@ -348,22 +349,13 @@ const CALLS: &[Call] = &[
         Namespaced,
         "controller/src/run.rs",
         "Lease",
-        "watches",
+        "watcher",
     ),
-    // Events on CustomRuns and MacBuilds: one Recorder for the process, so series are patched.
+    // Events on CustomRuns and MacBuilds: a fresh Recorder per Event, so never a series patch.
     c(
         Controller,
         EVENT,
         Create,
-        Namespaced,
-        "controller/src/run.rs",
-        "Event",
-        "Recorder::new",
-    ),
-    c(
-        Controller,
-        EVENT,
-        Patch,
         Namespaced,
         "controller/src/run.rs",
         "Event",
@@ -396,6 +388,26 @@ const CALLS: &[Call] = &[
         "controller/src/reconcile.rs",
         "Lease",
         "get_opt",
+    ),
+    // Cache reads (`self.cache.builds.get`, `.leases.get`): the scan takes them for API gets by
+    // their names; they need no more than the get_opt rows above.
+    c(
+        Controller,
+        MACBUILD,
+        Get,
+        Namespaced,
+        "controller/src/reconcile.rs",
+        "MacBuild",
+        "get",
+    ),
+    c(
+        Controller,
+        LEASE,
+        Get,
+        Namespaced,
+        "controller/src/reconcile.rs",
+        "Lease",
+        "get",
     ),
     c(
         Controller,

@@ -470,24 +470,48 @@ fn put_condition(conditions: &mut Vec<Condition>, cond: Condition) {
     }
 }
 
+/// The plan for a finished run: done runs are never touched again (a cancel patch on a finished
+/// run changes nothing), so its status stays as it is but for `observedGeneration`, with no
+/// action, no events and no requeue. It needs neither the MacBuild nor a Lease. `None` while the
+/// run is not done.
+pub fn settled(run: &CustomRun) -> Option<Plan> {
+    let current = run.status.as_ref().filter(|s| s.is_done())?;
+    let mut status = current.clone();
+    status.observed_generation = run.metadata.generation.or(current.observed_generation);
+    Some(Plan {
+        status,
+        action: BuildAction::None,
+        events: vec![],
+        requeue_after: None,
+        finished: None,
+    })
+}
+
+/// Whether `run` is finished and its status already says everything (`observedGeneration`
+/// included): a reconcile of it has nothing to read and nothing to write.
+pub fn nothing_owed(run: &CustomRun) -> bool {
+    settled(run).is_some_and(|plan| run.status.as_ref() == Some(&plan.status))
+}
+
+/// Whether `plan`, decided from cached (watch) inputs, must be decided again from fresh reads
+/// before it is acted on: it ends the run or deletes the MacBuild on facts that a cache a moment
+/// behind can get wrong (a MacBuild absent, unclaimed or not finished yet, a Lease expired). A
+/// MacBuild that is terminal with its VM deleted stays so, so its verdict needs no second read.
+pub fn needs_fresh_inputs(plan: &Plan, build: Option<&BuildView>) -> bool {
+    let settled_by_build = build.is_some_and(|b| b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted);
+    let deletes = matches!(plan.action, BuildAction::Delete { .. });
+    deletes || (plan.finished.is_some() && !settled_by_build)
+}
+
 /// Common start of every decision: bump `observedGeneration`; a done run is returned untouched
 /// (`Err`); otherwise mark it started if needed and return the draft and the start time.
 fn begin(run: &CustomRun, now: Timestamp) -> Result<(Draft, Timestamp), Box<Plan>> {
+    if let Some(plan) = settled(run) {
+        return Err(Box::new(plan));
+    }
     let current = run.status.clone().unwrap_or_default();
     let mut status = current.clone();
     status.observed_generation = run.metadata.generation.or(current.observed_generation);
-
-    // Done runs are never touched again (a cancel patch on a finished run changes nothing).
-    if current.is_done() {
-        let plan = Plan {
-            status,
-            action: BuildAction::None,
-            events: vec![],
-            requeue_after: None,
-            finished: None,
-        };
-        return Err(Box::new(plan));
-    }
 
     let extra: Extra = current
         .extra_fields

@@ -989,3 +989,65 @@ fn a_spec_the_api_refuses_fails_the_run_once() {
     let p = refuse_spec(&done, "late".into(), secs(60));
     assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
 }
+
+#[test]
+fn a_finished_run_is_settled_without_its_macbuild_or_lease() {
+    let done = after(
+        started(),
+        Some(&finished(Stage::Succeeded, "TestsPassed")),
+        Some(&lease(secs(50))),
+        secs(60),
+    );
+    // What decide says for it, whatever it sees, settled says without looking.
+    let settled_plan = settled(&done).expect("a finished run is settled");
+    for (b, l) in [
+        (None, None),
+        (Some(claimed(Stage::Running)), Some(lease(secs(1)))),
+        (Some(finished(Stage::Failed, "TestsFailed")), None),
+    ] {
+        let p = decide(&done, b.as_ref(), l.as_ref(), &timing(), secs(10_000));
+        assert_eq!(p.status, settled_plan.status);
+        assert_eq!((p.action, p.requeue_after), (BuildAction::None, None));
+    }
+    assert!(nothing_owed(&done), "its status already says everything");
+    // A spec patch on the finished run (Tekton cancels every child) still owes observedGeneration.
+    let patched = cancelled(done);
+    assert!(!nothing_owed(&patched));
+    assert_eq!(settled(&patched).unwrap().status.observed_generation, Some(2));
+    // Runs still going are never settled.
+    assert!(settled(&started()).is_none());
+    assert!(!nothing_owed(&started()));
+    assert!(!nothing_owed(&run()));
+}
+
+#[test]
+fn verdicts_a_stale_cache_could_get_wrong_are_read_again() {
+    let running = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(5))),
+        secs(10),
+    );
+    // The build's own terminal outcome with its VM deleted never changes back: no second read.
+    let b = finished(Stage::Succeeded, "TestsPassed");
+    let p = decide(&running, Some(&b), Some(&lease(secs(5))), &timing(), secs(20));
+    assert!(p.finished.is_some());
+    assert!(!needs_fresh_inputs(&p, Some(&b)));
+    // Still running: nothing irreversible.
+    let b = claimed(Stage::Running);
+    let p = decide(&running, Some(&b), Some(&lease(secs(15))), &timing(), secs(20));
+    assert!(!needs_fresh_inputs(&p, Some(&b)));
+    // A MacBuild that seems gone: MacBuildDeleted only on a fresh read.
+    let p = decide(&running, None, None, &timing(), secs(20));
+    assert!(p.finished.is_some());
+    assert!(needs_fresh_inputs(&p, None));
+    // Cancelled with the holder's Lease looking expired: ends unconfirmed, read again first.
+    let b = claimed(Stage::Running);
+    let p = decide(&cancelled(running.clone()), Some(&b), None, &timing(), secs(20));
+    assert!(p.finished.is_some());
+    assert!(needs_fresh_inputs(&p, Some(&b)));
+    // Cancelled before any claim: a (fenced) delete, read again first.
+    let p = decide(&cancelled(started()), Some(&build()), None, &timing(), secs(20));
+    assert!(matches!(p.action, BuildAction::Delete { .. }));
+    assert!(needs_fresh_inputs(&p, Some(&build())));
+}

@@ -1,14 +1,15 @@
 //! `tartan-controller run`: connect, check the CRDs, serve `/metrics` `/healthz` `/readyz`, and
-//! run one kube `Controller` on CustomRuns per watched namespace (`.owns()` MacBuilds, watches
-//! agent Leases).
+//! run one kube `Controller` on CustomRuns per watched namespace (owning MacBuilds, watching
+//! agent Leases). Each of the three watches keeps a trimmed cache that reconciles read instead
+//! of the API.
 
 use crate::customrun::CustomRun;
 use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Ctx, error_policy, reconcile};
-use crate::view::lease_agent;
+use crate::reconcile::{Caches, Ctx, NewRecorder, error_policy, event_queue, publish_events, reconcile};
+use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use anyhow::{Context as _, bail};
 use axum::Router;
 use axum::extract::State;
@@ -19,10 +20,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Config};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,6 +88,10 @@ pub struct RunArgs {
     /// The leader stops writing this long before its Lease could expire without a renewal.
     #[arg(long, default_value = "5s", value_parser = parse_flag)]
     pub leader_margin: Duration,
+    /// Most CustomRuns reconciled at once per watched namespace (0: no limit). Bounds the
+    /// requests in flight and the memory after a restart with many CustomRuns.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
 }
 
 impl RunArgs {
@@ -312,18 +317,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "tartan-controller".into(),
         instance: Some(args.instance.clone()),
     };
-    let ctx = Arc::new(Ctx {
-        client: gated.clone(),
-        timing: args.timing(),
-        lease_namespace: args.agent_lease_namespace.clone(),
-        api_timeout: args.api_timeout,
-        recorder: Recorder::new(gated.clone(), reporter),
-        metrics: metrics.clone(),
-    });
+    // A fresh Recorder per Event: kube's keeps every Event it sent for 6 minutes (for series)
+    // and scans them all at each publish; a controller's transitions do not repeat, and at
+    // 10,000 CustomRuns that cache cost most of the CPU and tens of MiB.
+    let events_client = gated.clone();
+    let recorder: NewRecorder = Arc::new(move || Recorder::new(events_client.clone(), reporter.clone()));
 
     let Some(elector) = elector else {
         ready.store(true, Ordering::Relaxed);
-        futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx)).await;
+        futures::future::join_all(controllers(&args, &gated, &namespaces, &recorder, &metrics)).await;
         info!("controller stopped");
         server.abort();
         return Ok(());
@@ -340,7 +342,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = stop.wait_for(|s| *s) => break,
         }
         info!("leading: starting the reconcilers");
-        let mut loops = std::pin::pin!(futures::future::join_all(controllers(&args, &gated, &namespaces, &ctx)));
+        let mut loops = std::pin::pin!(futures::future::join_all(controllers(
+            &args,
+            &gated,
+            &namespaces,
+            &recorder,
+            &metrics
+        )));
         tokio::select! {
             // They end only on SIGTERM/SIGINT (`shutdown_on_signal`).
             _ = &mut loops => break,
@@ -398,7 +406,8 @@ fn controllers(
     args: &RunArgs,
     client: &Client,
     namespaces: &[Option<String>],
-    ctx: &Arc<Ctx>,
+    recorder: &NewRecorder,
+    metrics: &Arc<Metrics>,
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
     let client = client.clone();
     let mut loops = Vec::new();
@@ -426,27 +435,53 @@ fn controllers(
                     Api::all(client.clone()),
                 ),
             };
-        let controller = Controller::new(runs, watcher::Config::default().any_semantic());
-        let store = controller.store();
+        // One watch per kind, each feeding a trimmed cache and the controller's triggers.
+        let (run_store, run_writer) = reflector::store();
+        let run_events = watcher(runs, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_customrun)
+            .reflect(run_writer)
+            .applied_objects();
+        let (build_store, build_writer) = reflector::store();
+        let build_events = watcher(builds, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_macbuild)
+            .reflect(build_writer)
+            .touched_objects();
+        let (lease_store, lease_writer) = reflector::store();
+        let lease_events = watcher(leases, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(trim_lease)
+            .reflect(lease_writer)
+            .touched_objects();
+        let (events, queued) = event_queue();
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            timing: args.timing(),
+            lease_namespace: args.agent_lease_namespace.clone(),
+            api_timeout: args.api_timeout,
+            events,
+            metrics: metrics.clone(),
+            cache: Caches::new(run_store.clone(), build_store, lease_store),
+        });
         let scope = ns.clone().unwrap_or_else(|| "all namespaces".into());
-        info!(namespace = %scope, "watching CustomRuns");
-        let ctx = ctx.clone();
-        loops.push(
-            controller
-                .owns(builds, watcher::Config::default())
-                .watches(leases, watcher::Config::default(), move |lease| {
-                    runs_held_by(&store, &lease)
-                })
-                .shutdown_on_signal()
-                .run(reconcile, error_policy, ctx)
-                .for_each(|res| async move {
-                    match res {
-                        Ok((obj, _)) => tracing::debug!(customrun = %obj, "reconciled"),
-                        Err(e) => tracing::debug!("controller event: {e}"),
-                    }
-                })
-                .boxed(),
-        );
+        info!(namespace = %scope, concurrency = args.concurrency, "watching CustomRuns");
+        let held = run_store.clone();
+        // Ends once the controller (holding the queue's sender in its context) has ended.
+        let events = publish_events(queued, recorder.clone(), args.api_timeout);
+        let reconciling = Controller::for_stream(run_events, run_store)
+            .with_config(controller::Config::default().concurrency(args.concurrency))
+            .owns_stream(build_events)
+            .watches_stream(lease_events, move |lease| runs_held_by(&held, &lease))
+            .shutdown_on_signal()
+            .run(reconcile, error_policy, ctx)
+            .for_each(|res| async move {
+                match res {
+                    Ok((obj, _)) => tracing::debug!(customrun = %obj, "reconciled"),
+                    Err(e) => tracing::debug!("controller event: {e}"),
+                }
+            });
+        loops.push(futures::future::join(reconciling, events).map(|_| ()).boxed());
     }
     loops
 }

@@ -100,6 +100,42 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
     }
 }
 
+/// Trims a MacBuild for the controller's watch cache to what [`build_view`] reads (and what
+/// an Event or a fenced delete names: kind, name, uid, resourceVersion): no managedFields,
+/// annotations or labels, no spec but `cancelRequested`, only the current attempt. At 10,000
+/// builds the spec's steps and the attempt history are most of the memory.
+pub fn trim_macbuild(mb: &mut MacBuild) {
+    mb.metadata.managed_fields = None;
+    mb.metadata.annotations = None;
+    mb.metadata.labels = None;
+    let spec = &mut mb.spec;
+    spec.image = String::new();
+    spec.source = None;
+    spec.steps = Vec::new();
+    spec.test_report = None;
+    spec.artifacts = None;
+    spec.resources = None;
+    spec.host_selector = BTreeMap::new();
+    if let Some(status) = mb.status.as_mut() {
+        let current = status.attempts.pop();
+        status.attempts = current.into_iter().collect();
+    }
+}
+
+/// Trims a CustomRun for the watch cache: managedFields and kubectl's last-applied copy are
+/// never read (the spec, labels, owner data and status are).
+pub fn trim_customrun(run: &mut CustomRun) {
+    run.metadata.managed_fields = None;
+    if let Some(a) = run.metadata.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Trims a Lease for the watch cache: its managedFields are never read.
+pub fn trim_lease(lease: &mut Lease) {
+    lease.metadata.managed_fields = None;
+}
+
 /// What the pure core needs to know about a Lease.
 pub fn lease_view(lease: &Lease) -> LeaseView {
     let spec = lease.spec.clone().unwrap_or_default();
@@ -204,6 +240,38 @@ mod tests {
         assert!(m.starts_with("attempt 1 failed: error\nxxx"), "{}", &m[..40]);
         assert!(m.len() <= MESSAGE_MAX, "{} bytes", m.len());
         assert!(m.chars().all(|c| c == '\n' || !c.is_control()));
+    }
+
+    #[test]
+    fn a_trimmed_macbuild_reads_the_same_and_keeps_only_the_current_attempt() {
+        let mut full = mb(json!({
+            "phase": "Failed", "outcome": "Failed", "message": "attempt 2 failed",
+            "claim": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2},
+            "conditions": [{"type": "VMDeleted", "status": "True", "reason": "VMDeleted", "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+            "attempts": [
+                {"number": 1, "id": "b#1", "vm": "mb-1", "host": "h", "outcome": "Interrupted", "reason": "AgentRestarted"},
+                {"number": 2, "id": "b#2", "vm": "mb-2", "host": "h", "outcome": "Failed", "reason": "StepFailed"}],
+            "journalSeq": 7, "vm": "mb-2", "results": {"testsPassed": 1, "testsTotal": 2},
+        }));
+        full.metadata.labels = Some(BTreeMap::from([("tekton.dev/customRun".to_string(), "b".to_string())]));
+        full.metadata.annotations = Some(BTreeMap::from([("a".to_string(), "x".repeat(1000))]));
+        full.metadata.managed_fields = Some(vec![Default::default()]);
+        full.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        let mut trimmed = full.clone();
+        trim_macbuild(&mut trimmed);
+        assert_eq!(build_view(&trimmed), build_view(&full));
+        assert_eq!(build_view(&trimmed).reason.as_deref(), Some("StepFailed"));
+        assert!(trimmed.spec.steps.is_empty() && trimmed.spec.image.is_empty());
+        assert!(trimmed.spec.cancel_requested);
+        assert_eq!(trimmed.status.as_ref().unwrap().attempts.len(), 1);
+        assert_eq!(
+            (
+                trimmed.metadata.labels,
+                trimmed.metadata.annotations,
+                trimmed.metadata.managed_fields
+            ),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -74,6 +74,7 @@ impl Harness {
             leader_renew_every: Duration::from_secs(5),
             leader_retry_every: Duration::from_secs(2),
             leader_margin: Duration::from_secs(5),
+            concurrency: 16,
         }
     }
 
@@ -278,6 +279,25 @@ async fn customrun_becomes_an_owned_macbuild_and_succeeds_only_after_vm_deleted(
     assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
     assert_eq!(after.results, st.results);
     assert!(!h.builds().get("run").await.unwrap().spec.cancel_requested);
+
+    // The transitions' Events, published apart from the reconciles, reach the API.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client.clone(), NS);
+    eventually("the CustomRun's Events", || async {
+        let mut reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("run"))
+            .filter_map(|e| e.reason)
+            .collect();
+        reasons.sort();
+        reasons.dedup();
+        let want = ["MacBuildCreated", "TestsPassed"];
+        want.iter().all(|w| reasons.iter().any(|r| r == w)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -427,6 +447,63 @@ async fn two_controller_instances_create_one_macbuild() {
     for c in &h.controllers {
         assert!(!c.is_finished(), "both controllers still running");
     }
+}
+
+/// A restarted controller sends no request about CustomRuns that are finished and say so:
+/// it used to read each one's CustomRun, MacBuild and Lease afresh (issue 16: 3,500-4,000 GETs
+/// of each kind for 1,000 finished runs).
+#[tokio::test]
+async fn a_restart_makes_no_request_for_finished_customruns() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let names = ["done-a", "done-b", "done-c"];
+    for name in names {
+        h.create_run(name, json!({})).await;
+        eventually("MacBuild", || async { h.builds().get_opt(name).await.unwrap() }).await;
+        h.agent_writes(
+            name,
+            json!({"phase": "Succeeded", "claim": {"holder": "agent-a", "attempt": format!("{name}#1"), "epoch": 1},
+                   "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+                   "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+        )
+        .await;
+        wait_reason(&h, name, "True", "TestsPassed").await;
+    }
+    for c in h.controllers.drain(..) {
+        c.abort();
+        let _ = c.await;
+    }
+    let from = h.emu.requests().len();
+    // One reconcile at a time: the finished runs, queued at the first list, are all handled
+    // before a CustomRun created after that list.
+    let mut args = h.args();
+    args.concurrency = 1;
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    eventually("the restarted controller's CustomRun watch", || async {
+        h.emu.requests()[from..]
+            .iter()
+            .any(|r| r.starts_with("GET") && r.contains("/customruns?") && r.contains("watch=true"))
+            .then_some(())
+    })
+    .await;
+    h.create_run("probe", json!({})).await;
+    wait_reason(&h, "probe", "Unknown", "Pending").await;
+    let log = h.emu.requests();
+    let about_finished: Vec<&String> = log[from..]
+        .iter()
+        .filter(|r| r.contains("/leases/") || names.iter().any(|n| r.contains(&format!("/{n}"))))
+        .collect();
+    assert!(
+        about_finished.is_empty(),
+        "requests about finished runs: {about_finished:#?}"
+    );
+    // And the probe cost what a new run costs: a MacBuild created and a status written, no reads.
+    let probe: Vec<&String> = log[from..].iter().filter(|r| r.contains("/probe")).collect();
+    assert!(
+        !probe.iter().any(|r| r.starts_with("GET /apis/tartan.dev")),
+        "the MacBuild is read from the watch: {probe:#?}"
+    );
 }
 
 #[tokio::test]

@@ -372,6 +372,7 @@ async fn a_replica_failing_its_start_up_checks_never_takes_the_lease() {
         leader_renew_every: cfg.renew_every,
         leader_retry_every: cfg.retry_every,
         leader_margin: cfg.margin,
+        concurrency: 16,
     };
     let failed = tokio::time::timeout(Duration::from_secs(20), tartan_controller::run::run(args))
         .await

@@ -380,14 +380,6 @@ fn get(inner: &Arc<Inner>, t: &Target, accept: &str) -> ApiResult<Resp> {
 
 fn list(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResult<Resp> {
     let (labels, fields) = selectors(&t.rt, query)?;
-    let st = inner.state.lock().expect("state lock");
-    let rv = st.rv().to_string();
-    let mut items: Vec<Value> = st
-        .list(&t.rt, t.namespace.as_deref())
-        .into_iter()
-        .filter(|o| labels.matches(o) && fields.matches(o))
-        .collect();
-    drop(st);
     let start = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(c) => c
             .parse::<usize>()
@@ -398,13 +390,20 @@ fn list(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResul
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let total = items.len();
-    items = items.into_iter().skip(start).collect();
+    let st = inner.state.lock().expect("state lock");
+    let rv = st.rv().to_string();
+    let (items, total) = st.list_page(
+        &t.rt,
+        t.namespace.as_deref(),
+        |o| labels.matches(o) && fields.matches(o),
+        start,
+        limit,
+    );
+    drop(st);
     let mut list_meta = json!({"resourceVersion": rv});
     if let Some(limit) = limit
-        && items.len() > limit
+        && total > start + limit
     {
-        items.truncate(limit);
         list_meta["continue"] = json!((start + limit).to_string());
         list_meta["remainingItemCount"] = json!(total - start - limit);
     }

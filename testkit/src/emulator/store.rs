@@ -478,15 +478,37 @@ impl State {
 
     /// Every stored object of `rt` (all namespaces when `ns` is None), served form, in key order.
     pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> Vec<Value> {
-        self.objects
-            .get(&rt.storage)
-            .map(|m| {
-                m.iter()
-                    .filter(|((n, _), _)| ns.is_none_or(|want| want == n))
-                    .map(|(_, o)| Self::to_served(rt, o))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.list_page(rt, ns, |_| true, 0, None).0
+    }
+
+    /// One page of a list: the `limit` objects from the `start`th of those that `keep` accepts
+    /// (in their served form), and how many it accepts in all. Only the page is copied, so the
+    /// pages of a paginated list cost O(objects) each, not a copy of every object each.
+    pub fn list_page(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        keep: impl Fn(&Value) -> bool,
+        start: usize,
+        limit: Option<usize>,
+    ) -> (Vec<Value>, usize) {
+        let Some(m) = self.objects.get(&rt.storage) else {
+            return (vec![], 0);
+        };
+        let mut page = Vec::new();
+        let mut total = 0;
+        for (_, o) in m.iter().filter(|((n, _), _)| ns.is_none_or(|want| want == n)) {
+            // Events are stored in another shape than they are served: select on the served one.
+            let served = (rt.flavor == Flavor::EventsV1).then(|| Self::to_served(rt, o));
+            if !keep(served.as_ref().unwrap_or(o)) {
+                continue;
+            }
+            if total >= start && limit.is_none_or(|l| page.len() < l) {
+                page.push(served.unwrap_or_else(|| Self::to_served(rt, o)));
+            }
+            total += 1;
+        }
+        (page, total)
     }
 
     fn check_namespace(&self, rt: &ResourceType, ns: &str, name: &str) -> ApiResult<()> {
