@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tartan_api::{AttemptState, Claim, MacBuild, MacBuildSpec, MacBuildStatus, Outcome, Phase, Step};
 
@@ -47,6 +47,8 @@ pub struct AgentBenchOptions {
     pub max_load: f64,
     /// Also measure idle with `namespaces = []` (the agent watches every namespace).
     pub all_namespaces: bool,
+    /// Keep the stack's files (journals, logs) after the run.
+    pub keep: bool,
 }
 
 /// One measured figure: what, its value, and the machine's 1-minute load before and after.
@@ -78,24 +80,30 @@ impl Report {
     }
 }
 
-/// Whether the agent at `binary` knows the config keys `claim_spread` and
-/// `uncached_claim_delay` (agents before them refuse a config naming them: unknown field). The
-/// keys are serde field names, so they are in the binary's bytes if and only if it reads them.
-pub fn knows_claim_delays(binary: &Path) -> bool {
-    let bytes = std::fs::read(binary).unwrap_or_else(|e| panic!("reading the agent binary {}: {e}", binary.display()));
-    let needle = b"uncached_claim_delay";
-    bytes.windows(needle.len()).any(|w| w == needle)
+/// `text` (an agent config) without field `field`: its `field = ...` line, or its `[field]`
+/// table (the header and the lines up to the next header).
+pub fn without_field(text: &str, field: &str) -> String {
+    let mut out = String::new();
+    let mut in_table = false;
+    for l in text.lines() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            in_table = t.trim_matches(|c| c == '[' || c == ']').trim() == field;
+        }
+        let key = t.split('=').next().unwrap_or_default().trim();
+        if in_table || (t.contains('=') && key == field) {
+            continue;
+        }
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
 }
 
-/// `text` (an agent config) without the lines setting `keys`.
-pub fn without_keys(text: &str, keys: &[&str]) -> String {
-    text.lines()
-        .filter(|l| {
-            let key = l.split('=').next().unwrap_or_default().trim();
-            !keys.contains(&key)
-        })
-        .map(|l| format!("{l}\n"))
-        .collect()
+/// The field an agent refused its config for (serde's ``unknown field `X` ``), from its log.
+pub fn unknown_field(log: &str) -> Option<String> {
+    let rest = log.split("unknown field `").nth(1)?;
+    Some(rest.split('`').next()?.to_string())
 }
 
 /// `text` (an agent config) with its `namespaces` line set to `value` (a TOML array).
@@ -188,8 +196,9 @@ fn now_ms() -> u64 {
     Timestamp::now().as_millisecond() as u64
 }
 
-/// Idle CPU (% of one core), VmRSS and VmHWM of the agent over `window`, and the API requests it
-/// made meanwhile.
+/// Idle CPU (% of one core), VmRSS and VmHWM (since its start: the agent is restarted before
+/// each idle figure but the first) of the agent over `window`, and the API requests it made
+/// meanwhile.
 async fn idle(stack: &Stack, window: Duration) -> String {
     let pid = stack.agent_pid(ID).expect("the agent runs");
     let from = now_ms();
@@ -358,6 +367,40 @@ async fn restart(stack: &mut Stack) -> (f64, f64) {
     (since(planned, exec), since(planned, starting))
 }
 
+/// Starts the agent and waits until it renews its Lease; `Err(field)` if it exited refusing
+/// its config for an unknown `field` (then it is forgotten, ready to start again).
+async fn start_or_refused(stack: &mut Stack) -> Result<(), String> {
+    let started = Timestamp::now();
+    stack.spawn_agent(ID);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(stack.client.clone(), &stack.ns);
+    let limit = Instant::now() + Duration::from_secs(60);
+    loop {
+        if stack.agent_exit_status(ID).is_some() {
+            let log = stack.agent_log(ID);
+            let field = unknown_field(&log)
+                .unwrap_or_else(|| panic!("agent {ID} exited at its start; log:\n{log}"));
+            stack.forget_exited_agent(ID);
+            return Err(field);
+        }
+        let renewed = leases
+            .get_opt(&format!("tartan-agent-{ID}"))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.renew_time)
+            .is_some_and(|t| t.0.as_second() >= started.as_second());
+        if renewed {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < limit,
+            "agent {ID} did not renew its Lease within 60 s of its start; log:\n{}",
+            stack.agent_log(ID)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn spread(v: &[f64]) -> String {
     format!(
         "median {} (min {}, max {}; n={})",
@@ -394,18 +437,17 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     };
     let config_path = stack.agent(ID).config.clone();
     let read_config = || std::fs::read_to_string(&config_path).expect("the agent's config is readable");
-    if !knows_claim_delays(&shown) {
-        let keys = ["claim_spread", "uncached_claim_delay"];
-        std::fs::write(&config_path, without_keys(&read_config(), &keys)).expect("writing the agent's config");
-        report.notes.push(format!(
-            "{} does not know {keys:?}: left out of its config (it claims without waiting, as these 0s do)",
-            shown.display()
-        ));
-    }
     if let Some(b) = &binary {
         stack.set_agent_binary(ID, b);
     }
-    stack.start_agent(ID).await;
+    // An older agent refuses fields it does not know: each one it names is left out, and it is
+    // started again.
+    while let Err(field) = start_or_refused(&mut stack).await {
+        std::fs::write(&config_path, without_field(&read_config(), &field)).expect("writing the agent's config");
+        report.notes.push(format!(
+            "it does not know the config field `{field}`: left out (the bench sets claim_spread and uncached_claim_delay to 0s, secrets to none)"
+        ));
+    }
     eprintln!("[bench-agent] {label}: agent {} runs in namespace {}", shown.display(), stack.ns);
 
     // Figure 4: idle.
@@ -415,7 +457,10 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     let value = idle(&stack, opts.idle).await;
     report.push("idle, no MacBuilds", value, &load);
 
+    // Created while the agent is stopped: a MacBuild's status is written after its creation,
+    // and a running agent would race to claim it in between (and journal its lost claims).
     let names: Vec<String> = (0..opts.foreign).map(|i| format!("foreign-{i:04}")).collect();
+    stack.stop_agent(ID, Duration::from_secs(60));
     let started = Instant::now();
     create_all(&stack, "foreign", &names, Some(foreign_status)).await;
     eprintln!(
@@ -423,7 +468,8 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
         opts.foreign,
         started.elapsed().as_secs_f64()
     );
-    // The agent has seen them all and rescanned at least once (every 5 s; 0.5 s before).
+    stack.start_agent(ID).await;
+    // The agent has listed them all and rescanned at least once (every 5 s; 0.5 s before).
     tokio::time::sleep(settle).await;
     let load = calm(opts.max_load).await;
     let value = idle(&stack, opts.idle).await;
@@ -453,8 +499,8 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     let load = calm(opts.max_load).await;
     let (total, cluster) = recovery(&mut stack, opts.repeats).await;
     report.push(
-        format!("recovery, {per_build} records (1 build): exec -> recovery planned"),
-        spread(&total),
+        "recovery, one build journaled: exec -> recovery planned",
+        format!("{per_build} records: {}", spread(&total)),
         &load,
     );
     report.push("  of which agent starting -> recovery planned", spread(&cluster), &load);
@@ -465,8 +511,8 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     let load = calm(opts.max_load).await;
     let (total, cluster) = recovery(&mut stack, opts.repeats).await;
     report.push(
-        format!("recovery, {records} records ({} builds): exec -> recovery planned", more + 1),
-        spread(&total),
+        format!("recovery, ~{} records journaled: exec -> recovery planned", opts.records),
+        format!("{records} records, {} builds: {}", more + 1, spread(&total)),
         &load,
     );
     report.push("  of which agent starting -> recovery planned", spread(&cluster), &load);
@@ -516,10 +562,13 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
         &load,
     );
     report.push(
-        format!("  exec -> recovery planned ({records} records)"),
-        planned.map_or("-".into(), ms),
+        "  exec -> recovery planned at that restart",
+        format!("{records} records: {}", planned.map_or("-".into(), ms)),
         &load,
     );
+    if opts.keep {
+        eprintln!("[bench-agent] {label}: files kept in {}", stack.keep_files().display());
+    }
     drop(stack);
     report
 }
@@ -557,16 +606,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_keys_are_left_out_or_replaced_by_name() {
-        let text = "agent_id = \"a\"\nnamespaces = [\"e2e\"]\n[timing]\nclaim_spread = \"0s\"\nuncached_claim_delay = \"0s\"\nstep_poll = \"1s\"\n";
+    fn config_fields_are_left_out_or_replaced_by_name() {
+        let text = "agent_id = \"a\"\nnamespaces = [\"e2e\"]\n[timing]\nclaim_spread = \"0s\"\nstep_poll = \"1s\"\n\n[secrets]\nallowed = []\n[logs]\nmax_age = \"1d\"\n";
         assert_eq!(
-            without_keys(text, &["claim_spread", "uncached_claim_delay"]),
-            "agent_id = \"a\"\nnamespaces = [\"e2e\"]\n[timing]\nstep_poll = \"1s\"\n"
+            without_field(text, "claim_spread"),
+            text.replace("claim_spread = \"0s\"\n", "")
         );
+        assert_eq!(
+            without_field(text, "secrets"),
+            text.replace("[secrets]\nallowed = []\n", "")
+        );
+        assert_eq!(without_field(text, "absent"), text);
         assert_eq!(
             with_namespaces(text, "[]"),
             text.replace("namespaces = [\"e2e\"]", "namespaces = []")
         );
+        let log = "2026-12-02T01:14:51Z ERROR tartan_agent: config file a.toml: TOML parse error at line 28\nunknown field `secrets`, expected one of `agent_id`, `state_dir`\n";
+        assert_eq!(unknown_field(log).as_deref(), Some("secrets"));
+        assert_eq!(unknown_field("all fine"), None);
     }
 
     #[test]

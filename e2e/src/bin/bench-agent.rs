@@ -38,6 +38,9 @@ struct Args {
     /// Skip the idle figure with `namespaces = []`.
     #[arg(long)]
     no_all_namespaces: bool,
+    /// Keep each run's files (journals, agent logs) and print where.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[tokio::main]
@@ -51,6 +54,7 @@ async fn main() {
         repeats: args.repeats.max(1),
         max_load: args.max_load,
         all_namespaces: !args.no_all_namespaces,
+        keep: args.keep,
     };
     let mut reports = vec![];
     if let Some(before) = &args.compare {
