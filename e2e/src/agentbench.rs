@@ -151,20 +151,14 @@ pub fn lease_renewals(answers: &Value, name: &str, window: std::ops::RangeInclus
     (ok, failed)
 }
 
-/// The longest gap between successive renewals in `renewals` (sorted) that ends after `from`
-/// and starts before `to`: the renewal before `from` (if any) counts as the first, so a gap
-/// that spans the window's start is seen; and the first renewal at or after `from`.
+/// The longest gap between successive renewals in `renewals` (sorted) from the first at or
+/// after `from` (the agent's exec: an earlier one is its previous run's) through the first after
+/// `to`, which closes the last gap; and that first renewal.
 pub fn longest_gap(renewals: &[u64], from: u64, to: u64) -> (Option<u64>, Option<u64>) {
-    let first_after = renewals.iter().copied().find(|&t| t >= from);
-    let start = renewals.iter().rposition(|&t| t < from).unwrap_or(0);
-    let relevant: Vec<u64> = renewals[start..]
-        .iter()
-        .copied()
-        .take_while(|&t| t <= to)
-        .chain(renewals.iter().copied().find(|&t| t > to))
-        .collect();
-    let gap = relevant.windows(2).map(|w| w[1] - w[0]).max();
-    (gap, first_after)
+    let mine: Vec<u64> = renewals.iter().copied().filter(|&t| t >= from).collect();
+    let until = mine.iter().position(|&t| t > to).map_or(mine.len(), |i| i + 1);
+    let gap = mine[..until].windows(2).map(|w| w[1] - w[0]).max();
+    (gap, mine.first().copied())
 }
 
 fn one_minute_load() -> String {
@@ -650,9 +644,10 @@ mod tests {
         let (ok, failed) = lease_renewals(&answers, "tartan-agent-a", 2000..=6000);
         assert_eq!(ok, vec![1000, 4000, 5000, 9000]);
         assert_eq!(failed, 1);
-        // The gap 1000 -> 4000 spans the window's start; 5000 -> 9000 closes it.
+        // 1000 is the previous run's; 5000 -> 9000 closes the window.
         assert_eq!(longest_gap(&ok, 2000, 6000), (Some(4000), Some(4000)));
-        assert_eq!(longest_gap(&ok, 4500, 4600), (Some(1000), Some(5000)));
+        assert_eq!(longest_gap(&ok, 2000, 4500), (Some(1000), Some(4000)));
+        assert_eq!(longest_gap(&ok, 4500, 4600), (None, Some(5000)));
         assert_eq!(longest_gap(&[], 0, 10), (None, None));
     }
 }
