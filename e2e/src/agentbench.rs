@@ -136,7 +136,12 @@ pub fn lease_renewals(answers: &Value, name: &str, window: std::ops::RangeInclus
     let mut failed = 0;
     for a in answers["answers"].as_array().into_iter().flatten() {
         let method = a["method"].as_str().unwrap_or_default();
-        let path = a["uri"].as_str().unwrap_or_default().split('?').next().unwrap_or_default();
+        let path = a["uri"]
+            .as_str()
+            .unwrap_or_default()
+            .split('?')
+            .next()
+            .unwrap_or_default();
         if !matches!(method, "PUT" | "PATCH") || !path.ends_with(&suffix) {
             continue;
         }
@@ -345,16 +350,20 @@ async fn restart(stack: &mut Stack) -> (f64, f64) {
     stack.spawn_agent(ID);
     // Taken once the exec happened (std's spawn returns after it).
     let exec = Timestamp::now();
-    let (starting, planned) = crate::wait_for(&format!("agent {ID} to plan its recovery"), Duration::from_secs(120), || {
-        let log = stack.agent_log(ID);
-        match (log_time(&log, "agent starting"), log_time(&log, "recovery planned")) {
-            (Some(s), Some(p)) => Ok((s, p)),
-            _ => Err(format!(
-                "no `recovery planned` yet; log tail:\n{}",
-                log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
-            )),
-        }
-    })
+    let (starting, planned) = crate::wait_for(
+        &format!("agent {ID} to plan its recovery"),
+        Duration::from_secs(120),
+        || {
+            let log = stack.agent_log(ID);
+            match (log_time(&log, "agent starting"), log_time(&log, "recovery planned")) {
+                (Some(s), Some(p)) => Ok((s, p)),
+                _ => Err(format!(
+                    "no `recovery planned` yet; log tail:\n{}",
+                    log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+                )),
+            }
+        },
+    )
     .await;
     stack.wait_lease_renewed(ID, exec).await;
     let since = |t: Timestamp, from: Timestamp| (t.as_microsecond() - from.as_microsecond()) as f64 / 1000.0;
@@ -371,8 +380,7 @@ async fn start_or_refused(stack: &mut Stack) -> Result<(), String> {
     loop {
         if stack.agent_exit_status(ID).is_some() {
             let log = stack.agent_log(ID);
-            let field = unknown_field(&log)
-                .unwrap_or_else(|| panic!("agent {ID} exited at its start; log:\n{log}"));
+            let field = unknown_field(&log).unwrap_or_else(|| panic!("agent {ID} exited at its start; log:\n{log}"));
             stack.forget_exited_agent(ID);
             return Err(field);
         }
@@ -442,7 +450,11 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
             "it does not know the config field `{field}`: left out (the bench sets claim_spread and uncached_claim_delay to 0s, secrets to none)"
         ));
     }
-    eprintln!("[bench-agent] {label}: agent {} runs in namespace {}", shown.display(), stack.ns);
+    eprintln!(
+        "[bench-agent] {label}: agent {} runs in namespace {}",
+        shown.display(),
+        stack.ns
+    );
 
     // Figure 4: idle.
     let settle = Duration::from_secs(6);
@@ -467,7 +479,11 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     tokio::time::sleep(settle).await;
     let load = calm(opts.max_load).await;
     let value = idle(&stack, opts.idle).await;
-    report.push(format!("idle, {} finished MacBuilds of another agent", opts.foreign), value, &load);
+    report.push(
+        format!("idle, {} finished MacBuilds of another agent", opts.foreign),
+        value,
+        &load,
+    );
 
     if opts.all_namespaces {
         let set = read_config();
@@ -505,7 +521,10 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     let load = calm(opts.max_load).await;
     let (total, cluster) = recovery(&mut stack, opts.repeats).await;
     report.push(
-        format!("recovery, ~{} records journaled: exec -> recovery planned", opts.records),
+        format!(
+            "recovery, ~{} records journaled: exec -> recovery planned",
+            opts.records
+        ),
         format!("{records} records, {} builds: {}", more + 1, spread(&total)),
         &load,
     );
@@ -537,7 +556,10 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     stack.wait_lease_renewed(ID, Timestamp::now()).await;
     let planned = log_time(&stack.agent_log(ID), "recovery planned")
         .map(|t| (t.as_millisecond() as u64).saturating_sub(from) as f64);
-    let answers = stack.cluster.emulator_answers().expect("the bench runs on the emulator");
+    let answers = stack
+        .cluster
+        .emulator_answers()
+        .expect("the bench runs on the emulator");
     let (renewals, failed) = lease_renewals(&answers, &format!("tartan-agent-{ID}"), from..=to);
     let (gap, first) = longest_gap(&renewals, from, to);
     let value = if delivered == n {
@@ -545,7 +567,11 @@ pub async fn run(label: &str, binary: Option<PathBuf>, opts: &AgentBenchOptions)
     } else {
         format!("only {delivered} of {n} after {:.0} s", took.as_secs_f64())
     };
-    report.push(format!("redelivery, {n} refused statuses after a restart"), value, &load);
+    report.push(
+        format!("redelivery, {n} refused statuses after a restart"),
+        value,
+        &load,
+    );
     report.push(
         "  longest gap between Lease renewals meanwhile",
         format!(
@@ -631,7 +657,7 @@ mod tests {
     }
 
     #[test]
-    fn lease_gaps_span_the_window_and_count_failures() {
+    fn lease_gaps_count_from_the_restarted_agents_first_renewal_and_failures_in_the_window() {
         let answers = json!({"answers": [
             {"at_ms": 1000, "method": "PUT", "uri": "/apis/coordination.k8s.io/v1/namespaces/n/leases/tartan-agent-a", "code": 200},
             {"at_ms": 1500, "method": "GET", "uri": "/apis/coordination.k8s.io/v1/namespaces/n/leases/tartan-agent-a", "code": 200},
