@@ -91,7 +91,7 @@ pub fn lost_reason_class(detail: &str) -> &'static str {
 }
 
 /// `VmRSS` and `VmHWM` (KiB) of `pid`.
-fn memory_kib(pid: u32) -> (u64, u64) {
+pub fn memory_kib(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
@@ -104,7 +104,7 @@ fn memory_kib(pid: u32) -> (u64, u64) {
 }
 
 /// CPU ticks (user + system) `pid` has used.
-fn cpu_ticks(pid: u32) -> u64 {
+pub fn cpu_ticks(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let after = text.rsplit_once(')').map_or("", |(_, r)| r);
@@ -129,7 +129,7 @@ fn machine_ticks() -> (u64, u64) {
     (total - idle, total)
 }
 
-fn loadavg() -> String {
+pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .split_whitespace()
@@ -138,7 +138,7 @@ fn loadavg() -> String {
         .join(" ")
 }
 
-fn ticks_per_second() -> f64 {
+pub fn ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }

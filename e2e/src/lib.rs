@@ -8,6 +8,7 @@
 //! (whole process group) when its owner is dropped, also on panic.
 
 pub mod admission;
+pub mod agentbench;
 pub mod bins;
 pub mod chaos;
 pub mod cluster;

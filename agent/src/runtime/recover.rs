@@ -47,6 +47,7 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
 /// alone — starts at once, and a background task waits for the cluster (backing off, naming the
 /// server, `/healthz` saying why) to plan the rest: claims, redelivery, owed retries, finalizers.
 pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
     let vms: Vec<ObservedVm> = shared
         .tart
         .list()
@@ -59,9 +60,11 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
             running: v.running,
         })
         .collect();
+    let listed = began.elapsed();
     let me = AgentId(shared.config.agent_id.clone());
     let replayed = recovery::replay(&records, &shared.machine);
 
+    let reading = std::time::Instant::now();
     let (view, pending) = match read_cluster(shared, &records).await {
         Ok((view, macbuilds)) => (view, Some(macbuilds)),
         Err(error) => {
@@ -75,14 +78,20 @@ pub async fn recover(shared: &Arc<Shared>, records: Vec<Record>) -> anyhow::Resu
             (ClusterView::as_journaled(&replayed, &me), None)
         }
     };
+    let read = reading.elapsed();
     let host_only = pending.is_none();
     let plan = recovery::plan(&records, &vms, &view, &me, Timestamp::now(), &shared.machine);
+    // Where the start's time went (scripts/bench-agent reads this line).
     tracing::info!(
         target: "recovery",
         records = records.len(),
         vms = vms.iter().filter(|v| v.name.starts_with(VM_PREFIX)).count(),
         actions = plan.len(),
         cluster = if host_only { "unreachable: host side only" } else { "read" },
+        tart_list = ?listed,
+        cluster_read = ?read,
+        recovery = ?began.elapsed(),
+        since_start = ?shared.started.elapsed(),
         "recovery planned"
     );
     {
