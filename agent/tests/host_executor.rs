@@ -4,6 +4,7 @@
 mod host_common;
 
 use host_common::*;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tartan_agent::host::{AttemptExecutor, CancelHandle, DriveError, Withdrawal, cancel_pair, drive};
 use tartan_agent::machine::{Attempt, Config};
@@ -683,6 +684,54 @@ async fn the_deadline_interrupts_a_hanging_exec_and_fails_the_attempt() {
         rig.tart.client_pids(&vm).unwrap().is_empty(),
         "the hanging tart exec was killed"
     );
+}
+
+/// An agent paused past the deadline (here: the journal hook blocks the executor at Running) that
+/// finds, on waking, both the deadline passed and a cancel requested meanwhile reports the
+/// deadline, whose time came first. Found by e2e `watchdog-frozen-agent` on a real apiserver: the
+/// thawed agent said "cancel requested" though the watchdog had deleted its VM after the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_seen_only_after_the_deadline_passed_ends_the_attempt_on_the_deadline() {
+    let rig = Rig::new();
+    let (cancel, signal) = cancel_pair();
+    let cancel = Arc::new(Mutex::new(cancel));
+    let (mut a, mut exec) = attempt(&rig, "paused", spec(vec![step("build", "true")]), signal);
+    let deadline_seen = Arc::new(Mutex::new(None));
+    let journal = {
+        let (cancel, deadline_seen) = (cancel.clone(), deadline_seen.clone());
+        MemJournal::with_hook(move |r| {
+            if r.to == S::Admitted {
+                *deadline_seen.lock().unwrap() = r.deadline;
+            }
+            if r.to == S::Running {
+                // The pause: the executor is held here until past its deadline, and the cancel
+                // comes in meanwhile.
+                let deadline = deadline_seen.lock().unwrap().expect("Admitted names the deadline");
+                while k8s_openapi::jiff::Timestamp::now() <= deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                cancel.lock().unwrap().cancel(Withdrawal::CancelRequested);
+            }
+        })
+    };
+    let mut hooks = journal.clone();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(1), &machine(), &mut hooks))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let retiring = records
+        .iter()
+        .find(|r| r.to == S::Retiring)
+        .unwrap_or_else(|| panic!("no Retiring record: {:#?}", journal.lines()));
+    assert_eq!(
+        (retiring.from, retiring.reason, retiring.outcome),
+        (Some(S::Running), Some(Reason::DeadlinePassed), Some(Outcome::Failed)),
+        "{:#?}",
+        journal.lines()
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

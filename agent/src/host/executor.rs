@@ -458,14 +458,22 @@ impl AttemptExecutor {
         let mut cancel = self.cancel.clone();
         let deadline = self.attempt.deadline;
         let signalled = *cancel.0.borrow();
-        let interrupt = if let Some((w, at)) = signalled {
-            Some(Interrupt::Withdrawn(w, at))
-        } else if Timestamp::now() >= deadline {
+        // Once the deadline has passed it is the reason, even with a withdrawal waiting: both are
+        // seen at once only by an agent that was paused or slow past the deadline, whose time was
+        // up first (and whose VM the watchdog may have deleted since, which is then what it says).
+        let past_deadline = || Timestamp::now() >= deadline;
+        let interrupt = if past_deadline() {
             Some(Interrupt::Deadline)
+        } else if let Some((w, at)) = signalled {
+            Some(Interrupt::Withdrawn(w, at))
         } else {
             tokio::select! {
                 biased;
-                (w, at) = cancel.wait() => Some(Interrupt::Withdrawn(w, at)),
+                (w, at) = cancel.wait() => Some(if past_deadline() {
+                    Interrupt::Deadline
+                } else {
+                    Interrupt::Withdrawn(w, at)
+                }),
                 () = until(deadline) => Some(Interrupt::Deadline),
                 done = work(self) => return done,
             }
