@@ -1,6 +1,7 @@
 //! The leader elector against the testkit's Kubernetes API emulator (real HTTP): what a replica
 //! does when the API goes away under it and comes back.
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -206,6 +207,28 @@ impl Pair {
     }
 }
 
+/// Edits the leader Lease by hand (`kubectl edit`): `edit` changes its spec, written with the
+/// resourceVersion just read.
+async fn hand_edit(emu: &tartan_testkit::EmulatorHandle, edit: impl FnOnce(&mut LeaseSpec)) {
+    let leases: kube::Api<Lease> = kube::Api::namespaced(emu.client(), "default");
+    let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
+    edit(lease.spec.as_mut().expect("a spec"));
+    leases
+        .replace("tartan-controller", &Default::default(), &lease)
+        .await
+        .expect("the hand edit is written");
+}
+
+/// Waits for ctl-a's next renewal after `renewed` (which rewrites the edited record), or for ctl-b
+/// leading (which the test then refuses).
+async fn a_renews_or_b_leads(pair: &Pair, renewed: Option<Stamp>) {
+    let b_role = pair.b.role();
+    tartan_testkit::wait_for("ctl-a renewing, or ctl-b leading", Duration::from_secs(5), || {
+        (pair.a_gate.renewed_at() != renewed || matches!(*b_role.borrow(), Role::Leader { .. })).then_some(())
+    })
+    .await;
+}
+
 /// Someone edits the Lease to name the standby (`kubectl edit`, to force a failover): the standby
 /// must not take that as its own record and lead at once, while the leader's gate is still open
 /// until its next round reads the change.
@@ -217,14 +240,7 @@ fn a_lease_edited_to_name_the_standby_does_not_open_both_gates() {
             .expect("emulator starts");
         let pair = a_leads_b_stands_by(&emu).await;
         just_renewed(&pair.a_gate).await;
-        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-            kube::Api::namespaced(emu.client(), "default");
-        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
-        lease.spec.as_mut().expect("a spec").holder_identity = Some("ctl-b".into());
-        leases
-            .replace("tartan-controller", &Default::default(), &lease)
-            .await
-            .expect("the hand edit is written");
+        hand_edit(&emu, |spec| spec.holder_identity = Some("ctl-b".into())).await;
         pair.b_took_over_alone("ctl-b leading after the edit").await;
     });
 }
@@ -240,8 +256,7 @@ fn a_lease_deleted_under_the_leader_does_not_open_both_gates() {
             .expect("emulator starts");
         let pair = a_leads_b_stands_by(&emu).await;
         just_renewed(&pair.a_gate).await;
-        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-            kube::Api::namespaced(emu.client(), "default");
+        let leases: kube::Api<Lease> = kube::Api::namespaced(emu.client(), "default");
         leases
             .delete("tartan-controller", &Default::default())
             .await
@@ -260,23 +275,12 @@ fn a_lease_edited_to_a_short_duration_does_not_open_both_gates() {
             .await
             .expect("emulator starts");
         let pair = a_leads_b_stands_by(&emu).await;
-        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-            kube::Api::namespaced(emu.client(), "default");
         just_renewed(&pair.a_gate).await;
         let renewed = pair.a_gate.renewed_at();
-        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
-        lease.spec.as_mut().expect("a spec").lease_duration_seconds = Some(1);
-        leases
-            .replace("tartan-controller", &Default::default(), &lease)
-            .await
-            .expect("the hand edit is written");
+        hand_edit(&emu, |spec| spec.lease_duration_seconds = Some(1)).await;
         // ctl-a's next renewal (2 s after its last) rewrites its own duration; ctl-b, polling every
         // 100 ms, has long seen the edited record by then, and took it if it counted 1 s.
-        let b_role = pair.b.role();
-        tartan_testkit::wait_for("ctl-a renewing, or ctl-b leading", Duration::from_secs(5), || {
-            (pair.a_gate.renewed_at() != renewed || matches!(*b_role.borrow(), Role::Leader { .. })).then_some(())
-        })
-        .await;
+        a_renews_or_b_leads(&pair, renewed).await;
         pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
     });
 }
@@ -291,21 +295,10 @@ fn a_lease_edited_to_name_nobody_does_not_open_both_gates() {
             .await
             .expect("emulator starts");
         let pair = a_leads_b_stands_by(&emu).await;
-        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-            kube::Api::namespaced(emu.client(), "default");
         just_renewed(&pair.a_gate).await;
         let renewed = pair.a_gate.renewed_at();
-        let mut lease = leases.get("tartan-controller").await.expect("the Lease reads");
-        lease.spec.as_mut().expect("a spec").holder_identity = None;
-        leases
-            .replace("tartan-controller", &Default::default(), &lease)
-            .await
-            .expect("the hand edit is written");
-        let b_role = pair.b.role();
-        tartan_testkit::wait_for("ctl-a renewing, or ctl-b leading", Duration::from_secs(5), || {
-            (pair.a_gate.renewed_at() != renewed || matches!(*b_role.borrow(), Role::Leader { .. })).then_some(())
-        })
-        .await;
+        hand_edit(&emu, |spec| spec.holder_identity = None).await;
+        a_renews_or_b_leads(&pair, renewed).await;
         pair.no_overlap_and_a_leads("ctl-a renewing after the edit").await;
     });
 }
