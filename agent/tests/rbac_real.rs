@@ -418,7 +418,7 @@ const CALLS: &[Call] = &[
         "MacBuild",
         "create",
     ),
-    // spec.cancelRequested.
+    // spec.cancelRequested, and the `tartan.dev/finished` label (a metadata patch: covered).
     c(
         Controller,
         MACBUILD,
@@ -445,6 +445,17 @@ const CALLS: &[Call] = &[
         "controller/src/reconcile.rs",
         "CustomRun",
         "patch_status",
+    ),
+    // The `tartan.dev/finished` label on a finished run (`Ctx::mark_finished`). RBAC cannot
+    // narrow a patch to one label: the code patches nothing else, fenced on the run's uid.
+    c(
+        Controller,
+        CUSTOMRUN,
+        Patch,
+        Namespaced,
+        "controller/src/reconcile.rs",
+        "CustomRun",
+        "patch",
     ),
     // Leader election among controller replicas: its own Lease only.
     c(Controller, LEASE, Get, Namespaced, LEADER_FILE, "Lease", "get_opt"),
@@ -552,20 +563,6 @@ const NEVER: &[Never] = &[
         verb: PatchStatus,
         ns: NS,
         why: "MacBuild status is the agent's",
-    },
-    Never {
-        who: Controller,
-        res: CUSTOMRUN,
-        verb: Patch,
-        ns: NS,
-        why: "the CustomRun spec is Tekton's",
-    },
-    Never {
-        who: Controller,
-        res: CUSTOMRUN,
-        verb: PatchSpec,
-        ns: NS,
-        why: "the CustomRun spec is Tekton's",
     },
     Never {
         who: Controller,

@@ -9,6 +9,16 @@ pub const AGENT_LABEL: &str = "tartan.dev/agent";
 /// Label on a MacBuild (set by the controller at creation): the name of the CustomRun it serves.
 pub const CUSTOM_RUN_LABEL: &str = "tartan.dev/custom-run";
 
+/// Label the controller puts on a CustomRun, and on its MacBuild, once the run is finished and
+/// its status says everything: the controller watches only objects without it
+/// ([`UNFINISHED_SELECTOR`]), so a restart does not list every finished run before acting.
+/// A CustomRun created with it is taken as finished and ignored; the controller never copies
+/// it onto a new MacBuild.
+pub const FINISHED_LABEL: &str = "tartan.dev/finished";
+
+/// Label selector of the objects the controller still has work on.
+pub const UNFINISHED_SELECTOR: &str = "!tartan.dev/finished";
+
 /// Field manager of the controller's writes (spec and labels of MacBuilds, CustomRun status).
 pub const CONTROLLER_FIELD_MANAGER: &str = "tartan-controller";
 
@@ -223,6 +233,12 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unfinished_selector_excludes_exactly_the_finished_label() {
+        assert_eq!(UNFINISHED_SELECTOR, format!("!{FINISHED_LABEL}"));
+        assert_eq!(check_label_key(FINISHED_LABEL), Ok(()));
+    }
 
     #[test]
     fn label_keys_and_values_follow_the_kubernetes_rules() {

@@ -6,7 +6,7 @@
 use crate::customrun::{CustomRun, CustomRunStatus};
 use crate::decide::{self, BuildAction, Plan, Timing};
 use crate::metrics::{ErrorLabels, Metrics, OutcomeLabels, RetirementLabels};
-use crate::view::{build_view, lease_name, lease_view, new_macbuild};
+use crate::view::{build_view, finished_label_patch, lease_name, lease_view, marked_finished, new_macbuild};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt as _, StreamExt as _};
 use json_patch::jsonptr::PointerBuf;
@@ -252,14 +252,7 @@ impl Ctx {
 
     /// From the watches' caches (and our own writes they may not show yet): no API request.
     async fn cached(&self, run: Arc<CustomRun>, ns: &str, name: &str, target: &str) -> Result<Inputs, Error> {
-        let limit = self.api_timeout;
-        if !matches!(tokio::time::timeout(limit, self.cache.ready.clone()).await, Ok(true)) {
-            return Err(Error::Timeout {
-                what: "waiting for the MacBuild and agent Lease watches' first lists",
-                target: target.to_string(),
-                secs: limit.as_secs(),
-            });
-        }
+        self.caches_filled(target).await?;
         let key = ObjectRef::new(name).within(ns);
         let mb = self.cache.own_builds.fresher(&key, self.cache.builds.get(&key));
         let lease = match mb.as_ref().map(|m| build_view(m)).and_then(|v| v.holder) {
@@ -270,6 +263,77 @@ impl Ctx {
             }
         };
         Ok(Inputs { run, mb, lease })
+    }
+
+    /// Waits (bounded) until the MacBuild and Lease caches hold their first list.
+    async fn caches_filled(&self, target: &str) -> Result<(), Error> {
+        let limit = self.api_timeout;
+        if !matches!(tokio::time::timeout(limit, self.cache.ready.clone()).await, Ok(true)) {
+            return Err(Error::Timeout {
+                what: "waiting for the MacBuild and agent Lease watches' first lists",
+                target: target.to_string(),
+                secs: limit.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Labels a finished run's MacBuild, then the run, [`tartan_api::FINISHED_LABEL`]: the watches select
+    /// only unfinished objects, so neither is cached or listed again, by this process or after a
+    /// restart. The MacBuild first, because a labelled run is never reconciled again. A MacBuild
+    /// that is gone, not this run's, or refuses the patch is left as it is (it only stays cached).
+    async fn mark_finished(&self, run: &CustomRun, ns: &str, name: &str, target: &str) -> Result<(), Error> {
+        let t = self.api_timeout;
+        let pp = PatchParams {
+            field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let run_uid = run.metadata.uid.clone().unwrap_or_default();
+        self.caches_filled(target).await?;
+        let mb_key = ObjectRef::new(name).within(ns);
+        let cached_mb = self.cache.builds.get(&mb_key);
+        let cached_rv = cached_mb.as_ref().and_then(|m| m.metadata.resource_version.clone());
+        let mb = self.cache.own_builds.fresher(&mb_key, cached_mb);
+        if let Some(mb) = mb.filter(|m| !marked_finished(&m.metadata))
+            && build_view(&mb).controller_uid.as_deref() == Some(run_uid.as_str())
+        {
+            let builds: Api<MacBuild> = Api::namespaced(self.client.clone(), ns);
+            let patch = finished_label_patch(
+                mb.metadata.uid.as_deref().unwrap_or_default(),
+                mb.metadata.labels.is_some(),
+            );
+            match call(
+                "labelling MacBuild finished",
+                target,
+                t,
+                builds.patch(name, &pp, &Patch::Json::<()>(patch)),
+            )
+            .await?
+            {
+                Ok(written) => self.cache.own_builds.remember(cached_rv, written),
+                Err(e) if matches!(api_code(&e), Some(404 | 409 | 422)) => {
+                    tracing::debug!(customrun = %target, "MacBuild not labelled finished ({e}); it stays in the cache");
+                }
+                Err(e) => return Err(kube_err("labelling MacBuild finished", target, e)),
+            }
+        }
+        let runs: Api<CustomRun> = Api::namespaced(self.client.clone(), ns);
+        let run_key = ObjectRef::from_obj(run);
+        let cached_rv = rv_in(&self.cache.runs, &run_key);
+        let patch = finished_label_patch(&run_uid, run.metadata.labels.is_some());
+        match call(
+            "labelling CustomRun finished",
+            target,
+            t,
+            runs.patch(name, &pp, &Patch::Json::<()>(patch)),
+        )
+        .await?
+        {
+            Ok(written) => self.cache.own_runs.remember(cached_rv, written),
+            Err(e) if api_code(&e) == Some(404) => {}
+            Err(e) => return Err(kube_err("labelling CustomRun finished", target, e)),
+        }
+        Ok(())
     }
 
     /// Fresh from the API: after a conflict, or before acting on what a stale cache could get
@@ -317,8 +381,12 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
     let target = format!("{ns}/{name}");
     let run_key = ObjectRef::from_obj(obj.as_ref());
     let mut obj = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
-    // Finished, and its status says so already: nothing to read, nothing to write.
+    // Finished, and its status says so already: nothing to read or write but, once, the label
+    // that takes it out of the watches.
     if decide::nothing_owed(&obj) {
+        if !marked_finished(&obj.metadata) {
+            ctx.mark_finished(&obj, &ns, &name, &target).await?;
+        }
         return Ok(Action::await_change());
     }
     let runs: Api<CustomRun> = Api::namespaced(ctx.client.clone(), &ns);

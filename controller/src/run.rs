@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tartan_api::MacBuild;
+use tartan_api::{MacBuild, UNFINISHED_SELECTOR};
 use tracing::{info, warn};
 
 /// Arguments of `tartan-controller run`.
@@ -437,13 +437,16 @@ fn controllers(
             };
         // One watch per kind, each feeding a trimmed cache and the controller's triggers.
         let (run_store, run_writer) = reflector::store();
-        let run_events = watcher(runs, watcher::Config::default().any_semantic())
+        // Finished runs and their MacBuilds carry a label (`Ctx::mark_finished`) that keeps
+        // them out of these watches: what is listed after a restart is only what has work.
+        let unfinished = watcher::Config::default().any_semantic().labels(UNFINISHED_SELECTOR);
+        let run_events = watcher(runs, unfinished.clone())
             .default_backoff()
             .modify(trim_customrun)
             .reflect(run_writer)
             .applied_objects();
         let (build_store, build_writer) = reflector::store();
-        let build_events = watcher(builds, watcher::Config::default().any_semantic())
+        let build_events = watcher(builds, unfinished)
             .default_backoff()
             .modify(trim_macbuild)
             .reflect(build_writer)

@@ -17,7 +17,7 @@ use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tartan_api::text::clean_str;
-use tartan_api::{CUSTOM_RUN_LABEL, ConditionType, MacBuild, MacBuildSpec, Phase};
+use tartan_api::{CUSTOM_RUN_LABEL, ConditionType, FINISHED_LABEL, MacBuild, MacBuildSpec, Phase};
 
 /// Longest MacBuild status message copied into a CustomRun: the agent's cause (a failing
 /// step's last lines, `tartan_api::text::TAIL_BYTES`) with room for what is said around it.
@@ -100,14 +100,49 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
     }
 }
 
+/// Whether `meta` carries [`FINISHED_LABEL`].
+pub fn marked_finished(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_some_and(|l| l.contains_key(FINISHED_LABEL))
+}
+
+/// The JSON patch that adds [`FINISHED_LABEL`] to the object `meta` describes, fenced on its
+/// uid: a same-named object created since (a CustomRun deleted and created again) fails the
+/// `test` instead of being hidden from the watches while it still has work. `labels_exist`: the
+/// object has a labels map (a JSON patch cannot add into a map that is not there).
+pub fn finished_label_patch(uid: &str, labels_exist: bool) -> json_patch::Patch {
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation, TestOperation};
+    let (path, value) = if labels_exist {
+        (
+            PointerBuf::from_tokens(["metadata", "labels", FINISHED_LABEL]),
+            serde_json::Value::from("true"),
+        )
+    } else {
+        (
+            PointerBuf::from_tokens(["metadata", "labels"]),
+            serde_json::json!({ FINISHED_LABEL: "true" }),
+        )
+    };
+    json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: PointerBuf::from_tokens(["metadata", "uid"]),
+            value: uid.into(),
+        }),
+        PatchOperation::Add(AddOperation { path, value }),
+    ])
+}
+
 /// Trims a MacBuild for the controller's watch cache to what [`build_view`] reads (and what
 /// an Event or a fenced delete names: kind, name, uid, resourceVersion): no managedFields,
-/// annotations or labels, no spec but `cancelRequested`, only the current attempt. At 10,000
+/// annotations or label values, no spec but `cancelRequested`, only the current attempt. At 10,000
 /// builds the spec's steps and the attempt history are most of the memory.
 pub fn trim_macbuild(mb: &mut MacBuild) {
     mb.metadata.managed_fields = None;
     mb.metadata.annotations = None;
-    mb.metadata.labels = None;
+    // Only whether it has labels: adding the finished label by JSON patch needs to know.
+    if let Some(labels) = mb.metadata.labels.as_mut() {
+        labels.clear();
+    }
     let spec = &mut mb.spec;
     spec.image = String::new();
     spec.source = None;
@@ -160,6 +195,8 @@ pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild
     if let Some(embedded) = run.spec.custom_spec.as_ref().and_then(|s| s.metadata.as_ref()) {
         labels.extend(embedded.labels.clone());
     }
+    // Ours to set once the run is finished: a MacBuild born with it would be hidden from our watch.
+    labels.remove(FINISHED_LABEL);
     labels.insert(label::CUSTOM_RUN.into(), name.clone());
     labels.insert(CUSTOM_RUN_LABEL.into(), name.clone());
     let mut owner = run
@@ -270,8 +307,52 @@ mod tests {
                 trimmed.metadata.annotations,
                 trimmed.metadata.managed_fields
             ),
-            (None, None, None)
+            (Some(BTreeMap::new()), None, None)
         );
+        let mut bare = full.clone();
+        bare.metadata.labels = None;
+        trim_macbuild(&mut bare);
+        assert_eq!(
+            bare.metadata.labels, None,
+            "no labels map stays none: a JSON patch must create it"
+        );
+    }
+
+    #[test]
+    fn the_finished_label_patch_tests_the_uid_and_creates_the_labels_map_when_missing() {
+        let mut run = json!({"metadata": {"uid": "u1", "labels": {"a": "b"}}});
+        let patch = finished_label_patch("u1", true);
+        json_patch::patch(&mut run, &patch).unwrap();
+        assert_eq!(run["metadata"]["labels"], json!({"a": "b", FINISHED_LABEL: "true"}));
+
+        let mut bare = json!({"metadata": {"uid": "u1"}});
+        json_patch::patch(&mut bare, &finished_label_patch("u1", false)).unwrap();
+        assert_eq!(bare["metadata"]["labels"], json!({FINISHED_LABEL: "true"}));
+
+        let mut recreated = json!({"metadata": {"uid": "u2", "labels": {}}});
+        assert!(json_patch::patch(&mut recreated, &finished_label_patch("u1", true)).is_err());
+        assert_eq!(
+            recreated["metadata"]["labels"],
+            json!({}),
+            "a same-named newer object is left alone"
+        );
+    }
+
+    #[test]
+    fn a_new_macbuild_never_carries_the_finished_label() {
+        let mut run: CustomRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ci", "uid": "u1", "labels": {FINISHED_LABEL: "true", "team": "ios"}},
+            "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"}},
+        }))
+        .unwrap();
+        let spec = json!({"image": "img", "steps": [{"name": "build", "run": ["true"]}]});
+        let mb = new_macbuild(&run, spec.clone()).unwrap();
+        let labels = mb.metadata.labels.unwrap();
+        assert!(!labels.contains_key(FINISHED_LABEL) && labels["team"] == "ios");
+        assert!(marked_finished(&run.metadata));
+        run.metadata.labels = None;
+        assert!(!marked_finished(&run.metadata));
     }
 
     #[test]

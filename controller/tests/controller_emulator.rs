@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
-use tartan_api::MacBuild;
+use tartan_api::{FINISHED_LABEL, MacBuild};
 use tartan_controller::customrun::{CustomRun, CustomRunStatus};
 use tartan_controller::run::RunArgs;
 use tartan_testkit::{EmulatorHandle, Options};
@@ -202,6 +202,19 @@ fn result(s: &CustomRunStatus, name: &str) -> String {
         .unwrap_or_else(|| panic!("no result {name}"))
 }
 
+/// Waits until the CustomRun `name` and its MacBuild carry the finished label.
+async fn wait_marked_finished(h: &Harness, name: &str) {
+    eventually(&format!("{name} and its MacBuild labelled finished"), || async {
+        let run = h.runs().get(name).await.unwrap();
+        let mb = h.builds().get_opt(name).await.unwrap();
+        let marked = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+            labels.is_some_and(|l| l.get(FINISHED_LABEL).map(String::as_str) == Some("true"))
+        };
+        (marked(run.metadata.labels.as_ref()) && mb.is_none_or(|mb| marked(mb.metadata.labels.as_ref()))).then_some(())
+    })
+    .await;
+}
+
 fn vm_deleted(status: &str) -> Value {
     json!({"type": "VMDeleted", "status": status, "reason": if status == "True" { "VMDeleted" } else { "Running" },
            "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"})
@@ -263,7 +276,10 @@ async fn customrun_becomes_an_owned_macbuild_and_succeeds_only_after_vm_deleted(
     assert_eq!(result(&st, "vmRetirement"), "deleted");
     assert!(st.completion_time.is_some());
 
-    // A cancel patch on the finished run changes nothing but observedGeneration.
+    // Finished with nothing owed: the run and its MacBuild are labelled out of the watches.
+    wait_marked_finished(&h, "run").await;
+    // A cancel patch on the finished run changes nothing: the controller no longer watches it.
+    let from = h.emu.requests().len();
     h.runs()
         .patch(
             "run",
@@ -272,13 +288,19 @@ async fn customrun_becomes_an_owned_macbuild_and_succeeds_only_after_vm_deleted(
         )
         .await
         .unwrap();
-    let after = eventually("observedGeneration 2", || async {
-        h.status("run").await.filter(|s| s.observed_generation == Some(2))
-    })
-    .await;
+    h.create_run("later", json!({})).await;
+    wait_reason(&h, "later", "Unknown", "Pending").await;
+    let after = h.status("run").await.unwrap();
     assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
     assert_eq!(after.results, st.results);
     assert!(!h.builds().get("run").await.unwrap().spec.cancel_requested);
+    let about_run: Vec<String> = h.emu.requests()[from..]
+        .iter()
+        .filter(|r| r.contains("ua=tartan-controller"))
+        .filter(|r| ["/run ", "/run?", "/run/"].iter().any(|p| r.contains(p)))
+        .cloned()
+        .collect();
+    assert!(about_run.is_empty(), "requests about the finished run: {about_run:#?}");
 
     // The transitions' Events, published apart from the reconciles, reach the API.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client.clone(), NS);
@@ -469,6 +491,7 @@ async fn a_restart_makes_no_request_for_finished_customruns() {
         )
         .await;
         wait_reason(&h, name, "True", "TestsPassed").await;
+        wait_marked_finished(&h, name).await;
     }
     for c in h.controllers.drain(..) {
         c.abort();
@@ -490,6 +513,15 @@ async fn a_restart_makes_no_request_for_finished_customruns() {
     h.create_run("probe", json!({})).await;
     wait_reason(&h, "probe", "Unknown", "Pending").await;
     let log = h.emu.requests();
+    // Its lists and watches of CustomRuns and MacBuilds leave the finished ones out.
+    let unselected: Vec<&String> = log[from..]
+        .iter()
+        .filter(|r| r.starts_with("GET") && (r.contains("/customruns?") || r.contains("/macbuilds?")))
+        .filter(|r| !r.contains("labelSelector=%21tartan.dev%2Ffinished"))
+        // (but the start-up check that the CRDs are served)
+        .filter(|r| r.contains("ua=tartan-controller") && !r.contains("?&limit=1 "))
+        .collect();
+    assert!(unselected.is_empty(), "lists or watches of everything: {unselected:#?}");
     let about_finished: Vec<&String> = log[from..]
         .iter()
         .filter(|r| r.contains("/leases/") || names.iter().any(|n| r.contains(&format!("/{n}"))))
@@ -533,4 +565,76 @@ async fn missing_macbuild_crd_fails_fast_with_the_fix() {
 fn emu_client_placeholder() -> Client {
     // Not used by this test; the harness only needs one for its fields.
     Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap()
+}
+
+/// Runs finished before the label existed (an upgrade) are labelled on the first start, their
+/// own MacBuild with them; a same-named MacBuild that is not the run's is left alone.
+#[tokio::test]
+async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbuild() {
+    let mut h = harness().await;
+    let done = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+        "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+        "completionTime": "2026-10-05T02:55:00Z", "startTime": "2026-10-05T02:50:00Z"}});
+    let mut owners = vec![];
+    for name in ["old-owned", "old-foreign"] {
+        let run = h.create_run(name, json!({})).await;
+        h.runs()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(done.clone()))
+            .await
+            .unwrap();
+        owners.push(run);
+    }
+    // A bare CustomRun with no labels at all: the patch must create the map.
+    let bare: CustomRun = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun", "metadata": {"name": "old-bare"},
+        "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"}},
+    }))
+    .unwrap();
+    h.runs().create(&PostParams::default(), &bare).await.unwrap();
+    h.runs()
+        .patch_status("old-bare", &PatchParams::default(), &Patch::Merge(done.clone()))
+        .await
+        .unwrap();
+    let macbuild = |name: &str, owner: Option<&CustomRun>| -> MacBuild {
+        let mut mb: MacBuild = serde_json::from_value(json!({
+            "apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild",
+            "metadata": {"name": name, "labels": {"tekton.dev/customRun": name}},
+            "spec": {"image": "img", "steps": [{"name": "build", "run": ["true"]}]},
+        }))
+        .unwrap();
+        if let Some(run) = owner {
+            mb.metadata.owner_references = Some(vec![kube::Resource::controller_owner_ref(run, &()).unwrap()]);
+        }
+        mb
+    };
+    h.builds()
+        .create(&PostParams::default(), &macbuild("old-owned", Some(&owners[0])))
+        .await
+        .unwrap();
+    h.builds()
+        .create(&PostParams::default(), &macbuild("old-foreign", None))
+        .await
+        .unwrap();
+
+    h.start_controller();
+    wait_marked_finished(&h, "old-owned").await;
+    wait_marked_finished(&h, "old-bare").await;
+    eventually("old-foreign labelled finished", || async {
+        let run = h.runs().get("old-foreign").await.unwrap();
+        run.metadata
+            .labels
+            .is_some_and(|l| l.contains_key(FINISHED_LABEL))
+            .then_some(())
+    })
+    .await;
+    let foreign = h.builds().get("old-foreign").await.unwrap();
+    assert!(
+        !foreign.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL),
+        "a MacBuild the run does not own is not the controller's to label"
+    );
+    // Nothing else changed: the statuses are as they were.
+    for name in ["old-owned", "old-foreign", "old-bare"] {
+        let st = h.status(name).await.unwrap();
+        assert_eq!(succeeded(&st), ("True".into(), "TestsPassed".into()), "{name}");
+    }
 }
