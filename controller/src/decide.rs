@@ -21,6 +21,9 @@ pub struct Timing {
     pub grace: Duration,
     /// Lease duration assumed when a Lease does not state `leaseDurationSeconds`.
     pub lease_duration: Duration,
+    /// How long after a run's completion it is labelled out of the watches: the label's two
+    /// writes then do not compete with a burst of runs finishing (a catch-up after a restart).
+    pub finished_label_after: Duration,
 }
 
 impl Default for Timing {
@@ -29,6 +32,7 @@ impl Default for Timing {
             default_timeout: Duration::from_secs(60 * 60),
             grace: Duration::from_secs(45),
             lease_duration: Duration::from_secs(20),
+            finished_label_after: Duration::from_secs(30),
         }
     }
 }
@@ -491,6 +495,20 @@ pub fn settled(run: &CustomRun) -> Option<Plan> {
 /// included): a reconcile of it has nothing to read and nothing to write.
 pub fn nothing_owed(run: &CustomRun) -> bool {
     settled(run).is_some_and(|plan| run.status.as_ref() == Some(&plan.status))
+}
+
+/// For a run with nothing owed: how long until it is due its finished label (`None`: now).
+/// Counted from `completionTime`, and never more than the delay from `now`; a run without one is
+/// due now.
+pub fn finished_label_wait(run: &CustomRun, timing: &Timing, now: Timestamp) -> Option<Duration> {
+    let completed = run.status.as_ref()?.completion_time.as_ref()?.0;
+    let due = completed
+        .checked_add(SignedDuration::try_from(timing.finished_label_after).ok()?)
+        .ok()?;
+    let wait = now.duration_until(due);
+    // Capped: a completion time ahead of our clock must not put the label off for longer.
+    wait.is_positive()
+        .then(|| wait.unsigned_abs().min(timing.finished_label_after))
 }
 
 /// Whether `plan`, decided from cached (watch) inputs, must be decided again from fresh reads

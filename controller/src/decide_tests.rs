@@ -1051,3 +1051,31 @@ fn verdicts_a_stale_cache_could_get_wrong_are_read_again() {
     assert!(matches!(p.action, BuildAction::Delete { .. }));
     assert!(needs_fresh_inputs(&p, Some(&build())));
 }
+
+#[test]
+fn a_finished_run_is_due_its_label_a_while_after_its_completion() {
+    let mut r = run();
+    let t = timing();
+    assert_eq!(t.finished_label_after, Duration::from_secs(30));
+    // No status, or no completion time: due now.
+    assert_eq!(finished_label_wait(&r, &t, t0()), None);
+    r.status = Some(CustomRunStatus {
+        completion_time: Some(Time(t0())),
+        ..Default::default()
+    });
+    assert_eq!(finished_label_wait(&r, &t, t0()), Some(Duration::from_secs(30)));
+    assert_eq!(finished_label_wait(&r, &t, secs(29)), Some(Duration::from_secs(1)));
+    assert_eq!(finished_label_wait(&r, &t, secs(30)), None);
+    assert_eq!(finished_label_wait(&r, &t, secs(3600)), None);
+    // A completion time ahead of our clock waits no longer than the delay.
+    assert_eq!(finished_label_wait(&r, &t, secs(-10)), Some(Duration::from_secs(30)));
+    assert_eq!(
+        finished_label_wait(&r, &t, secs(-86_400)),
+        Some(Duration::from_secs(30))
+    );
+    let now = Timing {
+        finished_label_after: Duration::ZERO,
+        ..timing()
+    };
+    assert_eq!(finished_label_wait(&r, &now, t0()), None);
+}

@@ -384,9 +384,13 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
     // Finished, and its status says so already: nothing to read or write but, once, the label
     // that takes it out of the watches.
     if decide::nothing_owed(&obj) {
-        if !marked_finished(&obj.metadata) {
-            ctx.mark_finished(&obj, &ns, &name, &target).await?;
+        if marked_finished(&obj.metadata) {
+            return Ok(Action::await_change());
         }
+        if let Some(wait) = decide::finished_label_wait(&obj, &ctx.timing, Timestamp::now()) {
+            return Ok(Action::requeue(wait));
+        }
+        ctx.mark_finished(&obj, &ns, &name, &target).await?;
         return Ok(Action::await_change());
     }
     let runs: Api<CustomRun> = Api::namespaced(ctx.client.clone(), &ns);

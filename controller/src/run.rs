@@ -54,6 +54,10 @@ pub struct RunArgs {
     /// Namespace holding all agent Leases; default: each MacBuild's own namespace.
     #[arg(long)]
     pub agent_lease_namespace: Option<String>,
+    /// How long after a run finished it is labelled `tartan.dev/finished`, which takes it and its
+    /// MacBuild out of the controller's watches (and its lists after a restart).
+    #[arg(long, default_value = "30s", value_parser = parse_flag)]
+    pub finished_label_after: Duration,
     /// Timeout of each Kubernetes API call.
     #[arg(long, default_value = "10s", value_parser = parse_flag)]
     pub api_timeout: Duration,
@@ -138,6 +142,7 @@ impl RunArgs {
             default_timeout: self.default_timeout,
             grace: self.grace,
             lease_duration: self.lease_duration,
+            finished_label_after: self.finished_label_after,
         }
     }
 }

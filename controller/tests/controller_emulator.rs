@@ -62,6 +62,7 @@ impl Harness {
             default_timeout: Duration::from_secs(3600),
             grace: Duration::from_secs(2),
             lease_duration: Duration::from_secs(20),
+            finished_label_after: Duration::ZERO,
             agent_lease_namespace: None,
             api_timeout: Duration::from_secs(5),
             metrics_address: "127.0.0.1:0".parse().unwrap(),
@@ -164,12 +165,20 @@ impl Harness {
     }
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    eventually_within(Duration::from_secs(20), what, probe).await
+}
+
+async fn eventually_within<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(v) = probe().await {
             return v;
@@ -202,9 +211,14 @@ fn result(s: &CustomRunStatus, name: &str) -> String {
         .unwrap_or_else(|| panic!("no result {name}"))
 }
 
-/// Waits until the CustomRun `name` and its MacBuild carry the finished label.
+/// Waits until the CustomRun `name` and its MacBuild carry the finished label (with the
+/// harness's `finished_label_after` of 0).
 async fn wait_marked_finished(h: &Harness, name: &str) {
-    eventually(&format!("{name} and its MacBuild labelled finished"), || async {
+    wait_marked_finished_within(h, name, Duration::from_secs(20)).await
+}
+
+async fn wait_marked_finished_within(h: &Harness, name: &str, limit: Duration) {
+    eventually_within(limit, &format!("{name} and its MacBuild labelled finished"), || async {
         let run = h.runs().get(name).await.unwrap();
         let mb = h.builds().get_opt(name).await.unwrap();
         let marked = |labels: Option<&std::collections::BTreeMap<String, String>>| {
@@ -477,7 +491,10 @@ async fn two_controller_instances_create_one_macbuild() {
 #[tokio::test]
 async fn a_restart_makes_no_request_for_finished_customruns() {
     let mut h = harness().await;
-    h.start_controller();
+    // The label's delay on its default (30 s), counted from each run's completion.
+    let mut args = h.args();
+    args.finished_label_after = tartan_controller::decide::Timing::default().finished_label_after;
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
     h.renew_lease("agent-a", Timestamp::now()).await;
     let names = ["done-a", "done-b", "done-c"];
     for name in names {
@@ -491,8 +508,21 @@ async fn a_restart_makes_no_request_for_finished_customruns() {
         )
         .await;
         wait_reason(&h, name, "True", "TestsPassed").await;
-        wait_marked_finished(&h, name).await;
     }
+    let finished = tokio::time::Instant::now();
+    let run = h.runs().get(names[0]).await.unwrap();
+    assert!(
+        !run.metadata.labels.unwrap().contains_key(FINISHED_LABEL),
+        "labelled before its delay"
+    );
+    for name in names {
+        wait_marked_finished_within(&h, name, Duration::from_secs(45)).await;
+    }
+    assert!(
+        finished.elapsed() >= Duration::from_secs(25),
+        "labelled {:?} after the last finished",
+        finished.elapsed()
+    );
     for c in h.controllers.drain(..) {
         c.abort();
         let _ = c.await;

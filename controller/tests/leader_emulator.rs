@@ -353,6 +353,7 @@ async fn a_replica_failing_its_start_up_checks_never_takes_the_lease() {
         default_timeout: Duration::from_secs(3600),
         grace: Duration::from_secs(2),
         lease_duration: Duration::from_secs(20),
+        finished_label_after: Duration::from_secs(30),
         agent_lease_namespace: None,
         api_timeout: Duration::from_secs(5),
         metrics_address: "127.0.0.1:0".parse().expect("an address"),
