@@ -315,7 +315,8 @@ pub fn after_claim_conflict(
 
 /// Claims attempt `attempt` of `mb` (as last read) for `holder`, then adds the finalizer and agent
 /// label. Attempt 1 needs an unclaimed build; attempt n > 1 needs our own claim of attempt n−1.
-/// Idempotent: if `mb` already shows this claim, only the missing metadata is added.
+/// Idempotent: if `mb` already shows this claim, it is confirmed on a fresh read (`mb` may be old,
+/// the build handed on since) and only the missing metadata is added.
 ///
 /// 409/422 are resolved by reading the MacBuild again ([`after_claim_conflict`]): our claim there
 /// → won (an earlier answer was lost in transit); someone else's claim, a hand-over or deletion →
@@ -354,7 +355,31 @@ pub async fn claim(
     let mut read = mb.clone();
     let mut wanted = wanted;
     let mut tries = 0;
+    // Whether `read` came from the API within this call: the caller's may be old (recovery's read,
+    // then a wait for a slot or a pause), and showing our claim and finalizer it would win with no
+    // write at all, though an operator may have handed the build on to another agent since.
+    let mut fresh_read = false;
     let mut current = loop {
+        if is_ours(&read, &wanted) && !fresh_read {
+            let confirmed = timed(api_timeout, api.get_opt(&name)).await.map_err(|e| {
+                err(
+                    "claiming",
+                    format!("confirming our claim by reading it again failed: {e}"),
+                )
+            })?;
+            match confirmed {
+                Some(fresh) if fresh.metadata.uid == mb.metadata.uid => {
+                    if !is_ours(&fresh, &wanted) {
+                        tracing::info!(build = %build, "our claim shown by an earlier read is gone: {}", describe_claim(&fresh));
+                    }
+                    read = fresh;
+                    fresh_read = true;
+                    continue;
+                }
+                Some(_) => return lost("the MacBuild was deleted and created again".into()),
+                None => return lost("the MacBuild was deleted".into()),
+            }
+        }
         if is_ours(&read, &wanted) {
             break read;
         }
@@ -412,6 +437,7 @@ pub async fn claim(
                         tracing::debug!(build = %build, "the claim's test failed ({e}) but the build is still unclaimed; claiming it again on the fresh read");
                         wanted = claim_for(&fresh, holder, attempt);
                         read = fresh;
+                        fresh_read = true;
                     }
                     AfterConflict::ClaimAgain => {
                         return Err(err(
