@@ -541,11 +541,12 @@ pub fn plan(
                     });
                     continue;
                 }
-                // Past the deadline it is the reason even with a withdrawal waiting, as in the
+                // Past the deadline it is the reason even with a cancel waiting, as in the
                 // executor: both are seen only now, the time was up first, and the watchdog may
-                // have deleted the VM since. (A MacBuild that is gone is told nothing: its
-                // withdrawal is recorded as it was.)
-                let deadline_first = overdue.is_some() && b.is_some();
+                // have deleted the VM since. An owner deleted while the agent was down is
+                // recorded Cancelled (no pipeline is told), and a MacBuild that is gone is told
+                // nothing: their withdrawals are recorded as they were.
+                let deadline_first = overdue.is_some() && b.is_some() && withdrawal != Some(Ending::OwnerDeleted);
                 let then = match withdrawal {
                     Some(w) if !deadline_first => w,
                     // The VM is gone past deadline + grace: the watchdog took it; do not touch it.
