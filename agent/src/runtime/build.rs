@@ -405,7 +405,13 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
     if let Rest::Stuck(why) = &rest {
         tracing::error!(%build, %why, "build stopped; the next agent start recovers it from the journal");
     }
-    shared.core.lock().await.active.remove(&build.uid);
+    let mut core = shared.core.lock().await;
+    core.active.remove(&build.uid);
+    // A reservation must not outlive the task that would have used it: the slot a retired
+    // attempt passed on to a next one that never came (its MacBuild gone) would count as used
+    // until the agent restarts.
+    core.reserved.remove(&build.uid);
+    drop(core);
     shared.slot_freed.notify_waiters();
 }
 
