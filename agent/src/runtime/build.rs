@@ -544,7 +544,21 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
         // Nothing was cloned yet: the claim is resumed (the same attempt, claimed again — a claim
         // this agent already holds is accepted as its own) once a slot is free.
         AttemptState::Requested | AttemptState::Retired => {
-            let Some(mb) = read_build(shared, build).await.ok().flatten() else {
+            // A read that fails says nothing about the build (the API may be down a moment): it
+            // is read again, or the attempt would stay open, and the build unclaimed by anyone
+            // else, until the agent restarts.
+            let mut wait = Duration::from_secs(1);
+            let mb = loop {
+                match read_build(shared, build).await {
+                    Ok(mb) => break mb,
+                    Err(error) => {
+                        tracing::warn!(%build, %error, retry_in = ?wait, "cannot read the MacBuild to resume its claim; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(30));
+                    }
+                }
+            };
+            let Some(mb) = mb else {
                 shared.core.lock().await.reserved.remove(&build.uid);
                 shared.slot_freed.notify_waiters();
                 return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
