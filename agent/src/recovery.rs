@@ -541,18 +541,24 @@ pub fn plan(
                     });
                     continue;
                 }
+                // Past the deadline it is the reason even with a cancel waiting, as in the
+                // executor: both are seen only now, the time was up first, and the watchdog may
+                // have deleted the VM since. An owner deleted while the agent was down is
+                // recorded Cancelled (no pipeline is told), and a MacBuild that is gone is told
+                // nothing: their withdrawals are recorded as they were.
+                let deadline_first = overdue.is_some() && b.is_some() && withdrawal != Some(Ending::OwnerDeleted);
                 let then = match withdrawal {
-                    Some(w) => w,
+                    Some(w) if !deadline_first => w,
                     // The VM is gone past deadline + grace: the watchdog took it; do not touch it.
-                    None if watchdog => {
+                    _ if watchdog => {
                         out.push(RecoveryAction::Step {
                             attempt: key,
                             event: Event::WatchdogRemovedVm,
                         });
                         continue;
                     }
-                    None if overdue.is_some() => Ending::DeadlinePassed,
-                    None => Ending::AgentRestarted,
+                    _ if overdue.is_some() => Ending::DeadlinePassed,
+                    _ => Ending::AgentRestarted,
                 };
                 out.push(RecoveryAction::KillVmProcesses {
                     attempt: key,

@@ -734,6 +734,61 @@ async fn a_cancel_seen_only_after_the_deadline_passed_ends_the_attempt_on_the_de
     assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
 }
 
+/// The other order: the cancel is seen before the deadline, but the executor gets to act on it
+/// only after the deadline (here: the journal write after Running takes past it, as a slow sync
+/// may). The cancel came first, so the pipeline is told Cancelled, not that the time ran out;
+/// before the fix any withdrawal found waiting past the deadline was reported as the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_seen_before_the_deadline_but_acted_on_after_it_cancels_the_attempt() {
+    let rig = Rig::new();
+    let (cancel, signal) = cancel_pair();
+    let cancel = Arc::new(Mutex::new(cancel));
+    let (mut a, mut exec) = attempt(&rig, "slow-sync", spec(vec![step("build", "true")]), signal);
+    let deadline_seen = Arc::new(Mutex::new(None));
+    let journal = {
+        let (cancel, deadline_seen) = (cancel.clone(), deadline_seen.clone());
+        MemJournal::with_hook(move |r| {
+            if r.to == S::Admitted {
+                *deadline_seen.lock().unwrap() = r.deadline;
+            }
+            if r.to == S::Running {
+                let deadline = deadline_seen.lock().unwrap().expect("Admitted names the deadline");
+                assert!(
+                    k8s_openapi::jiff::Timestamp::now() < deadline,
+                    "Running came after the deadline"
+                );
+                cancel.lock().unwrap().cancel(Withdrawal::CancelRequested);
+                // The slow sync: the record is done only after the deadline.
+                while k8s_openapi::jiff::Timestamp::now() <= deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let mut hooks = journal.clone();
+    let end = tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(2), &machine(), &mut hooks))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, S::Retired);
+    let records = journal.records.lock().unwrap().clone();
+    let retiring = records
+        .iter()
+        .find(|r| r.to == S::Retiring)
+        .unwrap_or_else(|| panic!("no Retiring record: {:#?}", journal.lines()));
+    assert_eq!(
+        (retiring.from, retiring.reason, retiring.outcome),
+        (
+            Some(S::Running),
+            Some(Reason::CancelRequested),
+            Some(Outcome::Cancelled)
+        ),
+        "{:#?}",
+        journal.lines()
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_macbuild_without_a_destination_publishes_to_the_configured_default() {
     let rig = Rig::new();

@@ -464,6 +464,46 @@ async fn a_crash_between_claim_and_finalizer_is_healed_by_claiming_again() {
     assert_eq!(again.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
 }
 
+/// An agent that journaled `Requested`, claimed and added its finalizer, then restarted (or was
+/// paused) resumes the admission from its recovery read, which shows all of that. Meanwhile its
+/// Lease expired, an operator handed the build on and mac-b claimed it (the same attempt id: the
+/// status listed no attempt yet). The old read must not count as a win: mac-a would clone a
+/// second VM for a build mac-b runs. Before the fix `claim` returned `Won` without asking the API.
+#[tokio::test]
+async fn a_claim_resumed_on_a_stale_read_of_our_own_claim_is_lost_once_the_build_was_handed_on() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "resumed").await;
+    let (_, stale) = won(&emu, &mb, "mac-a", 1).await;
+    let reset: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/status/claim/holder", "value": "mac-a"},
+        {"op": "remove", "path": "/status/claim"},
+    ]))
+    .unwrap();
+    let reset = builds(&emu)
+        .patch_status("resumed", &PatchParams::default(), &Patch::Json::<()>(reset))
+        .await
+        .unwrap();
+    won(&emu, &reset, "mac-b", 1).await;
+    match claim::claim(&emu.client(), API_TIMEOUT, &stale, "mac-a", 1)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Lost { reason } => assert!(reason.contains("mac-b"), "{reason}"),
+        won => panic!("mac-a won a build mac-b holds: {won:?}"),
+    }
+    let now = get(&emu, "resumed").await;
+    assert_eq!(
+        now.status.and_then(|s| s.claim).map(|c| c.holder).as_deref(),
+        Some("mac-b")
+    );
+    // Still held by mac-a: the confirmed claim wins again, without a second claim write.
+    let mb = create_build(&emu, "kept").await;
+    let (c, held) = won(&emu, &mb, "mac-a", 1).await;
+    let writes = status_writes(&emu, "kept");
+    let (again, _) = won(&emu, &held, "mac-a", 1).await;
+    assert_eq!((again, status_writes(&emu, "kept")), (c, writes));
+}
+
 #[tokio::test]
 async fn the_finalizer_holds_deletion_until_released() {
     let emu = emulator().await;

@@ -284,7 +284,7 @@ pub enum AfterConflict {
     /// Someone else claimed it, or it changed so that this claim no longer applies.
     Lost(String),
     /// Only something else changed (a label, a message): still open for this very first claim,
-    /// so claim it again on the fresh read.
+    /// so claim it again on the fresh read (for the finalizer: add it again on the fresh read).
     ClaimAgain,
 }
 
@@ -313,9 +313,31 @@ pub fn after_claim_conflict(
     AfterConflict::Lost(format!("it is now {}", describe_claim(fresh)))
 }
 
+/// The decision after a 409/422 on adding the finalizer to `current` (which showed our claim
+/// `wanted`), `fresh` the build as it is now: `ClaimAgain` means add it again on `fresh`. A
+/// MacBuild deleted and created again under the same name is lost even if it shows a claim just
+/// like ours (this agent may have claimed the new one meanwhile, whose attempt id is the same):
+/// winning it would run a second VM for that build under the old one's uid.
+pub fn after_finalizer_conflict(current: &MacBuild, fresh: &MacBuild, wanted: &Claim) -> AfterConflict {
+    if fresh.metadata.uid != current.metadata.uid {
+        return AfterConflict::Lost("the MacBuild was deleted and created again before the finalizer was added".into());
+    }
+    if !is_ours(fresh, wanted) {
+        return AfterConflict::Lost(format!(
+            "the claim changed before the finalizer was added: {}",
+            describe_claim(fresh)
+        ));
+    }
+    if fresh.metadata.resource_version == current.metadata.resource_version {
+        return AfterConflict::Refused;
+    }
+    AfterConflict::ClaimAgain
+}
+
 /// Claims attempt `attempt` of `mb` (as last read) for `holder`, then adds the finalizer and agent
 /// label. Attempt 1 needs an unclaimed build; attempt n > 1 needs our own claim of attempt n−1.
-/// Idempotent: if `mb` already shows this claim, only the missing metadata is added.
+/// Idempotent: if `mb` already shows this claim, it is confirmed on a fresh read (`mb` may be old,
+/// the build handed on since) and only the missing metadata is added.
 ///
 /// 409/422 are resolved by reading the MacBuild again ([`after_claim_conflict`]): our claim there
 /// → won (an earlier answer was lost in transit); someone else's claim, a hand-over or deletion →
@@ -354,7 +376,31 @@ pub async fn claim(
     let mut read = mb.clone();
     let mut wanted = wanted;
     let mut tries = 0;
+    // Whether `read` came from the API within this call: the caller's may be old (recovery's read,
+    // then a wait for a slot or a pause), and showing our claim and finalizer it would win with no
+    // write at all, though an operator may have handed the build on to another agent since.
+    let mut fresh_read = false;
     let mut current = loop {
+        if is_ours(&read, &wanted) && !fresh_read {
+            let confirmed = timed(api_timeout, api.get_opt(&name)).await.map_err(|e| {
+                err(
+                    "claiming",
+                    format!("confirming our claim by reading it again failed: {e}"),
+                )
+            })?;
+            match confirmed {
+                Some(fresh) if fresh.metadata.uid == mb.metadata.uid => {
+                    if !is_ours(&fresh, &wanted) {
+                        tracing::info!(build = %build, "our claim shown by an earlier read is gone: {}", describe_claim(&fresh));
+                    }
+                    read = fresh;
+                    fresh_read = true;
+                    continue;
+                }
+                Some(_) => return lost("the MacBuild was deleted and created again".into()),
+                None => return lost("the MacBuild was deleted".into()),
+            }
+        }
         if is_ours(&read, &wanted) {
             break read;
         }
@@ -412,6 +458,7 @@ pub async fn claim(
                         tracing::debug!(build = %build, "the claim's test failed ({e}) but the build is still unclaimed; claiming it again on the fresh read");
                         wanted = claim_for(&fresh, holder, attempt);
                         read = fresh;
+                        fresh_read = true;
                     }
                     AfterConflict::ClaimAgain => {
                         return Err(err(
@@ -455,16 +502,13 @@ pub async fn claim(
                 let Some(fresh) = reread("adding the finalizer to", "the patch", &e).await? else {
                     return lost("the MacBuild was deleted".into());
                 };
-                if !is_ours(&fresh, &wanted) {
-                    return lost(format!(
-                        "the claim changed before the finalizer was added: {}",
-                        describe_claim(&fresh)
-                    ));
+                match after_finalizer_conflict(&current, &fresh, &wanted) {
+                    AfterConflict::Lost(why) => return lost(why),
+                    AfterConflict::Refused => {
+                        return Err(err("adding the finalizer to", format!("the patch was refused: {e}")));
+                    }
+                    AfterConflict::Won | AfterConflict::ClaimAgain => current = fresh,
                 }
-                if fresh.metadata.resource_version == current.metadata.resource_version {
-                    return Err(err("adding the finalizer to", format!("the patch was refused: {e}")));
-                }
-                current = fresh;
             }
             Err(e) => return Err(err("adding the finalizer to", e.to_string())),
         }
@@ -789,6 +833,39 @@ mod tests {
             after_claim_conflict(&read, &labelled, &claim("mac-a", "b#2", 2), 2, false),
             AfterConflict::Lost(_)
         ));
+    }
+
+    #[test]
+    fn a_finalizer_conflict_on_a_build_created_again_under_its_name_is_lost() {
+        let wanted = claim("mac-a", "b#1", 1);
+        let ours = mb(Some(MacBuildStatus {
+            claim: Some(wanted.clone()),
+            ..Default::default()
+        }));
+        let changed = |f: &dyn Fn(&mut MacBuild)| {
+            let mut m = ours.clone();
+            m.metadata.resource_version = Some("42".into());
+            f(&mut m);
+            m
+        };
+        // Deleted (no finalizer yet) and created again, and this agent claimed the new one for
+        // the same attempt id: the old claim must not win it.
+        let recreated = changed(&|m| m.metadata.uid = Some("uid-2".into()));
+        assert!(matches!(
+            after_finalizer_conflict(&ours, &recreated, &wanted),
+            AfterConflict::Lost(why) if why.contains("created again")
+        ));
+        let taken = changed(&|m| m.status.as_mut().unwrap().claim = Some(claim("mac-b", "b#1", 1)));
+        assert!(matches!(
+            after_finalizer_conflict(&ours, &taken, &wanted),
+            AfterConflict::Lost(why) if why.contains("mac-b")
+        ));
+        assert_eq!(after_finalizer_conflict(&ours, &ours, &wanted), AfterConflict::Refused);
+        let labelled = changed(&|m| m.metadata.labels = Some(labels(&[("x", "y")])));
+        assert_eq!(
+            after_finalizer_conflict(&ours, &labelled, &wanted),
+            AfterConflict::ClaimAgain
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! [`AttemptExecutor`]: performs the attempt machine's host actions for one attempt and turns
 //! each result into the event the machine expects next.
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tartan_api::deadline::{
@@ -458,11 +458,16 @@ impl AttemptExecutor {
         let mut cancel = self.cancel.clone();
         let deadline = self.attempt.deadline;
         let signalled = *cancel.0.borrow();
-        // Once the deadline has passed it is the reason, even with a withdrawal waiting: both are
-        // seen at once only by an agent that was paused or slow past the deadline, whose time was
-        // up first (and whose VM the watchdog may have deleted since, which is then what it says).
+        // Whichever was seen first is the reason. A withdrawal seen only after the deadline (an
+        // agent paused or slow past it) gives way to the deadline: the time was up first, and the
+        // watchdog may have deleted the VM since, which is then what it says. One seen before the
+        // deadline but acted on only after it (a slow journal sync in between) is still the reason.
         let past_deadline = || Timestamp::now() >= deadline;
-        let interrupt = if past_deadline() {
+        let interrupt = if let Some((w, at)) = signalled
+            && seen_before(at.elapsed(), Timestamp::now(), deadline)
+        {
+            Some(Interrupt::Withdrawn(w, at))
+        } else if past_deadline() {
             Some(Interrupt::Deadline)
         } else if let Some((w, at)) = signalled {
             Some(Interrupt::Withdrawn(w, at))
@@ -1278,6 +1283,16 @@ fn action_vm(action: &Action) -> Option<&str> {
 }
 
 /// Resolves once the wall clock reaches `deadline`.
+/// Whether something seen `ago` before `now` was seen before `deadline`. (`ago` comes from the
+/// monotonic clock, which on macOS stops while the Mac sleeps: a sleep makes it look seen later,
+/// never earlier, so the deadline is then the reason, as for a paused agent.)
+fn seen_before(ago: Duration, now: Timestamp, deadline: Timestamp) -> bool {
+    SignedDuration::try_from(ago)
+        .ok()
+        .and_then(|ago| now.checked_sub(ago).ok())
+        .is_some_and(|seen| seen < deadline)
+}
+
 async fn until(deadline: Timestamp) {
     loop {
         let left = Timestamp::now().duration_until(deadline);

@@ -1115,6 +1115,73 @@ fn overdue_vm_still_present_fails_with_deadline_passed() {
     assert_eq!(log.last().unwrap(), "remove finalizer");
 }
 
+/// The executor's rule (a cancel seen only after the deadline ends the attempt on the deadline)
+/// holds for an agent that was down rather than paused: both are seen at start, its time was up
+/// first, and the watchdog may have deleted the VM since. Before the fix recovery recorded
+/// `CancelRequested` (Cancelled) here, and "deleted (or already absent) at agent start" for a VM
+/// the watchdog had deleted: what a paused agent with the same facts no longer tells the pipeline.
+#[test]
+fn a_cancel_found_at_start_after_the_deadline_ends_the_attempt_on_the_deadline() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let now = deadline() + SignedDuration::from_millis(100_190);
+    // A cancel, or a deletion of the MacBuild alone (its owner kept).
+    for (cancel, deleted) in [(true, false), (false, true)] {
+        let mut view = mk_view(1, 4);
+        view.cancel_requested = cancel;
+        view.deletion_requested = deleted;
+        let c = mk_cluster(vec![view]);
+        // The watchdog took the VM: only confirmed gone, reported as the watchdog's deadline.
+        assert_eq!(
+            plan_for(&j.recs, &[], &c, now),
+            vec![RecoveryAction::Step {
+                attempt: key(1),
+                event: Event::WatchdogRemovedVm
+            }],
+            "cancel {cancel}, deleted {deleted}"
+        );
+        // The VM is still there: killed and deleted, Failed on the deadline.
+        let present = observed(&world(&[&vm_of(1)]));
+        assert_eq!(
+            plan_for(&j.recs, &present, &c, now),
+            vec![RecoveryAction::KillVmProcesses {
+                attempt: key(1),
+                found: S::Running,
+                vm: vm_of(1),
+                then: Ending::DeadlinePassed
+            }],
+            "cancel {cancel}, deleted {deleted}"
+        );
+        // Before the deadline the withdrawal is the reason, as before.
+        let p = plan_for(&j.recs, &present, &c, deadline() - secs(600));
+        assert!(
+            matches!(
+                p[..],
+                [RecoveryAction::KillVmProcesses {
+                    then: Ending::CancelRequested,
+                    ..
+                }]
+            ),
+            "{p:?}"
+        );
+    }
+    // An owner deleted while the agent was down is recorded Cancelled, past the deadline too.
+    let mut view = mk_view(1, 4);
+    view.owner_deleted = true;
+    view.deletion_requested = true;
+    let p = plan_for(&j.recs, &[], &mk_cluster(vec![view]), now);
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::OwnerDeleted,
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
 #[test]
 fn vm_gone_before_the_watchdog_grace_is_an_ordinary_restart() {
     let mut j = Journal::new(1);

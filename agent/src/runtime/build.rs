@@ -405,7 +405,13 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
     if let Rest::Stuck(why) = &rest {
         tracing::error!(%build, %why, "build stopped; the next agent start recovers it from the journal");
     }
-    shared.core.lock().await.active.remove(&build.uid);
+    let mut core = shared.core.lock().await;
+    core.active.remove(&build.uid);
+    // A reservation must not outlive the task that would have used it: the slot a retired
+    // attempt passed on to a next one that never came (its MacBuild gone) would count as used
+    // until the agent restarts.
+    core.reserved.remove(&build.uid);
+    drop(core);
     shared.slot_freed.notify_waiters();
 }
 
@@ -538,7 +544,21 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
         // Nothing was cloned yet: the claim is resumed (the same attempt, claimed again — a claim
         // this agent already holds is accepted as its own) once a slot is free.
         AttemptState::Requested | AttemptState::Retired => {
-            let Some(mb) = read_build(shared, build).await.ok().flatten() else {
+            // A read that fails says nothing about the build (the API may be down a moment): it
+            // is read again, or the attempt would stay open, and the build unclaimed by anyone
+            // else, until the agent restarts.
+            let mut wait = Duration::from_secs(1);
+            let mb = loop {
+                match read_build(shared, build).await {
+                    Ok(mb) => break mb,
+                    Err(error) => {
+                        tracing::warn!(%build, %error, retry_in = ?wait, "cannot read the MacBuild to resume its claim; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(30));
+                    }
+                }
+            };
+            let Some(mb) = mb else {
                 shared.core.lock().await.reserved.remove(&build.uid);
                 shared.slot_freed.notify_waiters();
                 return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
