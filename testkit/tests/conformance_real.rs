@@ -373,6 +373,82 @@ async fn replay(client: &kube::Client) -> Vec<(&'static str, Value)> {
         ]),
     ));
 
+    // A label added by a JSON patch fenced on the uid, and what a selector that excludes it
+    // sees (the controller's `tartan.dev/finished`): a list from the watch cache leaves the
+    // object out, a watch from before the label sees it DELETED.
+    let mut labelled = macbuild("m6", json!({"image": "x", "steps": [{"name": "a", "run": ["x"]}]}));
+    labelled["metadata"]["labels"] = json!({"a": "b"});
+    let (code, m6) = send(client, M::POST, MB, Some((json_ct, labelled)), json_ct).await;
+    assert_eq!(code, 201);
+    let rv6 = rv(&m6);
+    let uid6 = m6["metadata"]["uid"].clone();
+    let add = |uid: Value, path: &str, value: Value| json!([{"op": "test", "path": "/metadata/uid", "value": uid}, {"op": "add", "path": path, "value": value}]);
+    let p = add(
+        json!("not-its-uid"),
+        "/metadata/labels/tartan.dev~1finished",
+        json!("true"),
+    );
+    let (code, failed) = send(client, M::PATCH, &format!("{MB}/m6"), Some((jpatch, p)), json_ct).await;
+    out.push(("json patch uid test fails", status_view(code, &failed)));
+    let p = add(uid6, "/metadata/labels/tartan.dev~1finished", json!("true"));
+    let (code, done) = send(client, M::PATCH, &format!("{MB}/m6"), Some((jpatch, p)), json_ct).await;
+    out.push(("label added on the uid", json!([code, done["metadata"]["labels"]])));
+    let unlabelled = macbuild("m7", json!({"image": "x", "steps": [{"name": "a", "run": ["x"]}]}));
+    let (code, m7) = send(client, M::POST, MB, Some((json_ct, unlabelled)), json_ct).await;
+    assert_eq!(code, 201);
+    let p = add(
+        m7["metadata"]["uid"].clone(),
+        "/metadata/labels/tartan.dev~1finished",
+        json!("true"),
+    );
+    let (code, failed) = send(client, M::PATCH, &format!("{MB}/m7"), Some((jpatch, p)), json_ct).await;
+    out.push(("json patch add into no labels map", status_view(code, &failed)));
+    let unfinished = "labelSelector=%21tartan.dev%2Ffinished";
+    let names = |list: &Value| -> Value {
+        json!(
+            list["items"]
+                .as_array()
+                .map(|a| a.iter().map(|i| i["metadata"]["name"].clone()).collect::<Vec<_>>())
+        )
+    };
+    let (code, list) = send(
+        client,
+        M::GET,
+        &format!("{MB}?{unfinished}&resourceVersion=0"),
+        None,
+        json_ct,
+    )
+    .await;
+    out.push(("list !finished from the watch cache", json!([code, names(&list)])));
+    let (code, list) = send(client, M::GET, &format!("{MB}?{unfinished}&limit=500"), None, json_ct).await;
+    out.push(("list !finished, paged", json!([code, names(&list)])));
+    let (code, events) = send(
+        client,
+        M::GET,
+        &format!("{MB}?watch=true&{unfinished}&resourceVersion={rv6}&timeoutSeconds=1"),
+        None,
+        json_ct,
+    )
+    .await;
+    let seen: Vec<Value> = events
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["type"] != "BOOKMARK")
+                .map(|e| {
+                    let at = e["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+                    json!([
+                        e["type"],
+                        e["object"]["metadata"]["name"],
+                        e["object"]["metadata"]["labels"],
+                        at == rv(&done)
+                    ])
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push(("watch !finished: the labelled object leaves", json!([code, seen])));
+
     // The watch from before the first write: every change, in order.
     let (code, events) = send(
         client,

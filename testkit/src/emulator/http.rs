@@ -653,7 +653,16 @@ impl WatchFilter {
             EventType::Added if now => "ADDED",
             EventType::Modified if now && before => "MODIFIED",
             EventType::Modified if now => "ADDED",
-            EventType::Modified if before => "DELETED",
+            EventType::Modified if before => {
+                // As the apiserver's watch cache does: the last content the selector matched,
+                // at the change's resourceVersion.
+                let mut last = old.unwrap_or(obj);
+                let rv = ev.object.pointer("/metadata/resourceVersion").cloned();
+                if let (Some(rv), Some(meta)) = (rv, last.get_mut("metadata").and_then(Value::as_object_mut)) {
+                    meta.insert("resourceVersion".into(), rv);
+                }
+                return Some(json!({"type": "DELETED", "object": last}));
+            }
             EventType::Deleted if now || before => "DELETED",
             _ => return None,
         };
