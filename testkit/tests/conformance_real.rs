@@ -120,6 +120,17 @@ fn macbuild(name: &str, spec: Value) -> Value {
 }
 
 /// The sequence; each step's observation, named.
+/// The events (bookmarks left out) of a watch at `url` that ends by its `timeoutSeconds`, each
+/// shown by `show`.
+async fn watch_events(client: &kube::Client, url: &str, show: impl Fn(&Value) -> Value) -> (u16, Vec<Value>) {
+    let (code, events) = send(client, Method::GET, url, None, "application/json").await;
+    let seen = events
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["type"] != "BOOKMARK").map(&show).collect())
+        .unwrap_or_default();
+    (code, seen)
+}
+
 async fn replay(client: &kube::Client) -> Vec<(&'static str, Value)> {
     use Method as M;
     let mut out: Vec<(&'static str, Value)> = Vec::new();
@@ -422,58 +433,30 @@ async fn replay(client: &kube::Client) -> Vec<(&'static str, Value)> {
     out.push(("list !finished from the watch cache", json!([code, names(&list)])));
     let (code, list) = send(client, M::GET, &format!("{MB}?{unfinished}&limit=500"), None, json_ct).await;
     out.push(("list !finished, paged", json!([code, names(&list)])));
-    let (code, events) = send(
-        client,
-        M::GET,
-        &format!("{MB}?watch=true&{unfinished}&resourceVersion={rv6}&timeoutSeconds=1"),
-        None,
-        json_ct,
-    )
+    let url = format!("{MB}?watch=true&{unfinished}&resourceVersion={rv6}&timeoutSeconds=1");
+    let (code, seen) = watch_events(client, &url, |e| {
+        let at = e["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        json!([
+            e["type"],
+            e["object"]["metadata"]["name"],
+            e["object"]["metadata"]["labels"],
+            at == rv(&done)
+        ])
+    })
     .await;
-    let seen: Vec<Value> = events
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|e| e["type"] != "BOOKMARK")
-                .map(|e| {
-                    let at = e["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default();
-                    json!([
-                        e["type"],
-                        e["object"]["metadata"]["name"],
-                        e["object"]["metadata"]["labels"],
-                        at == rv(&done)
-                    ])
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     out.push(("watch !finished: the labelled object leaves", json!([code, seen])));
 
     // The watch from before the first write: every change, in order.
-    let (code, events) = send(
-        client,
-        M::GET,
-        &format!("{MB}?watch=true&resourceVersion={start_rv}&timeoutSeconds=1"),
-        None,
-        json_ct,
-    )
+    let url = format!("{MB}?watch=true&resourceVersion={start_rv}&timeoutSeconds=1");
+    let (code, seen) = watch_events(client, &url, |e| {
+        json!([
+            e["type"],
+            e["object"]["metadata"]["name"],
+            e["object"].pointer("/status/phase"),
+            e["object"].pointer("/metadata/deletionTimestamp").is_some()
+        ])
+    })
     .await;
-    let seen: Vec<Value> = events
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|e| e["type"] != "BOOKMARK")
-                .map(|e| {
-                    json!([
-                        e["type"],
-                        e["object"]["metadata"]["name"],
-                        e["object"].pointer("/status/phase"),
-                        e["object"].pointer("/metadata/deletionTimestamp").is_some()
-                    ])
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     out.push(("watch events", json!([code, seen])));
     out
 }
