@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 use tartan_agent::cluster::claim::{self, ClaimOutcome, first_claim_patch};
-use tartan_agent::cluster::delivery::{Delivered, Delivery, DeliveryConfig, deliver_once};
+use tartan_agent::cluster::delivery::{Delivered, Delivery, DeliveryConfig, Fence, deliver_once};
 use tartan_agent::cluster::events::Events;
 use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState};
 use tartan_agent::config::Config;
@@ -596,7 +596,7 @@ async fn a_stale_attempts_status_write_is_fenced_out() {
     let build = build_ref(&mb1);
     let running = claimed_status(&c1, Phase::Running, "attempt 1 runs");
     assert_eq!(
-        deliver_once(&emu.client(), API_TIMEOUT, &build, &running, 10)
+        deliver_once(&emu.client(), API_TIMEOUT, &build, &running, 10, &mut None)
             .await
             .unwrap(),
         Delivered::Written
@@ -607,7 +607,7 @@ async fn a_stale_attempts_status_write_is_fenced_out() {
     // A late write of attempt 1 is refused by its test and changes nothing.
     let late = claimed_status(&c1, Phase::Succeeded, "attempt 1 (stale) says done");
     let before = get(&emu, "retry").await;
-    match deliver_once(&emu.client(), API_TIMEOUT, &build, &late, 11)
+    match deliver_once(&emu.client(), API_TIMEOUT, &build, &late, 11, &mut None)
         .await
         .unwrap()
     {
@@ -771,7 +771,7 @@ async fn a_forbidden_write_is_retried_and_a_gone_build_stops_delivery() {
             .forbidden(),
     );
     let snapshot = claimed_status(&c, Phase::Running, "running");
-    let err = deliver_once(&emu.client(), API_TIMEOUT, &build, &snapshot, 5)
+    let err = deliver_once(&emu.client(), API_TIMEOUT, &build, &snapshot, 5, &mut None)
         .await
         .unwrap_err();
     assert!(err.to_string().starts_with("refused:"), "{err}");
@@ -796,6 +796,130 @@ async fn a_forbidden_write_is_retried_and_a_gone_build_stops_delivery() {
         .unwrap()
         .unwrap();
     assert_eq!(p.borrow().delivered, None);
+}
+
+/// A status write whose answer was lost (the agent timed out) but that the API server applies
+/// late, after the next write of the same build landed, must not take the MacBuild back: the
+/// terminal status stays, or the pipeline never hears the end.
+#[tokio::test]
+async fn a_timed_out_status_write_applied_late_never_overwrites_a_newer_status() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "late").await;
+    let (c, mb) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb);
+    let delivery = Delivery::spawn(
+        emu.client(),
+        DeliveryConfig {
+            api_timeout: Duration::from_millis(300),
+            ..quick_delivery()
+        },
+    );
+    let mut progress = delivery.progress(&build);
+    let within = Duration::from_secs(10);
+    delivery.submit(&build, claimed_status(&c, Phase::Collecting, "collecting"), 29);
+    tokio::time::timeout(within, progress.wait_for(|p| p.delivered == Some(29)))
+        .await
+        .unwrap()
+        .unwrap();
+    // The Retiring write is held past the agent's timeout, then applied anyway.
+    let hold = Duration::from_millis(1500);
+    let held_from = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    emu.hold_writes(tartan_testkit::HeldWrites::status_of(
+        "macbuilds",
+        "ci",
+        "late",
+        hold,
+        1,
+    ));
+    delivery.submit(&build, claimed_status(&c, Phase::Retiring, "retiring"), 30);
+    tokio::time::timeout(within, progress.wait_for(|p| p.failed_tries >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut done = claimed_status(&c, Phase::Succeeded, "2/2 tests passed");
+    done.outcome = Some(tartan_api::Outcome::Succeeded);
+    delivery.submit(&build, done, 31);
+    tokio::time::timeout(within, progress.wait_for(|p| p.delivered == Some(31)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&emu, "late").await.status.unwrap().journal_seq, Some(31));
+    // The held write has been answered (to nobody) once a status write is answered after its hold.
+    let held_until = (held_from + hold).as_millis() as u64;
+    eventually("the held write answered", within, || async {
+        emu.answers()
+            .iter()
+            .any(|a| a.method == "PATCH" && a.uri.contains("/macbuilds/late/status") && a.at_ms >= held_until)
+    })
+    .await;
+    let status = get(&emu, "late").await.status.unwrap();
+    assert_eq!(
+        (status.phase, status.journal_seq),
+        (Some(Phase::Succeeded), Some(31)),
+        "the late write of record 30 took the MacBuild back"
+    );
+    let late: Vec<u16> = emu
+        .answers()
+        .iter()
+        .filter(|a| a.method == "PATCH" && a.uri.contains("/macbuilds/late/status") && a.at_ms >= held_until)
+        .map(|a| a.code)
+        .collect();
+    assert_eq!(late, [422], "the late write failed its journalSeq test");
+}
+
+/// A timed-out write that the API server applied before the next one: the next write's fence
+/// test fails, the fresh read shows the older record, and the newer snapshot is written over it.
+#[tokio::test]
+async fn a_write_after_a_timed_out_one_that_landed_is_written_again_on_the_fresh_read() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "landed").await;
+    let (c, mb) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb);
+    let client = emu.client();
+    let timeout = Duration::from_millis(300);
+    let mut fence = None;
+    let collecting = claimed_status(&c, Phase::Collecting, "collecting");
+    let written = deliver_once(&client, timeout, &build, &collecting, 29, &mut fence).await;
+    assert_eq!(written.unwrap(), Delivered::Written);
+    assert_eq!(fence, Some(Fence::JournalSeq(29)));
+    emu.hold_writes(tartan_testkit::HeldWrites::status_of(
+        "macbuilds",
+        "ci",
+        "landed",
+        Duration::from_millis(600),
+        1,
+    ));
+    let retiring = claimed_status(&c, Phase::Retiring, "retiring");
+    let lost = deliver_once(&client, timeout, &build, &retiring, 30, &mut fence).await;
+    assert!(lost.unwrap_err().to_string().starts_with("failed: no answer"));
+    assert_eq!(
+        fence,
+        Some(Fence::JournalSeq(29)),
+        "a write without answer teaches nothing"
+    );
+    eventually(
+        "record 30 applied after its timeout",
+        Duration::from_secs(10),
+        || async { get(&emu, "landed").await.status.unwrap().journal_seq == Some(30) },
+    )
+    .await;
+    let mut done = claimed_status(&c, Phase::Succeeded, "2/2 tests passed");
+    done.outcome = Some(tartan_api::Outcome::Succeeded);
+    let written = deliver_once(&client, timeout, &build, &done, 31, &mut fence).await;
+    assert_eq!(written.unwrap(), Delivered::Written);
+    assert_eq!(fence, Some(Fence::JournalSeq(31)));
+    let status = get(&emu, "landed").await.status.unwrap();
+    assert_eq!((status.phase, status.journal_seq), (Some(Phase::Succeeded), Some(31)));
+    let codes: Vec<u16> = emu
+        .answers()
+        .iter()
+        .filter(|a| a.method == "PATCH" && a.uri.contains("/macbuilds/landed/status"))
+        .map(|a| a.code)
+        .collect();
+    // The claim, 29, the held 30, then 31 refused on the fence 29 and written again on 30.
+    assert_eq!(codes, [200, 200, 200, 422, 200]);
 }
 
 /// What the Lease went through while a burst of 200 status writes met a server that serves one

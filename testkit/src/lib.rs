@@ -41,7 +41,8 @@ pub mod real;
 pub mod support;
 
 pub use emulator::{
-    Availability, DenyRule, EmulatorHandle, Faults, FaultsUpdate, Options, Predicate, PredicateOp, Target, start,
+    Availability, DenyRule, EmulatorHandle, Faults, FaultsUpdate, HeldWrites, Options, Predicate, PredicateOp, Target,
+    start,
 };
 pub use real::RealCluster;
 pub use support::{tart_double, wait_for, workspace_bin};

@@ -359,3 +359,73 @@ async fn answers_record_each_request_with_its_status_code() {
     assert!(patch.uri.ends_with("/macbuilds/a/status"), "{patch:?}");
     assert!(patch.at_ms > 1_700_000_000_000, "{patch:?}");
 }
+
+/// A held write is applied after its client gave up, and after a newer write that overtook it;
+/// other objects' writes and all reads go through at once.
+#[tokio::test]
+async fn a_held_write_is_applied_after_its_client_gave_up_and_after_a_newer_write() {
+    let emu = emulator().await;
+    let api = macbuilds(&emu.client(), "default");
+    for name in ["h", "other"] {
+        api.create(&PostParams::default(), &macbuild(name, json!({"image": "x"})))
+            .await
+            .unwrap();
+    }
+    // The test CRD prunes `journalSeq`: the claim's attempt stands for the write's sequence.
+    let status = |seq: u64| Patch::Merge(json!({"status": {"claim": {"holder": "a", "attempt": seq.to_string()}}}));
+    let seq_of = |api: &kube::Api<kube::core::DynamicObject>, name: &'static str| {
+        let api = api.clone();
+        async move {
+            let mb = api.get(name).await.unwrap();
+            mb.data["status"]["claim"]["attempt"]
+                .as_str()
+                .and_then(|s| s.parse::<u64>().ok())
+        }
+    };
+    emu.hold_writes(tartan_testkit::HeldWrites::status_of(
+        "macbuilds",
+        "default",
+        "h",
+        Duration::from_millis(800),
+        1,
+    ));
+    // The client gives up long before the hold ends.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        api.patch_status("h", &PatchParams::default(), &status(30)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the held write answered within 100 ms: {gave_up:?}");
+    assert_eq!(seq_of(&api, "h").await, None, "applied before its hold ended");
+    // The rule held one write: the next one, and another object's, land at once.
+    let t = Instant::now();
+    api.patch_status("h", &PatchParams::default(), &status(31))
+        .await
+        .unwrap();
+    api.patch_status("other", &PatchParams::default(), &status(7))
+        .await
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    assert_eq!(seq_of(&api, "h").await, Some(31));
+    assert_eq!(emu.faults().held_writes[0].count, 0);
+    // Then the held write lands over the newer one, its answer recorded though nobody read it.
+    eventually(10, "the held write applied", || async {
+        (seq_of(&api, "h").await == Some(30)).then_some(())
+    })
+    .await;
+    let patches: Vec<u16> = emu
+        .answers()
+        .iter()
+        .filter(|a| a.method == "PATCH" && a.uri.contains("/macbuilds/h/status"))
+        .map(|a| a.code)
+        .collect();
+    assert_eq!(patches, [200, 200]);
+
+    // Over HTTP, the rule is set the same way.
+    let set = reqwest_like_post(
+        &emu,
+        json!({"heldWrites": [{"resource": "macbuilds", "name": "other", "holdMs": 50, "count": 2}]}),
+    )
+    .await;
+    assert_eq!(set["heldWrites"][0]["count"], json!(2));
+}

@@ -2,9 +2,17 @@
 //! the journal sync, fenced on the claim.
 //!
 //! The write is a JSON patch on the status subresource: `test /metadata/uid`, `test
-//! /status/claim/holder`, `test /status/claim/attempt`, then `replace /status` with the snapshot
-//! (whose `journalSeq` is the record's seq). A stale attempt's write therefore fails its test
-//! (422) and changes nothing.
+//! /status/claim/holder`, `test /status/claim/attempt`, a [`Fence`] test, then `replace /status`
+//! with the snapshot (whose `journalSeq` is the record's seq). A stale attempt's write therefore
+//! fails its test (422) and changes nothing.
+//!
+//! The fence tests that the MacBuild still shows the `journalSeq` this agent last knew it to show
+//! (the one it delivered, or read): a write whose answer was lost (timed out) may still be applied
+//! by the API server later, after a newer write of the same attempt landed, and without the fence
+//! it would take the status back (a terminal status replaced by an older one: the pipeline never
+//! hears the end). With it, that late write fails its test. Before any status was delivered there
+//! is no `journalSeq` to test (and JSON patch cannot test for absence portably), so the first write
+//! tests the resourceVersion read instead.
 //!
 //! Per MacBuild, one worker delivers in order and only the newest submitted snapshot matters: a
 //! newer submission replaces one still waiting, and a snapshot older than one already delivered
@@ -14,9 +22,12 @@
 //! server, where the agent's Lease renewal would wait behind it. A worker waiting out a backoff
 //! holds no permit.
 //!
-//! A 409/422 is resolved by reading the MacBuild again: if the claim is no longer this holder and
-//! attempt, the attempt is stale (*fenced out*): its deliveries stop and it is reported; if the
-//! claim is still ours, the write was refused (an admission policy's `Invalid`), like a 403. A
+//! A 409/422 is resolved by reading the MacBuild again ([`after_refusal`]): if the claim is no
+//! longer this holder and attempt, the attempt is stale (*fenced out*): its deliveries stop and it
+//! is reported; if the MacBuild shows exactly this write, an earlier try landed; if its fence
+//! moved (an earlier try, or a late write, landed since), the snapshot is written again on the
+//! fresh fence — it is the newest this agent has for the build, and only this agent writes under
+//! its claim; if nothing moved, the write was refused (an admission policy's `Invalid`), like a 403. A
 //! refused or failed write is retried with capped exponential backoff and jitter, until it lands,
 //! a newer snapshot replaces it, or the MacBuild is gone.
 
@@ -57,18 +68,98 @@ impl DeliveryConfig {
     }
 }
 
-/// The status write for `snapshot` at journal record `seq`: tests on uid, holder and attempt,
-/// then the whole status. `None` if the snapshot names no claim (it could not be fenced).
-pub fn status_patch(uid: &str, snapshot: &MacBuildStatus, seq: u64) -> Option<JsonPatch> {
-    let claim = snapshot.claim.as_ref()?;
+/// What a status write tests besides the claim: that the MacBuild still shows what this agent last
+/// knew it to show, so a write applied late (after a newer one) fails instead of taking it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// `status.journalSeq` is this.
+    JournalSeq(u64),
+    /// No `status.journalSeq` yet: the object's `metadata.resourceVersion` is this (any write
+    /// since fails the test; the fresh read then gives the next fence).
+    ResourceVersion(String),
+}
+
+impl Fence {
+    /// The fence a write based on the read `mb` tests.
+    pub fn of(mb: &MacBuild) -> Fence {
+        match mb.status.as_ref().and_then(|s| s.journal_seq) {
+            Some(seq) => Fence::JournalSeq(seq),
+            None => Fence::ResourceVersion(mb.metadata.resource_version.clone().unwrap_or_default()),
+        }
+    }
+
+    fn op(&self) -> json_patch::PatchOperation {
+        match self {
+            Fence::JournalSeq(seq) => op_test(&["status", "journalSeq"], json!(seq)),
+            Fence::ResourceVersion(rv) => op_test(&["metadata", "resourceVersion"], json!(rv)),
+        }
+    }
+}
+
+/// The status `snapshot` is written as at journal record `seq`.
+fn written_status(snapshot: &MacBuildStatus, seq: u64) -> MacBuildStatus {
     let mut status = snapshot.clone();
     status.journal_seq = Some(seq);
+    status
+}
+
+/// The status write for `snapshot` at journal record `seq`: tests on uid, holder, attempt and
+/// `fence`, then the whole status. `None` if the snapshot names no claim (it could not be fenced).
+pub fn status_patch(uid: &str, snapshot: &MacBuildStatus, seq: u64, fence: &Fence) -> Option<JsonPatch> {
+    let claim = snapshot.claim.as_ref()?;
     Some(JsonPatch(vec![
         op_test(&["metadata", "uid"], json!(uid)),
         op_test(&["status", "claim", "holder"], json!(claim.holder)),
         op_test(&["status", "claim", "attempt"], json!(claim.attempt)),
-        op_replace(&["status"], json!(status)),
+        fence.op(),
+        op_replace(&["status"], json!(written_status(snapshot, seq))),
     ]))
+}
+
+/// What a 409/422 on a status write means, from the MacBuild read after it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AfterRefusal {
+    /// The MacBuild is gone (or its name belongs to a new MacBuild).
+    Gone,
+    /// The claim is no longer this holder and attempt.
+    FencedOut { now: Option<Claim> },
+    /// The MacBuild shows exactly the status written: an earlier try landed, its answer lost.
+    Landed,
+    /// The fence moved (an earlier try or a late write landed since it was learnt): write again,
+    /// testing this one. Under our claim only this agent writes, and the snapshot being written is
+    /// the newest it has for the build, so writing it over whatever landed is right.
+    Moved(Fence),
+    /// Every test still holds: the write itself was refused (an admission policy's `Invalid`).
+    Refused,
+}
+
+/// The decision after a status write testing `fence` for `written` (the status as sent, under
+/// `claim`) was refused with 409/422, `fresh` the MacBuild read since.
+pub fn after_refusal(
+    fresh: Option<&MacBuild>,
+    uid: &str,
+    claim: &Claim,
+    written: &MacBuildStatus,
+    fence: &Fence,
+) -> AfterRefusal {
+    let Some(fresh) = fresh.filter(|m| m.metadata.uid.as_deref() == Some(uid)) else {
+        return AfterRefusal::Gone;
+    };
+    let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
+    if !now
+        .as_ref()
+        .is_some_and(|c| c.holder == claim.holder && c.attempt == claim.attempt)
+    {
+        return AfterRefusal::FencedOut { now };
+    }
+    // Compared as JSON: what the API returns went through the same encoding as what was sent.
+    if fresh.status.as_ref().map(serde_json::to_value).and_then(Result::ok) == serde_json::to_value(written).ok() {
+        return AfterRefusal::Landed;
+    }
+    match Fence::of(fresh) {
+        now if now != *fence => AfterRefusal::Moved(now),
+        _ => AfterRefusal::Refused,
+    }
 }
 
 /// The wait before try `tries + 1` (after `tries` failed ones): `initial * 2^(tries-1)`, capped at
@@ -105,51 +196,94 @@ pub enum DeliveryError {
     /// It failed on the way (timeout, connection, 5xx, ...).
     #[error("failed: {0}")]
     Failed(CallError),
+    /// The status changed under each of this many writes in a row.
+    #[error("the MacBuild's status changed under {0} writes in a row")]
+    Moving(u32),
     /// The snapshot names no claim to fence the write with; this is a bug in the caller.
     #[error("the snapshot has no claim to fence the write with")]
     NoClaim,
 }
 
-/// One try at writing `snapshot` (as of journal record `seq`) to `build`. Recovery calls it to
-/// redeliver a saved status; the workers call it for every try.
+/// How many times one try writes again on a moved fence before it counts as failed (each time,
+/// something else wrote the status between our read and our write).
+const REFENCES: u32 = 4;
+
+/// One try at writing `snapshot` (as of journal record `seq`) to `build`, testing `fence` (read
+/// first if unknown, and updated with what the try learns). The workers call it for every try.
 pub async fn deliver_once(
     client: &kube::Client,
     api_timeout: Duration,
     build: &BuildRef,
     snapshot: &MacBuildStatus,
     seq: u64,
+    fence: &mut Option<Fence>,
 ) -> Result<Delivered, DeliveryError> {
     let claim = snapshot.claim.as_ref().ok_or(DeliveryError::NoClaim)?;
-    let patch = status_patch(&build.uid, snapshot, seq).ok_or(DeliveryError::NoClaim)?;
+    let written = written_status(snapshot, seq);
     let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
-    crate::crash_point!("status.write.before");
-    let written = timed(
-        api_timeout,
-        api.patch_status(&build.name, &patch_params(), &Patch::Json::<()>(patch)),
-    )
-    .await;
-    crate::crash_point!("status.write.after");
-    match written {
-        Ok(_) => Ok(Delivered::Written),
-        Err(e) if e.is_not_found() => Ok(Delivered::Gone),
-        Err(e) if e.is_precondition() => {
-            // Which test failed, if any, only a fresh read tells.
-            let fresh = match timed(api_timeout, api.get_opt(&build.name)).await {
-                Ok(fresh) => fresh,
-                Err(_) => return Err(DeliveryError::Failed(e)),
-            };
+    let read = async || timed(api_timeout, api.get_opt(&build.name)).await;
+    let mut current = match fence.clone() {
+        Some(f) => f,
+        None => {
+            let fresh = read().await.map_err(DeliveryError::Failed)?;
             let Some(fresh) = fresh.filter(|m| m.metadata.uid.as_deref() == Some(build.uid.as_str())) else {
                 return Ok(Delivered::Gone);
             };
-            let now = fresh.status.and_then(|s| s.claim);
-            match &now {
-                Some(c) if c.holder == claim.holder && c.attempt == claim.attempt => Err(DeliveryError::Refused(e)),
-                _ => Ok(Delivered::FencedOut { now }),
+            let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
+            if !now
+                .as_ref()
+                .is_some_and(|c| c.holder == claim.holder && c.attempt == claim.attempt)
+            {
+                return Ok(Delivered::FencedOut { now });
+            }
+            Fence::of(&fresh)
+        }
+    };
+    *fence = Some(current.clone());
+    for _ in 0..REFENCES {
+        let patch = status_patch(&build.uid, snapshot, seq, &current).ok_or(DeliveryError::NoClaim)?;
+        crate::crash_point!("status.write.before");
+        let result = timed(
+            api_timeout,
+            api.patch_status(&build.name, &patch_params(), &Patch::Json::<()>(patch)),
+        )
+        .await;
+        crate::crash_point!("status.write.after");
+        let e = match result {
+            Ok(_) => {
+                *fence = Some(Fence::JournalSeq(seq));
+                return Ok(Delivered::Written);
+            }
+            Err(e) if e.is_not_found() => return Ok(Delivered::Gone),
+            Err(e) if e.is_precondition() => e,
+            Err(e) if e.code() == Some(403) => return Err(DeliveryError::Refused(e)),
+            // The write may still be applied: the fence stays what it was, so that it then fails
+            // a later write's test, and the fresh read after it says where things stand.
+            Err(e) => return Err(DeliveryError::Failed(e)),
+        };
+        // Which test failed, if any, only a fresh read tells.
+        let fresh = match read().await {
+            Ok(fresh) => fresh,
+            Err(_) => return Err(DeliveryError::Failed(e)),
+        };
+        match after_refusal(fresh.as_ref(), &build.uid, claim, &written, &current) {
+            AfterRefusal::Gone => return Ok(Delivered::Gone),
+            AfterRefusal::FencedOut { now } => return Ok(Delivered::FencedOut { now }),
+            AfterRefusal::Landed => {
+                *fence = Some(Fence::JournalSeq(seq));
+                return Ok(Delivered::Written);
+            }
+            AfterRefusal::Refused => return Err(DeliveryError::Refused(e)),
+            AfterRefusal::Moved(moved) => {
+                tracing::info!(
+                    "status of {build} (record {seq}): the MacBuild changed under the write ({current:?} -> {moved:?}); writing it again"
+                );
+                current = moved;
+                *fence = Some(current.clone());
             }
         }
-        Err(e) if e.code() == Some(403) => Err(DeliveryError::Refused(e)),
-        Err(e) => Err(DeliveryError::Failed(e)),
     }
+    Err(DeliveryError::Moving(REFENCES))
 }
 
 /// Delivery of one MacBuild, as observed through [`DeliveryHandle::progress`].
@@ -178,6 +312,8 @@ struct BuildSlot {
     job: Option<Job>,
     /// The seq being written right now.
     in_flight: Option<u64>,
+    /// What the next write tests (see [`Fence`]); `None` until read or written.
+    fence: Option<Fence>,
     running: bool,
     wake: Arc<Notify>,
     progress: watch::Sender<Progress>,
@@ -188,6 +324,7 @@ impl BuildSlot {
         BuildSlot {
             job: None,
             in_flight: None,
+            fence: None,
             running: false,
             wake: Arc::new(Notify::new()),
             progress: watch::Sender::new(Progress::default()),
@@ -268,6 +405,17 @@ impl DeliveryHandle {
             .subscribe()
     }
 
+    /// Tells delivery what a read of `mb` (at recovery, or the claim's answer) showed, so that its
+    /// first write needs no read of its own. Kept only while nothing fresher is known.
+    pub fn observed(&self, mb: &MacBuild) {
+        let build = BuildRef::of(mb);
+        let mut slots = self.slots.lock().expect("delivery slots lock");
+        let slot = slots.entry(build).or_insert_with(BuildSlot::new);
+        if slot.fence.is_none() {
+            slot.fence = Some(Fence::of(mb));
+        }
+    }
+
     /// The newest seq `build` is known to show.
     pub fn delivered(&self, build: &BuildRef) -> Option<u64> {
         self.progress(build).borrow().delivered
@@ -292,14 +440,14 @@ async fn worker(client: kube::Client, cfg: DeliveryConfig, slots: Slots, permits
         };
         // Take the newest job, or end (under the lock, so a submit either sees us running or
         // starts a new worker).
-        let (job, wake, progress) = {
+        let (job, wake, progress, mut fence) = {
             let mut map = slots.lock().expect("delivery slots lock");
             let Some(slot) = map.get_mut(&build) else { return };
             slot.in_flight = None;
             match slot.job.take() {
                 Some(job) => {
                     slot.in_flight = Some(job.seq);
-                    (job, slot.wake.clone(), slot.progress.clone())
+                    (job, slot.wake.clone(), slot.progress.clone(), slot.fence.clone())
                 }
                 None => {
                     slot.running = false;
@@ -313,8 +461,11 @@ async fn worker(client: kube::Client, cfg: DeliveryConfig, slots: Slots, permits
             .as_ref()
             .map(|c| c.attempt.clone())
             .unwrap_or_default();
-        let result = deliver_once(&client, cfg.api_timeout, &build, &job.snapshot, job.seq).await;
+        let result = deliver_once(&client, cfg.api_timeout, &build, &job.snapshot, job.seq, &mut fence).await;
         drop(permit);
+        if let Some(slot) = slots.lock().expect("delivery slots lock").get_mut(&build) {
+            slot.fence = fence;
+        }
         let put_back = |job: Job| {
             let mut map = slots.lock().expect("delivery slots lock");
             if let Some(slot) = map.get_mut(&build)
@@ -432,20 +583,144 @@ mod tests {
             journal_seq: Some(1),
             ..Default::default()
         };
-        let p = serde_json::to_value(status_patch("uid-1", &snapshot, 120).unwrap()).unwrap();
+        let p = serde_json::to_value(status_patch("uid-1", &snapshot, 120, &Fence::JournalSeq(118)).unwrap()).unwrap();
         assert_eq!(
             p,
             json!([
                 {"op": "test", "path": "/metadata/uid", "value": "uid-1"},
                 {"op": "test", "path": "/status/claim/holder", "value": "mac-mini-07"},
                 {"op": "test", "path": "/status/claim/attempt", "value": "b#2"},
+                {"op": "test", "path": "/status/journalSeq", "value": 118},
                 {"op": "replace", "path": "/status", "value": {
                     "phase": "Running",
                     "claim": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2},
                     "journalSeq": 120}},
             ])
         );
-        assert!(status_patch("uid-1", &MacBuildStatus::default(), 1).is_none());
+        // Before any status was delivered: the resourceVersion read.
+        let p =
+            serde_json::to_value(status_patch("uid-1", &snapshot, 1, &Fence::ResourceVersion("77".into())).unwrap())
+                .unwrap();
+        assert_eq!(
+            p[3],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "77"})
+        );
+        assert!(status_patch("uid-1", &MacBuildStatus::default(), 1, &Fence::JournalSeq(1)).is_none());
+    }
+
+    fn claim(holder: &str, attempt: &str) -> Claim {
+        Claim {
+            holder: holder.into(),
+            attempt: attempt.into(),
+            epoch: 1,
+        }
+    }
+
+    fn build_showing(uid: &str, rv: &str, status: Option<MacBuildStatus>) -> MacBuild {
+        let mut mb = MacBuild::new("b", tartan_api::MacBuildSpec::new("img", vec![]));
+        mb.metadata.uid = Some(uid.into());
+        mb.metadata.resource_version = Some(rv.into());
+        mb.status = status;
+        mb
+    }
+
+    fn status_at(claim: &Claim, phase: Phase, seq: Option<u64>) -> MacBuildStatus {
+        MacBuildStatus {
+            phase: Some(phase),
+            claim: Some(claim.clone()),
+            journal_seq: seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fence_is_the_journal_seq_shown_or_else_the_resource_version() {
+        let c = claim("mac-a", "b#1");
+        assert_eq!(
+            Fence::of(&build_showing("u", "5", Some(status_at(&c, Phase::Running, Some(29))))),
+            Fence::JournalSeq(29)
+        );
+        assert_eq!(
+            Fence::of(&build_showing("u", "5", Some(status_at(&c, Phase::Pending, None)))),
+            Fence::ResourceVersion("5".into())
+        );
+        assert_eq!(
+            Fence::of(&build_showing("u", "6", None)),
+            Fence::ResourceVersion("6".into())
+        );
+    }
+
+    /// The decisions after a refused (409/422) status write of record 31 that tested seq 29.
+    #[test]
+    fn after_a_refusal_the_fresh_read_decides() {
+        let c = claim("mac-a", "b#1");
+        let written = status_at(&c, Phase::Succeeded, Some(31));
+        let fence = Fence::JournalSeq(29);
+        let decide = |fresh: Option<&MacBuild>| after_refusal(fresh, "u", &c, &written, &fence);
+        assert_eq!(decide(None), AfterRefusal::Gone);
+        assert_eq!(
+            decide(Some(&build_showing("other-uid", "9", Some(written.clone())))),
+            AfterRefusal::Gone,
+            "a new MacBuild of that name"
+        );
+        // Another holder or attempt: stale, whatever its journalSeq says.
+        let theirs = claim("mac-b", "b#2");
+        assert_eq!(
+            decide(Some(&build_showing(
+                "u",
+                "9",
+                Some(status_at(&theirs, Phase::Running, Some(3)))
+            ))),
+            AfterRefusal::FencedOut { now: Some(theirs) }
+        );
+        assert_eq!(
+            decide(Some(&build_showing("u", "9", Some(MacBuildStatus::default())))),
+            AfterRefusal::FencedOut { now: None }
+        );
+        // Our write is there (an earlier try's answer was lost).
+        assert_eq!(
+            decide(Some(&build_showing("u", "9", Some(written.clone())))),
+            AfterRefusal::Landed
+        );
+        // An older write of ours landed since (record 30, timed out earlier): write again on it.
+        assert_eq!(
+            decide(Some(&build_showing(
+                "u",
+                "9",
+                Some(status_at(&c, Phase::Retiring, Some(30)))
+            ))),
+            AfterRefusal::Moved(Fence::JournalSeq(30))
+        );
+        // A journalSeq carried over from an earlier holder's journal may be higher than ours: it is
+        // not ours to keep, so it is written over too.
+        assert_eq!(
+            decide(Some(&build_showing(
+                "u",
+                "9",
+                Some(status_at(&c, Phase::Pending, Some(500)))
+            ))),
+            AfterRefusal::Moved(Fence::JournalSeq(500))
+        );
+        // The fence still holds: an admission policy refused the write.
+        assert_eq!(
+            decide(Some(&build_showing(
+                "u",
+                "9",
+                Some(status_at(&c, Phase::Collecting, Some(29)))
+            ))),
+            AfterRefusal::Refused
+        );
+        // Fenced on the resourceVersion (nothing delivered yet): any write since moves it.
+        let rv = Fence::ResourceVersion("9".into());
+        let pending = Some(status_at(&c, Phase::Pending, None));
+        assert_eq!(
+            after_refusal(Some(&build_showing("u", "9", pending.clone())), "u", &c, &written, &rv),
+            AfterRefusal::Refused
+        );
+        assert_eq!(
+            after_refusal(Some(&build_showing("u", "10", pending)), "u", &c, &written, &rv),
+            AfterRefusal::Moved(Fence::ResourceVersion("10".into()))
+        );
     }
 
     #[test]

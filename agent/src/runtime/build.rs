@@ -253,6 +253,7 @@ pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: 
     let timeout = SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds));
     let first = match claim_with_retries(shared, mb, attempt.number, timeout).await {
         Ok(ClaimOutcome::Won { claim, macbuild }) => {
+            shared.delivery.observed(&macbuild);
             let mut core = shared.core.lock().await;
             core.epochs.insert(build.uid.clone(), claim.epoch);
             if let Some(status) = macbuild.status.clone() {

@@ -169,6 +169,7 @@ async fn learn_from_cluster(shared: &Shared, macbuilds: &BTreeMap<String, MacBui
                 && claim.holder == shared.config.agent_id
             {
                 core.epochs.insert(uid.clone(), claim.epoch);
+                shared.delivery.observed(mb);
                 if let Some(seq) = status.journal_seq {
                     core.delivered_before.insert(uid.clone(), seq);
                 }

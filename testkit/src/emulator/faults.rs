@@ -243,6 +243,56 @@ pub struct Faults {
     /// The emulator authenticates nobody, so a request's user is its bearer token.
     #[serde(default)]
     pub partitioned: Vec<String>,
+    /// Writes held before they are applied (see [`HeldWrites`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_writes: Vec<HeldWrites>,
+}
+
+/// Holds the next `count` matching writes (POST, PUT, PATCH, DELETE) for `hold_ms` each, then
+/// applies them whether or not their client still waits: a real apiserver does the same with a
+/// request it has read (queued by API Priority and Fairness, behind a slow etcd, on a replica that
+/// stalled), so a client that timed out and wrote again can see its newer write land first and
+/// the held one after it. Reads are never held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldWrites {
+    /// Resource plural, e.g. `macbuilds`; `None` = any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// `Some("status")` = only the status subresource, `Some("")` = only the main resource, `None` = both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subresource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// How long each held write waits before it is applied.
+    pub hold_ms: u64,
+    /// How many more writes are held; each held write takes one.
+    pub count: u32,
+}
+
+impl HeldWrites {
+    /// Holds the next `count` writes to the status of `namespace/name` of `resource` for `hold`.
+    pub fn status_of(resource: &str, namespace: &str, name: &str, hold: std::time::Duration, count: u32) -> Self {
+        HeldWrites {
+            resource: Some(resource.into()),
+            subresource: Some("status".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            hold_ms: hold.as_millis() as u64,
+            count,
+        }
+    }
+
+    /// Whether a write to `plural`/`subresource` of `namespace/name` is one this rule holds.
+    pub(crate) fn matches(&self, plural: &str, subresource: &str, namespace: &str, name: &str) -> bool {
+        self.count > 0
+            && self.resource.as_deref().is_none_or(|r| r == plural)
+            && self.subresource.as_deref().is_none_or(|s| s == subresource)
+            && self.namespace.as_deref().is_none_or(|n| n == namespace)
+            && self.name.as_deref().is_none_or(|n| n == name)
+    }
 }
 
 impl Faults {
@@ -264,4 +314,5 @@ pub struct FaultsUpdate {
     pub busy_ms: Option<u64>,
     pub watches_stalled: Option<bool>,
     pub partitioned: Option<Vec<String>>,
+    pub held_writes: Option<Vec<HeldWrites>>,
 }

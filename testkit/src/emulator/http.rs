@@ -176,15 +176,55 @@ pub async fn handle(
         Some(q) => format!("{path}?{q}"),
         None => path.clone(),
     };
-    let result = route(
-        &inner,
-        &method,
-        &path,
-        &query,
-        &accept,
-        &content_type,
+    let request = Received {
+        method,
+        path,
+        query,
+        accept,
+        content_type,
         body,
-        user.clone(),
+        user,
+        uri,
+    };
+    let hold = held(&inner, &request.method, &request.path);
+    if let Some(hold) = hold {
+        // The write is applied by a task of its own: a client that gave up (its connection closed,
+        // so hyper drops this future) does not take it back, as it cannot on a real apiserver.
+        let applying = tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            answer(&inner, request).await
+        });
+        return Ok(applying
+            .await
+            .unwrap_or_else(|e| error_response(&ApiError::internal(format!("held write failed: {e}")))));
+    }
+    Ok(answer(&inner, request).await)
+}
+
+/// An API request as read: everything [`route`] needs, owned.
+struct Received {
+    method: Method,
+    path: String,
+    query: Query,
+    accept: String,
+    content_type: String,
+    body: Bytes,
+    user: Option<String>,
+    /// Path and query, for the answers log.
+    uri: String,
+}
+
+/// Routes `r` and records the answer.
+async fn answer(inner: &Arc<Inner>, r: Received) -> Resp {
+    let result = route(
+        inner,
+        &r.method,
+        &r.path,
+        &r.query,
+        &r.accept,
+        &r.content_type,
+        r.body,
+        r.user.clone(),
     )
     .await;
     let response = result.unwrap_or_else(|e| error_response(&e));
@@ -193,12 +233,44 @@ pub async fn handle(
         .map_or(0, |d| d.as_millis() as u64);
     inner.answers.lock().expect("answers lock").push(super::Answer {
         at_ms,
-        method: method.to_string(),
-        uri,
-        user,
+        method: r.method.to_string(),
+        uri: r.uri,
+        user: r.user,
         code: response.status().as_u16(),
     });
-    Ok(response)
+    response
+}
+
+/// How long a write to `path` is held ([`super::faults::HeldWrites`]), taking one from the first
+/// rule that holds it; `None` for reads and writes no rule holds.
+fn held(inner: &Inner, method: &Method, path: &str) -> Option<Duration> {
+    if !matches!(*method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE) {
+        return None;
+    }
+    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segs.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, more @ ..]
+            if !(more.is_empty() && (*plural == "status" || *plural == "finalize")) =>
+        {
+            (*ns, &rest[2..])
+        }
+        _ => ("", rest),
+    };
+    let plural = rest.first()?;
+    let name = rest.get(1).copied().unwrap_or_default();
+    let sub = rest.get(2).copied().unwrap_or_default();
+    let mut st = inner.state.lock().expect("state lock");
+    let rule = st
+        .faults
+        .held_writes
+        .iter_mut()
+        .find(|h| h.matches(plural, sub, namespace, name))?;
+    rule.count -= 1;
+    Some(Duration::from_millis(rule.hold_ms))
 }
 
 #[allow(clippy::too_many_arguments)]

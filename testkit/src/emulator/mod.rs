@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use faults::{Availability, DenyRule, Faults, FaultsUpdate, Predicate, PredicateOp, Target};
+pub use faults::{Availability, DenyRule, Faults, FaultsUpdate, HeldWrites, Predicate, PredicateOp, Target};
 use store::{State, WriteOpts};
 
 /// How to start an emulator.
@@ -156,6 +156,9 @@ impl Inner {
         if let Some(p) = u.partitioned {
             st.faults.partitioned = p;
         }
+        if let Some(h) = u.held_writes {
+            st.faults.held_writes = h;
+        }
         if let Some(a) = u.availability {
             st.faults.availability = a;
             drop(st);
@@ -278,6 +281,18 @@ impl EmulatorHandle {
             partitioned: Some(users.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         });
+    }
+
+    /// Holds matching writes before applying them, even for a client that gave up (see
+    /// [`HeldWrites`]); added to the rules already set.
+    pub fn hold_writes(&self, rule: HeldWrites) {
+        self.inner
+            .state
+            .lock()
+            .expect("state lock")
+            .faults
+            .held_writes
+            .push(rule);
     }
 
     pub fn set_latency(&self, d: Duration) {
