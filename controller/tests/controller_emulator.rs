@@ -668,3 +668,68 @@ async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbui
         assert_eq!(succeeded(&st), ("True".into(), "TestsPassed".into()), "{name}");
     }
 }
+
+/// A finished run deleted and created again under its name while the controller's watches lag:
+/// the label meant for the old run (fenced on its uid) must not hide the new one, which is run
+/// as any other once the watches catch up.
+#[tokio::test]
+async fn a_run_created_again_under_a_finished_runs_name_is_never_hidden() {
+    let mut h = harness().await;
+    let mut args = h.args();
+    args.finished_label_after = Duration::from_secs(4);
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let old = h.create_run("again", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("again").await.unwrap() }).await;
+    h.agent_writes(
+        "again",
+        json!({"phase": "Succeeded", "claim": claim(),
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+    )
+    .await;
+    wait_reason(&h, "again", "True", "TestsPassed").await;
+    // The controller's caches stop here: it still sees the old run, due its label in 4 s.
+    let mut faults = h.emu.faults();
+    faults.watches_stalled = true;
+    h.emu.set_faults(faults.clone());
+    let from = h.emu.answers().len();
+    h.runs().delete("again", &Default::default()).await.unwrap();
+    eventually("the old MacBuild collected", || async {
+        h.builds().get_opt("again").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let new = h.create_run("again", json!({})).await;
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+    // The label meant for the old run reaches the new one, and its uid test refuses it.
+    eventually("the old run's label refused", || async {
+        h.emu.answers()[from..]
+            .iter()
+            .any(|a| a.method == "PATCH" && a.uri.contains("/customruns/again") && a.code == 422)
+            .then_some(())
+    })
+    .await;
+    faults.watches_stalled = false;
+    h.emu.set_faults(faults);
+    let mb = eventually("the new run's MacBuild", || async { h.builds().get_opt("again").await.unwrap() }).await;
+    assert_eq!(
+        mb.metadata.owner_references.unwrap()[0].uid,
+        new.metadata.uid.clone().unwrap()
+    );
+    wait_reason(&h, "again", "Unknown", "Pending").await;
+    let run = h.runs().get("again").await.unwrap();
+    assert!(
+        !run.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL),
+        "the new, unfinished run was labelled finished"
+    );
+    // And it finishes and is labelled as any other.
+    h.agent_writes(
+        "again",
+        json!({"phase": "Succeeded", "claim": {"holder": "agent-a", "attempt": "again#1", "epoch": 1},
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:56:00Z"}]}),
+    )
+    .await;
+    wait_reason(&h, "again", "True", "TestsPassed").await;
+    wait_marked_finished_within(&h, "again", Duration::from_secs(30)).await;
+}
