@@ -711,7 +711,10 @@ async fn a_run_created_again_under_a_finished_runs_name_is_never_hidden() {
     .await;
     faults.watches_stalled = false;
     h.emu.set_faults(faults);
-    let mb = eventually("the new run's MacBuild", || async { h.builds().get_opt("again").await.unwrap() }).await;
+    let mb = eventually("the new run's MacBuild", || async {
+        h.builds().get_opt("again").await.unwrap()
+    })
+    .await;
     assert_eq!(
         mb.metadata.owner_references.unwrap()[0].uid,
         new.metadata.uid.clone().unwrap()
@@ -732,4 +735,94 @@ async fn a_run_created_again_under_a_finished_runs_name_is_never_hidden() {
     .await;
     wait_reason(&h, "again", "True", "TestsPassed").await;
     wait_marked_finished_within(&h, "again", Duration::from_secs(30)).await;
+}
+
+/// The finished label removed by hand (from the run, then from its MacBuild): the run comes back
+/// into the watch and is labelled again, with no status write and no Event; a MacBuild that
+/// comes back alone is left as it is.
+#[tokio::test]
+async fn a_finished_label_removed_by_hand_is_put_back_with_nothing_else_written() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    h.create_run("unlabelled", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("unlabelled").await.unwrap() }).await;
+    h.agent_writes(
+        "unlabelled",
+        json!({"phase": "Succeeded", "claim": claim(),
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+    )
+    .await;
+    let st = wait_reason(&h, "unlabelled", "True", "TestsPassed").await;
+    wait_marked_finished(&h, "unlabelled").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client.clone(), NS);
+    let about_run = || async {
+        let mut reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unlabelled"))
+            .filter_map(|e| e.reason)
+            .collect();
+        reasons.sort();
+        reasons
+    };
+    let published = eventually("the run's Events", || async {
+        let r = about_run().await;
+        r.iter().any(|x| x == "TestsPassed").then_some(r)
+    })
+    .await;
+
+    let unlabel = Patch::Json::<()>(
+        serde_json::from_value(json!([{"op": "remove", "path": "/metadata/labels/tartan.dev~1finished"}])).unwrap(),
+    );
+    // The run, with a cancel patched onto it meanwhile (its generation moves on: one status
+    // write of observedGeneration, nothing else).
+    let from = h.emu.requests().len();
+    h.runs()
+        .patch("unlabelled", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    h.runs()
+        .patch(
+            "unlabelled",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
+        )
+        .await
+        .unwrap();
+    wait_marked_finished(&h, "unlabelled").await;
+    let after = h.status("unlabelled").await.unwrap();
+    assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
+    assert_eq!(after.results, st.results);
+    assert_eq!(after.completion_time, st.completion_time);
+    assert!(!h.builds().get("unlabelled").await.unwrap().spec.cancel_requested);
+
+    // The MacBuild alone: its run stays out of the watch, so nothing is owed and nothing written.
+    h.builds()
+        .patch("unlabelled", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    // A run created after that, handled, shows the controller has seen the MacBuild come back.
+    h.create_run("after-unlabel", json!({})).await;
+    wait_reason(&h, "after-unlabel", "Unknown", "Pending").await;
+    let writes: Vec<String> = h.emu.requests()[from..]
+        .iter()
+        .filter(|r| r.contains("ua=tartan-controller") && !r.starts_with("GET"))
+        .filter(|r| r.contains("/unlabelled"))
+        .cloned()
+        .collect();
+    assert!(
+        writes.iter().all(|w| w.starts_with("PATCH")
+            && (w.contains("/customruns/unlabelled?") || w.contains("/customruns/unlabelled/status?"))),
+        "{writes:#?}"
+    );
+    assert!(
+        !writes.iter().any(|w| w.contains("/macbuilds/")),
+        "the MacBuild written again: {writes:#?}"
+    );
+    assert_eq!(about_run().await, published, "Events published again");
 }
