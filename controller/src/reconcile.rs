@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tartan_api::{CONTROLLER_FIELD_MANAGER, MacBuild};
+use tartan_api::{CONTROLLER_FIELD_MANAGER, FINISHED_LABEL, MacBuild};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -311,7 +311,8 @@ impl Ctx {
     /// Labels a finished run's MacBuild, then the run, [`tartan_api::FINISHED_LABEL`]: the watches select
     /// only unfinished objects, so neither is cached or listed again, by this process or after a
     /// restart. The MacBuild first, because a labelled run is never reconciled again. A MacBuild
-    /// that is gone, not this run's, or refuses the patch is left as it is (it only stays cached).
+    /// that is gone, not this run's, or refuses the patch is left as it is (it only stays cached);
+    /// so is a run that refuses it, but for an error the reconcile retries.
     async fn mark_finished(&self, run: &CustomRun, ns: &str, name: &str, target: &str) -> Result<(), Error> {
         let t = self.api_timeout;
         let pp = PatchParams {
@@ -341,7 +342,7 @@ impl Ctx {
             .await?
             {
                 Ok(written) => self.cache.own_builds.remember(cached_rv, written),
-                Err(e) if matches!(api_code(&e), Some(404 | 409 | 422)) => {
+                Err(e) if matches!(api_code(&e), Some(403 | 404 | 409 | 422)) => {
                     tracing::debug!(customrun = %target, "MacBuild not labelled finished ({e}); it stays in the cache");
                 }
                 Err(e) => return Err(kube_err("labelling MacBuild finished", target, e)),
@@ -360,7 +361,20 @@ impl Ctx {
         .await?
         {
             Ok(written) => self.cache.own_runs.remember(cached_rv, written),
-            Err(e) if api_code(&e) == Some(404) => {}
+            // Gone, or created again under its name (the uid test fails): the new one is
+            // reconciled on its own events.
+            Err(e) if matches!(api_code(&e), Some(404 | 422)) => {
+                tracing::debug!(customrun = %target, "CustomRun not labelled finished ({e})");
+            }
+            // Not allowed (RBAC without `patch` on customruns, or an admission policy): the run
+            // stays in the watch as before the label, instead of being refused every 5 s for good.
+            Err(e) if api_code(&e) == Some(403) => {
+                warn!(
+                    customrun = %target,
+                    "CustomRun not labelled {FINISHED_LABEL}: {e}; it stays in the controller's watch and is listed \
+                     at each start; grant the controller `patch` on customruns (deploy/rbac.yaml)"
+                );
+            }
             Err(e) => return Err(kube_err("labelling CustomRun finished", target, e)),
         }
         Ok(())

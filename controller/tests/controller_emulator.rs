@@ -826,3 +826,55 @@ async fn a_finished_label_removed_by_hand_is_put_back_with_nothing_else_written(
     );
     assert_eq!(about_run().await, published, "Events published again");
 }
+
+/// A controller whose RBAC lacks `patch` on customruns (a release's image applied without its
+/// RBAC): the refused label leaves the run in the watch, as before the label existed, instead of
+/// retrying it every 5 s for good, each finished run one refused PATCH and a warning per turn.
+#[tokio::test]
+async fn a_refused_finished_label_is_not_retried() {
+    let mut h = harness().await;
+    // Each run due its label 8 s after it finished: the second run's label, asked after the
+    // first run's was refused, comes after the 5 s retry of a failed reconcile would have.
+    let mut args = h.args();
+    args.finished_label_after = Duration::from_secs(8);
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    h.emu.add_deny_rule(
+        tartan_testkit::DenyRule::new("no-customrun-patch")
+            .operations(&["UPDATE"])
+            .resource("tekton.dev", "customruns")
+            .subresource("")
+            .forbidden(),
+    );
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let label_patches = |name: &str| {
+        let uri = format!("/customruns/{name}?");
+        h.emu
+            .answers()
+            .iter()
+            .filter(|a| a.method == "PATCH" && a.uri.contains(&uri))
+            .map(|a| a.code)
+            .collect::<Vec<u16>>()
+    };
+    for name in ["refused-a", "refused-b"] {
+        h.create_run(name, json!({})).await;
+        eventually("MacBuild", || async { h.builds().get_opt(name).await.unwrap() }).await;
+        h.agent_writes(
+            name,
+            json!({"phase": "Succeeded", "claim": {"holder": "agent-a", "attempt": format!("{name}#1"), "epoch": 1},
+                   "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+                   "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+        )
+        .await;
+        wait_reason(&h, name, "True", "TestsPassed").await;
+        eventually_within(Duration::from_secs(30), "the label refused", || async {
+            (!label_patches(name).is_empty()).then_some(())
+        })
+        .await;
+    }
+    // Twice at most: its MacBuild's label takes it out of that watch, which asks for the run again.
+    let tried = label_patches("refused-a");
+    assert!(
+        tried.len() <= 2 && tried.iter().all(|c| *c == 403),
+        "the refused label was tried again: {tried:?}"
+    );
+}
