@@ -132,8 +132,14 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> OwnWrites<K> {
     /// finished label): the cache never shows it again, so `fresher` would never drop it.
     /// Called on each watch event after the cache applied it.
     pub fn forget_departed(&self, event: &watcher::Event<K>) {
-        if let watcher::Event::Delete(gone) = event {
-            self.forget(&ObjectRef::from_obj(gone));
+        match event {
+            watcher::Event::Delete(gone) => self.forget(&ObjectRef::from_obj(gone)),
+            // A list again (the watch fell behind) reports no deletion: what it left out is gone.
+            watcher::Event::InitDone => {
+                let mut written = self.written.lock().expect("own-writes lock");
+                written.retain(|key, (seen, _)| seen.is_none() || self.cache.get(key).is_some());
+            }
+            _ => {}
         }
     }
 
@@ -875,6 +881,15 @@ mod tests {
         own.remember(Some("20".into()), (*run_at("21", "Succeeded")).clone());
         assert!(own.is_empty(), "kept though the run had left the watch already");
         assert!(own.fresher(&key, None).is_none());
+
+        // A list again that leaves it out (it left while the watch was behind).
+        let (store, mut writer) = cache_of(&[run_at("40", "Succeeded")]);
+        let own = OwnWrites::<CustomRun>::new(store);
+        own.remember(Some("40".into()), (*run_at("41", "Succeeded")).clone());
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        own.forget_departed(&watcher::Event::InitDone);
+        assert!(own.is_empty(), "kept after a list without it");
 
         // Other events keep it until the cache shows it.
         let (store, mut writer) = cache_of(&[run_at("30", "Running")]);
