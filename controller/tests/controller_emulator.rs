@@ -457,6 +457,38 @@ async fn timeout_with_an_expired_holder_lease_ends_unconfirmed_and_requests_dele
         "deletion requested, held by the agent's finalizer"
     );
     assert!(mb.spec.cancel_requested);
+
+    // Labelled finished while the agent still holds its VM: the MacBuild leaves the controller's
+    // watch, and the agent's return (cleanup confirmed, finalizer released) is the agent's
+    // business alone: the run's terminal status, said once, stays as it is.
+    wait_marked_finished(&h, "slow").await;
+    let from = h.emu.requests().len();
+    h.agent_writes(
+        "slow",
+        json!({"phase": "Cancelled", "outcome": "Cancelled", "conditions": [vm_deleted("True")]}),
+    )
+    .await;
+    h.builds()
+        .patch(
+            "slow",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually("the MacBuild gone", || async {
+        h.builds().get_opt("slow").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    h.create_run("after-slow", json!({})).await;
+    wait_reason(&h, "after-slow", "Unknown", "Pending").await;
+    assert_eq!(h.status("slow").await.unwrap(), st);
+    let about_slow: Vec<String> = h.emu.requests()[from..]
+        .iter()
+        .filter(|r| r.contains("ua=tartan-controller") && r.contains("/slow"))
+        .cloned()
+        .collect();
+    assert!(about_slow.is_empty(), "{about_slow:#?}");
 }
 
 #[tokio::test]
