@@ -910,3 +910,36 @@ async fn a_refused_finished_label_is_not_retried() {
         "the refused label was tried again: {tried:?}"
     );
 }
+
+/// A CustomRun created with the finished label (its PipelineRun's labels, or a finished run's
+/// YAML created again) is out of the watch and never run, as docs/upgrading.md says; removing
+/// the label brings it in, and it runs.
+#[tokio::test]
+async fn a_run_created_with_the_finished_label_runs_once_the_label_is_removed() {
+    let mut h = harness().await;
+    h.start_controller();
+    let run: CustomRun = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": "born-finished", "labels": {FINISHED_LABEL: "true"}},
+        "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+                 "params": [{"name": "image", "value": "img"}, {"name": "steps", "value": ["make"]}]},
+    }))
+    .unwrap();
+    h.runs().create(&PostParams::default(), &run).await.unwrap();
+    // A run created after it is handled: the controller has had its chance at the first.
+    h.create_run("witness", json!({})).await;
+    wait_reason(&h, "witness", "Unknown", "Pending").await;
+    assert!(h.builds().get_opt("born-finished").await.unwrap().is_none());
+    assert!(h.status("born-finished").await.is_none_or(|s| s.conditions.is_empty()));
+
+    let unlabel = Patch::Json::<()>(
+        serde_json::from_value(json!([{"op": "remove", "path": "/metadata/labels/tartan.dev~1finished"}])).unwrap(),
+    );
+    h.runs()
+        .patch("born-finished", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    wait_reason(&h, "born-finished", "Unknown", "Pending").await;
+    let mb = h.builds().get("born-finished").await.unwrap();
+    assert!(!mb.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL));
+}
