@@ -18,13 +18,14 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tartan_api::{CONTROLLER_FIELD_MANAGER, MacBuild};
+use tartan_api::{CONTROLLER_FIELD_MANAGER, FINISHED_LABEL, MacBuild};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -47,8 +48,9 @@ pub struct Caches {
     pub runs: Store<CustomRun>,
     pub builds: Store<MacBuild>,
     pub leases: Store<Lease>,
-    pub own_runs: OwnWrites<CustomRun>,
-    pub own_builds: OwnWrites<MacBuild>,
+    /// Shared with the watches, which drop what left them ([`OwnWrites::forget_departed`]).
+    pub own_runs: Arc<OwnWrites<CustomRun>>,
+    pub own_builds: Arc<OwnWrites<MacBuild>>,
     /// The MacBuild and Lease caches have listed once.
     pub ready: CachesReady,
 }
@@ -57,11 +59,11 @@ impl Caches {
     pub fn new(runs: Store<CustomRun>, builds: Store<MacBuild>, leases: Store<Lease>) -> Caches {
         Caches {
             ready: caches_ready(builds.clone(), leases.clone()),
+            own_runs: Arc::new(OwnWrites::new(runs.clone())),
+            own_builds: Arc::new(OwnWrites::new(builds.clone())),
             runs,
             builds,
             leases,
-            own_runs: OwnWrites::default(),
-            own_builds: OwnWrites::default(),
         }
     }
 }
@@ -73,22 +75,23 @@ const OWN_WRITES_MAX: usize = 4096;
 /// The objects our own writes returned, each with the resourceVersion the cache showed when
 /// we wrote (`None`: absent). While the cache still shows that version it has not seen our
 /// write, and the written object is the fresher; once it moves on, the cache is.
-pub struct OwnWrites<K: Resource<DynamicType = ()>> {
+pub struct OwnWrites<K: Resource<DynamicType = ()> + 'static> {
     written: Mutex<HashMap<ObjectRef<K>, Written<K>>>,
+    /// The watch cache our writes are compared with.
+    cache: Store<K>,
 }
 
 /// The resourceVersion the cache showed when we wrote, and what the API answered.
 type Written<K> = (Option<String>, Arc<K>);
 
-impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
-    fn default() -> Self {
+impl<K: Resource<DynamicType = ()> + Clone + 'static> OwnWrites<K> {
+    pub fn new(cache: Store<K>) -> Self {
         OwnWrites {
             written: Mutex::new(HashMap::new()),
+            cache,
         }
     }
-}
 
-impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
     /// The fresher of `cached` (what the cache holds for `key`) and our last write of it.
     pub fn fresher(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>) -> Option<Arc<K>> {
         let mut written = self.written.lock().expect("own-writes lock");
@@ -103,17 +106,50 @@ impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
         }
     }
 
-    /// Records `ours`, just written while the cache showed `cached_rv`.
+    /// Records `ours`, just written while the cache showed `cached_rv`; not when the cache has
+    /// moved on already (it saw our write, or the write took the object out of the watch: the
+    /// finished label), since nothing would ever read or drop that entry.
     pub fn remember(&self, cached_rv: Option<String>, ours: K) {
+        let key = ObjectRef::from_obj(&ours);
+        // Under the lock: a departure applied to the cache after this check is forgotten after
+        // this insert (`forget_departed` runs once the cache has applied it).
         let mut written = self.written.lock().expect("own-writes lock");
+        if rv_in(&self.cache, &key) != cached_rv {
+            written.remove(&key);
+            return;
+        }
         if written.len() >= OWN_WRITES_MAX {
             written.clear();
         }
-        written.insert(ObjectRef::from_obj(&ours), (cached_rv, Arc::new(ours)));
+        written.insert(key, (cached_rv, Arc::new(ours)));
     }
 
     pub fn forget(&self, key: &ObjectRef<K>) {
         self.written.lock().expect("own-writes lock").remove(key);
+    }
+
+    /// Drops our write of an object its watch reports gone, deleted or no longer selected (the
+    /// finished label): the cache never shows it again, so `fresher` would never drop it.
+    /// Called on each watch event after the cache applied it.
+    pub fn forget_departed(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Delete(gone) => self.forget(&ObjectRef::from_obj(gone)),
+            // A list again (the watch fell behind) reports no deletion: what it left out is gone.
+            watcher::Event::InitDone => {
+                let mut written = self.written.lock().expect("own-writes lock");
+                written.retain(|key, (seen, _)| seen.is_none() || self.cache.get(key).is_some());
+            }
+            _ => {}
+        }
+    }
+
+    /// How many writes are kept.
+    pub fn len(&self) -> usize {
+        self.written.lock().expect("own-writes lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -281,7 +317,8 @@ impl Ctx {
     /// Labels a finished run's MacBuild, then the run, [`tartan_api::FINISHED_LABEL`]: the watches select
     /// only unfinished objects, so neither is cached or listed again, by this process or after a
     /// restart. The MacBuild first, because a labelled run is never reconciled again. A MacBuild
-    /// that is gone, not this run's, or refuses the patch is left as it is (it only stays cached).
+    /// that is gone, not this run's, or refuses the patch is left as it is (it only stays cached);
+    /// so is a run that refuses it, but for an error the reconcile retries.
     async fn mark_finished(&self, run: &CustomRun, ns: &str, name: &str, target: &str) -> Result<(), Error> {
         let t = self.api_timeout;
         let pp = PatchParams {
@@ -311,7 +348,7 @@ impl Ctx {
             .await?
             {
                 Ok(written) => self.cache.own_builds.remember(cached_rv, written),
-                Err(e) if matches!(api_code(&e), Some(404 | 409 | 422)) => {
+                Err(e) if matches!(api_code(&e), Some(403 | 404 | 409 | 422)) => {
                     tracing::debug!(customrun = %target, "MacBuild not labelled finished ({e}); it stays in the cache");
                 }
                 Err(e) => return Err(kube_err("labelling MacBuild finished", target, e)),
@@ -330,7 +367,20 @@ impl Ctx {
         .await?
         {
             Ok(written) => self.cache.own_runs.remember(cached_rv, written),
-            Err(e) if api_code(&e) == Some(404) => {}
+            // Gone, or created again under its name (the uid test fails): the new one is
+            // reconciled on its own events.
+            Err(e) if matches!(api_code(&e), Some(404 | 422)) => {
+                tracing::debug!(customrun = %target, "CustomRun not labelled finished ({e})");
+            }
+            // Not allowed (RBAC without `patch` on customruns, or an admission policy): the run
+            // stays in the watch as before the label, instead of being refused every 5 s for good.
+            Err(e) if api_code(&e) == Some(403) => {
+                warn!(
+                    customrun = %target,
+                    "CustomRun not labelled {FINISHED_LABEL}: {e}; it stays in the controller's watch and is listed \
+                     at each start; grant the controller `patch` on customruns (deploy/rbac.yaml)"
+                );
+            }
             Err(e) => return Err(kube_err("labelling CustomRun finished", target, e)),
         }
         Ok(())
@@ -760,12 +810,24 @@ mod tests {
         assert_eq!(woke, vec![true; 16]);
     }
 
+    /// A store (the watch cache) and its writer, holding `objects`.
+    fn cache_of(objects: &[Arc<CustomRun>]) -> (Store<CustomRun>, kube::runtime::reflector::store::Writer<CustomRun>) {
+        let (store, mut writer) = kube::runtime::reflector::store::<CustomRun>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for o in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply((**o).clone()));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        (store, writer)
+    }
+
     #[test]
     fn our_own_write_is_read_until_the_cache_shows_it() {
         let rv = |r: Option<Arc<CustomRun>>| r.and_then(|r| r.metadata.resource_version.clone());
-        let own = OwnWrites::<CustomRun>::default();
-        let key = ObjectRef::new("r").within("ci");
         let cached = run_at("10", "Pending");
+        let (store, _writer) = cache_of(std::slice::from_ref(&cached));
+        let own = OwnWrites::<CustomRun>::new(store);
+        let key = ObjectRef::new("r").within("ci");
         assert_eq!(
             rv(own.fresher(&key, Some(cached.clone()))).as_deref(),
             Some("10"),
@@ -789,9 +851,54 @@ mod tests {
             "forgotten once the cache moved"
         );
         // A created object the cache has not listed yet.
-        let created = OwnWrites::<CustomRun>::default();
+        let created = OwnWrites::<CustomRun>::new(cache_of(&[]).0);
         created.remember(None, (*run_at("5", "Pending")).clone());
         assert_eq!(rv(created.fresher(&key, None)).as_deref(), Some("5"));
+    }
+
+    /// Found by the adversary review of the finished label: the label's write takes the run
+    /// (and its MacBuild) out of its watch, so the cache never showed another version, no
+    /// reconcile of it called `fresher` again, and our write stayed: every labelled run left its
+    /// CustomRun and MacBuild, untrimmed, in the overlay until 4,096 piled up, and then the whole
+    /// overlay went, live runs' entries with it.
+    #[test]
+    fn a_write_that_takes_the_object_out_of_its_watch_is_not_kept() {
+        let key = ObjectRef::new("r").within("ci");
+        // The watch's DELETED (the selector no longer matches) comes after the API's answer...
+        let (store, mut writer) = cache_of(&[run_at("10", "Succeeded")]);
+        let own = OwnWrites::<CustomRun>::new(store);
+        own.remember(Some("10".into()), (*run_at("11", "Succeeded")).clone());
+        assert_eq!(own.len(), 1, "the cache has not seen the label yet");
+        let left = watcher::Event::Delete((*run_at("11", "Succeeded")).clone());
+        writer.apply_watcher_event(&left);
+        own.forget_departed(&left);
+        assert!(own.is_empty(), "kept after the run left the watch");
+
+        // ... or before it.
+        let (store, mut writer) = cache_of(&[run_at("20", "Succeeded")]);
+        let own = OwnWrites::<CustomRun>::new(store);
+        writer.apply_watcher_event(&watcher::Event::Delete((*run_at("21", "Succeeded")).clone()));
+        own.remember(Some("20".into()), (*run_at("21", "Succeeded")).clone());
+        assert!(own.is_empty(), "kept though the run had left the watch already");
+        assert!(own.fresher(&key, None).is_none());
+
+        // A list again that leaves it out (it left while the watch was behind).
+        let (store, mut writer) = cache_of(&[run_at("40", "Succeeded")]);
+        let own = OwnWrites::<CustomRun>::new(store);
+        own.remember(Some("40".into()), (*run_at("41", "Succeeded")).clone());
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        own.forget_departed(&watcher::Event::InitDone);
+        assert!(own.is_empty(), "kept after a list without it");
+
+        // Other events keep it until the cache shows it.
+        let (store, mut writer) = cache_of(&[run_at("30", "Running")]);
+        let own = OwnWrites::<CustomRun>::new(store);
+        own.remember(Some("30".into()), (*run_at("31", "Running")).clone());
+        let other = watcher::Event::Apply((*run_at("30", "Running")).clone());
+        writer.apply_watcher_event(&other);
+        own.forget_departed(&other);
+        assert_eq!(own.len(), 1);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use futures::{FutureExt as _, StreamExt as _};
+use futures::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
 use kube::client::ClientBuilder;
@@ -442,6 +442,10 @@ fn controllers(
             };
         // One watch per kind, each feeding a trimmed cache and the controller's triggers.
         let (run_store, run_writer) = reflector::store();
+        let (build_store, build_writer) = reflector::store();
+        let (lease_store, lease_writer) = reflector::store();
+        let cache = Caches::new(run_store.clone(), build_store, lease_store);
+        let (own_runs, own_builds) = (cache.own_runs.clone(), cache.own_builds.clone());
         // Finished runs and their MacBuilds carry a label (`Ctx::mark_finished`) that keeps
         // them out of these watches: what is listed after a restart is only what has work.
         // Listed at resourceVersion 0 with no page size (kube sends no resourceVersion with a
@@ -452,18 +456,19 @@ fn controllers(
             page_size: None,
             ..watcher::Config::default().any_semantic().labels(UNFINISHED_SELECTOR)
         };
+        // What leaves a watch (the finished label, a deletion) leaves our own writes too.
         let run_events = watcher(runs, unfinished.clone())
             .default_backoff()
             .modify(trim_customrun)
             .reflect(run_writer)
+            .inspect_ok(move |e| own_runs.forget_departed(e))
             .applied_objects();
-        let (build_store, build_writer) = reflector::store();
         let build_events = watcher(builds, unfinished)
             .default_backoff()
             .modify(trim_macbuild)
             .reflect(build_writer)
+            .inspect_ok(move |e| own_builds.forget_departed(e))
             .touched_objects();
-        let (lease_store, lease_writer) = reflector::store();
         let lease_events = watcher(leases, watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(trim_lease)
@@ -477,7 +482,7 @@ fn controllers(
             api_timeout: args.api_timeout,
             events,
             metrics: metrics.clone(),
-            cache: Caches::new(run_store.clone(), build_store, lease_store),
+            cache,
         });
         let scope = ns.clone().unwrap_or_else(|| "all namespaces".into());
         info!(namespace = %scope, concurrency = args.concurrency, "watching CustomRuns");

@@ -457,6 +457,38 @@ async fn timeout_with_an_expired_holder_lease_ends_unconfirmed_and_requests_dele
         "deletion requested, held by the agent's finalizer"
     );
     assert!(mb.spec.cancel_requested);
+
+    // Labelled finished while the agent still holds its VM: the MacBuild leaves the controller's
+    // watch, and the agent's return (cleanup confirmed, finalizer released) is the agent's
+    // business alone: the run's terminal status, said once, stays as it is.
+    wait_marked_finished(&h, "slow").await;
+    let from = h.emu.requests().len();
+    h.agent_writes(
+        "slow",
+        json!({"phase": "Cancelled", "outcome": "Cancelled", "conditions": [vm_deleted("True")]}),
+    )
+    .await;
+    h.builds()
+        .patch(
+            "slow",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually("the MacBuild gone", || async {
+        h.builds().get_opt("slow").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    h.create_run("after-slow", json!({})).await;
+    wait_reason(&h, "after-slow", "Unknown", "Pending").await;
+    assert_eq!(h.status("slow").await.unwrap(), st);
+    let about_slow: Vec<String> = h.emu.requests()[from..]
+        .iter()
+        .filter(|r| r.contains("ua=tartan-controller") && r.contains("/slow"))
+        .cloned()
+        .collect();
+    assert!(about_slow.is_empty(), "{about_slow:#?}");
 }
 
 #[tokio::test]
@@ -667,4 +699,247 @@ async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbui
         let st = h.status(name).await.unwrap();
         assert_eq!(succeeded(&st), ("True".into(), "TestsPassed".into()), "{name}");
     }
+}
+
+/// A finished run deleted and created again under its name while the controller's watches lag:
+/// the label meant for the old run (fenced on its uid) must not hide the new one, which is run
+/// as any other once the watches catch up.
+#[tokio::test]
+async fn a_run_created_again_under_a_finished_runs_name_is_never_hidden() {
+    let mut h = harness().await;
+    let mut args = h.args();
+    args.finished_label_after = Duration::from_secs(4);
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let old = h.create_run("again", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("again").await.unwrap() }).await;
+    h.agent_writes(
+        "again",
+        json!({"phase": "Succeeded", "claim": claim(),
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+    )
+    .await;
+    wait_reason(&h, "again", "True", "TestsPassed").await;
+    // The controller's caches stop here: it still sees the old run, due its label in 4 s.
+    let mut faults = h.emu.faults();
+    faults.watches_stalled = true;
+    h.emu.set_faults(faults.clone());
+    let from = h.emu.answers().len();
+    h.runs().delete("again", &Default::default()).await.unwrap();
+    eventually("the old MacBuild collected", || async {
+        h.builds().get_opt("again").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let new = h.create_run("again", json!({})).await;
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+    // The label meant for the old run reaches the new one, and its uid test refuses it.
+    eventually("the old run's label refused", || async {
+        h.emu.answers()[from..]
+            .iter()
+            .any(|a| a.method == "PATCH" && a.uri.contains("/customruns/again") && a.code == 422)
+            .then_some(())
+    })
+    .await;
+    faults.watches_stalled = false;
+    h.emu.set_faults(faults);
+    let mb = eventually("the new run's MacBuild", || async {
+        h.builds().get_opt("again").await.unwrap()
+    })
+    .await;
+    assert_eq!(
+        mb.metadata.owner_references.unwrap()[0].uid,
+        new.metadata.uid.clone().unwrap()
+    );
+    wait_reason(&h, "again", "Unknown", "Pending").await;
+    let run = h.runs().get("again").await.unwrap();
+    assert!(
+        !run.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL),
+        "the new, unfinished run was labelled finished"
+    );
+    // And it finishes and is labelled as any other.
+    h.agent_writes(
+        "again",
+        json!({"phase": "Succeeded", "claim": {"holder": "agent-a", "attempt": "again#1", "epoch": 1},
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:56:00Z"}]}),
+    )
+    .await;
+    wait_reason(&h, "again", "True", "TestsPassed").await;
+    wait_marked_finished_within(&h, "again", Duration::from_secs(30)).await;
+}
+
+/// The finished label removed by hand (from the run, then from its MacBuild): the run comes back
+/// into the watch and is labelled again, with no status write and no Event; a MacBuild that
+/// comes back alone is left as it is.
+#[tokio::test]
+async fn a_finished_label_removed_by_hand_is_put_back_with_nothing_else_written() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    h.create_run("unlabelled", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("unlabelled").await.unwrap() }).await;
+    h.agent_writes(
+        "unlabelled",
+        json!({"phase": "Succeeded", "claim": claim(),
+               "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+               "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+    )
+    .await;
+    let st = wait_reason(&h, "unlabelled", "True", "TestsPassed").await;
+    wait_marked_finished(&h, "unlabelled").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client.clone(), NS);
+    let about_run = || async {
+        let mut reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unlabelled"))
+            .filter_map(|e| e.reason)
+            .collect();
+        reasons.sort();
+        reasons
+    };
+    let published = eventually("the run's Events", || async {
+        let r = about_run().await;
+        r.iter().any(|x| x == "TestsPassed").then_some(r)
+    })
+    .await;
+
+    let unlabel = Patch::Json::<()>(
+        serde_json::from_value(json!([{"op": "remove", "path": "/metadata/labels/tartan.dev~1finished"}])).unwrap(),
+    );
+    // The run, with a cancel patched onto it meanwhile (its generation moves on: one status
+    // write of observedGeneration, nothing else).
+    let from = h.emu.requests().len();
+    h.runs()
+        .patch("unlabelled", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    h.runs()
+        .patch(
+            "unlabelled",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"status": "RunCancelled"}})),
+        )
+        .await
+        .unwrap();
+    wait_marked_finished(&h, "unlabelled").await;
+    let after = h.status("unlabelled").await.unwrap();
+    assert_eq!(succeeded(&after), ("True".into(), "TestsPassed".into()));
+    assert_eq!(after.results, st.results);
+    assert_eq!(after.completion_time, st.completion_time);
+    assert!(!h.builds().get("unlabelled").await.unwrap().spec.cancel_requested);
+
+    // The MacBuild alone: its run stays out of the watch, so nothing is owed and nothing written.
+    h.builds()
+        .patch("unlabelled", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    // A run created after that, handled, shows the controller has seen the MacBuild come back.
+    h.create_run("after-unlabel", json!({})).await;
+    wait_reason(&h, "after-unlabel", "Unknown", "Pending").await;
+    let writes: Vec<String> = h.emu.requests()[from..]
+        .iter()
+        .filter(|r| r.contains("ua=tartan-controller") && !r.starts_with("GET"))
+        .filter(|r| r.contains("/unlabelled"))
+        .cloned()
+        .collect();
+    assert!(
+        writes.iter().all(|w| w.starts_with("PATCH")
+            && (w.contains("/customruns/unlabelled?") || w.contains("/customruns/unlabelled/status?"))),
+        "{writes:#?}"
+    );
+    assert!(
+        !writes.iter().any(|w| w.contains("/macbuilds/")),
+        "the MacBuild written again: {writes:#?}"
+    );
+    assert_eq!(about_run().await, published, "Events published again");
+}
+
+/// A controller whose RBAC lacks `patch` on customruns (a release's image applied without its
+/// RBAC): the refused label leaves the run in the watch, as before the label existed, instead of
+/// retrying it every 5 s for good, each finished run one refused PATCH and a warning per turn.
+#[tokio::test]
+async fn a_refused_finished_label_is_not_retried() {
+    let mut h = harness().await;
+    // Each run due its label 8 s after it finished: the second run's label, asked after the
+    // first run's was refused, comes after the 5 s retry of a failed reconcile would have.
+    let mut args = h.args();
+    args.finished_label_after = Duration::from_secs(8);
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    h.emu.add_deny_rule(
+        tartan_testkit::DenyRule::new("no-customrun-patch")
+            .operations(&["UPDATE"])
+            .resource("tekton.dev", "customruns")
+            .subresource("")
+            .forbidden(),
+    );
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let label_patches = |name: &str| {
+        let uri = format!("/customruns/{name}?");
+        h.emu
+            .answers()
+            .iter()
+            .filter(|a| a.method == "PATCH" && a.uri.contains(&uri))
+            .map(|a| a.code)
+            .collect::<Vec<u16>>()
+    };
+    for name in ["refused-a", "refused-b"] {
+        h.create_run(name, json!({})).await;
+        eventually("MacBuild", || async { h.builds().get_opt(name).await.unwrap() }).await;
+        h.agent_writes(
+            name,
+            json!({"phase": "Succeeded", "claim": {"holder": "agent-a", "attempt": format!("{name}#1"), "epoch": 1},
+                   "conditions": [vm_deleted("True"), {"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+                   "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}]}),
+        )
+        .await;
+        wait_reason(&h, name, "True", "TestsPassed").await;
+        eventually_within(Duration::from_secs(30), "the label refused", || async {
+            (!label_patches(name).is_empty()).then_some(())
+        })
+        .await;
+    }
+    // Twice at most: its MacBuild's label takes it out of that watch, which asks for the run again.
+    let tried = label_patches("refused-a");
+    assert!(
+        tried.len() <= 2 && tried.iter().all(|c| *c == 403),
+        "the refused label was tried again: {tried:?}"
+    );
+}
+
+/// A CustomRun created with the finished label (its PipelineRun's labels, or a finished run's
+/// YAML created again) is out of the watch and never run, as docs/upgrading.md says; removing
+/// the label brings it in, and it runs.
+#[tokio::test]
+async fn a_run_created_with_the_finished_label_runs_once_the_label_is_removed() {
+    let mut h = harness().await;
+    h.start_controller();
+    let run: CustomRun = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": "born-finished", "labels": {FINISHED_LABEL: "true"}},
+        "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+                 "params": [{"name": "image", "value": "img"}, {"name": "steps", "value": ["make"]}]},
+    }))
+    .unwrap();
+    h.runs().create(&PostParams::default(), &run).await.unwrap();
+    // A run created after it is handled: the controller has had its chance at the first.
+    h.create_run("witness", json!({})).await;
+    wait_reason(&h, "witness", "Unknown", "Pending").await;
+    assert!(h.builds().get_opt("born-finished").await.unwrap().is_none());
+    assert!(h.status("born-finished").await.is_none_or(|s| s.conditions.is_empty()));
+
+    let unlabel = Patch::Json::<()>(
+        serde_json::from_value(json!([{"op": "remove", "path": "/metadata/labels/tartan.dev~1finished"}])).unwrap(),
+    );
+    h.runs()
+        .patch("born-finished", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    wait_reason(&h, "born-finished", "Unknown", "Pending").await;
+    let mb = h.builds().get("born-finished").await.unwrap();
+    assert!(!mb.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL));
 }
