@@ -134,11 +134,14 @@ pub fn finished_label_patch(uid: &str, labels_exist: bool) -> json_patch::Patch 
 
 /// Trims a MacBuild for the controller's watch cache to what [`build_view`] reads (and what
 /// an Event or a fenced delete names: kind, name, uid, resourceVersion): no managedFields,
-/// annotations or label values, no spec but `cancelRequested`, only the current attempt. At 10,000
-/// builds the spec's steps and the attempt history are most of the memory.
+/// annotations, label values or finalizers (the agent's), no spec but `cancelRequested`, only the
+/// `Succeeded` and `VMDeleted` conditions without their messages, and only the current attempt
+/// (none once `Succeeded` gives the reason). At 10,000 builds the spec's steps, the attempt
+/// history and the conditions are most of the memory.
 pub fn trim_macbuild(mb: &mut MacBuild) {
     mb.metadata.managed_fields = None;
     mb.metadata.annotations = None;
+    mb.metadata.finalizers = None;
     // Only whether it has labels: adding the finished label by JSON patch needs to know.
     if let Some(labels) = mb.metadata.labels.as_mut() {
         labels.clear();
@@ -152,18 +155,26 @@ pub fn trim_macbuild(mb: &mut MacBuild) {
     spec.resources = None;
     spec.host_selector = BTreeMap::new();
     if let Some(status) = mb.status.as_mut() {
-        let current = status.attempts.pop();
+        status
+            .conditions
+            .retain(|c| matches!(c.type_, ConditionType::Succeeded | ConditionType::VMDeleted));
+        for c in &mut status.conditions {
+            c.message = String::new();
+        }
+        // build_view reads the current attempt's reason only when no Succeeded condition gives one.
+        let succeeded = status.condition(ConditionType::Succeeded).is_some();
+        let current = status.attempts.pop().filter(|_| !succeeded);
         status.attempts = current.into_iter().collect();
     }
 }
 
-/// Trims a CustomRun for the watch cache: managedFields and kubectl's last-applied copy are
-/// never read (the spec, labels, owner data and status are).
+/// Trims a CustomRun for the watch cache: managedFields, annotations and ownerReferences (the
+/// PipelineRun's, on every run) are never read; the spec, labels (copied to the MacBuild), uid
+/// and status (written back whole) are.
 pub fn trim_customrun(run: &mut CustomRun) {
     run.metadata.managed_fields = None;
-    if let Some(a) = run.metadata.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
+    run.metadata.annotations = None;
+    run.metadata.owner_references = None;
 }
 
 /// Trims a Lease for the watch cache: its managedFields are never read.
@@ -290,6 +301,7 @@ mod tests {
                 {"number": 2, "id": "b#2", "vm": "mb-2", "host": "h", "outcome": "Failed", "reason": "StepFailed"}],
             "journalSeq": 7, "vm": "mb-2", "results": {"testsPassed": 1, "testsTotal": 2},
         }));
+        full.metadata.finalizers = Some(vec!["tartan.dev/vm-deleted".to_string()]);
         full.metadata.labels = Some(BTreeMap::from([("tekton.dev/customRun".to_string(), "b".to_string())]));
         full.metadata.annotations = Some(BTreeMap::from([("a".to_string(), "x".repeat(1000))]));
         full.metadata.managed_fields = Some(vec![Default::default()]);
@@ -305,9 +317,10 @@ mod tests {
             (
                 trimmed.metadata.labels,
                 trimmed.metadata.annotations,
-                trimmed.metadata.managed_fields
+                trimmed.metadata.managed_fields,
+                trimmed.metadata.finalizers
             ),
-            (Some(BTreeMap::new()), None, None)
+            (Some(BTreeMap::new()), None, None, None)
         );
         let mut bare = full.clone();
         bare.metadata.labels = None;
@@ -316,6 +329,73 @@ mod tests {
             bare.metadata.labels, None,
             "no labels map stays none: a JSON patch must create it"
         );
+    }
+
+    /// Found by the controller benchmark at 10,000 runs: a finished MacBuild's other conditions,
+    /// their messages and its attempt were cached though nothing reads them.
+    #[test]
+    fn a_trimmed_finished_macbuild_keeps_two_conditions_without_messages_and_no_attempt() {
+        let full = mb(json!({
+            "phase": "Failed", "outcome": "Failed", "message": "attempt 2 failed",
+            "claim": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2},
+            "conditions": [
+                {"type": "Claimed", "status": "True", "reason": "SlotFree", "message": "held by mac-mini-07", "lastTransitionTime": "2026-10-05T02:50:00Z"},
+                {"type": "VMReady", "status": "False", "reason": "Retired", "message": "attempt 2 is Retired", "lastTransitionTime": "2026-10-05T02:55:00Z"},
+                {"type": "VMDeleted", "status": "True", "reason": "VMDeleted", "message": "VM mb-2 deleted", "lastTransitionTime": "2026-10-05T02:55:00Z"},
+                {"type": "Succeeded", "status": "False", "reason": "StepFailed", "message": "step a failed", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+            "attempts": [
+                {"number": 1, "id": "b#1", "vm": "mb-1", "host": "h", "outcome": "Interrupted", "reason": "AgentRestarted"},
+                {"number": 2, "id": "b#2", "vm": "mb-2", "host": "h", "outcome": "Failed", "reason": "StepTimedOut"}],
+            "journalSeq": 7, "vm": "mb-2",
+        }));
+        let mut trimmed = full.clone();
+        trim_macbuild(&mut trimmed);
+        assert_eq!(build_view(&trimmed), build_view(&full));
+        assert_eq!(
+            build_view(&trimmed).reason.as_deref(),
+            Some("StepFailed"),
+            "the condition's reason"
+        );
+        let status = trimmed.status.unwrap();
+        assert!(status.attempts.is_empty());
+        let kept: Vec<(&str, &str)> = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.message.as_str()))
+            .collect();
+        assert_eq!(kept, [("VMDeleted", ""), ("Succeeded", "")]);
+    }
+
+    /// Tekton's PipelineRun owner reference and annotations are on every run and never read.
+    #[test]
+    fn a_trimmed_customrun_keeps_what_the_controller_reads() {
+        let full: CustomRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "b", "namespace": "ci", "uid": "run-1", "resourceVersion": "12", "generation": 2,
+                "labels": {"tekton.dev/pipelineRun": "p", "tekton.dev/pipelineTask": "mac-build"},
+                "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "p", "uid": "p-1", "controller": true}],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "tekton.dev/note": "x"},
+                "managedFields": [{"manager": "tekton"}]},
+            "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+                "params": [{"name": "image", "value": "img"}, {"name": "steps", "value": ["make"]}], "timeout": "1h0m0s"},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Running"}],
+                "extraFields": {"holder": "mac-mini-07"}},
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_customrun(&mut trimmed);
+        let mut want = full.clone();
+        want.metadata.managed_fields = None;
+        want.metadata.annotations = None;
+        want.metadata.owner_references = None;
+        assert_eq!(
+            serde_json::to_value(&trimmed).unwrap(),
+            serde_json::to_value(&want).unwrap()
+        );
+        let made = |run: &CustomRun| {
+            serde_json::to_value(new_macbuild(run, json!({"image": "img", "steps": []})).unwrap()).unwrap()
+        };
+        assert_eq!(made(&trimmed), made(&full), "the MacBuild made from it is the same");
     }
 
     #[test]
