@@ -458,10 +458,14 @@ fn list(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str) -> ApiResul
             .map_err(|_| ApiError::bad_request("invalid continue token"))?,
         None => 0,
     };
+    // kube-apiserver serves a list at resourceVersion=0 from its watch cache, which ignores
+    // `limit`: everything comes in one response (v1.24, the referee; a client that asks for pages
+    // at "any" resourceVersion gets one page of all objects).
     let limit = query
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
-        .filter(|l| *l > 0);
+        .filter(|l| *l > 0)
+        .filter(|_| query.get("resourceVersion") != Some("0"));
     let st = inner.state.lock().expect("state lock");
     let rv = st.rv().to_string();
     let (items, total) = st.list_page(
