@@ -457,12 +457,23 @@ fn controllers(
             ..watcher::Config::default().any_semantic().labels(UNFINISHED_SELECTOR)
         };
         // What leaves a watch (the finished label, a deletion) leaves our own writes too.
-        let run_events = watcher(runs, unfinished.clone())
+        let run_watch = watcher(runs, unfinished.clone())
             .default_backoff()
             .modify(trim_customrun)
             .reflect(run_writer)
             .inspect_ok(move |e| own_runs.forget_departed(e))
             .applied_objects();
+        // The CustomRuns are listed once the MacBuilds and Leases are: each unpaged list is held
+        // whole (body and untrimmed objects) until the cache has it, and at 10,000 runs after a
+        // restart the two big lists at once set the controller's peak memory. Reconciles wait for
+        // those caches anyway; bounded like that wait, so that watches that cannot list (RBAC)
+        // still end in each run's reconcile error naming them.
+        let (lists_first, list_wait) = (cache.ready.clone(), args.api_timeout);
+        let run_events = futures::stream::once(async move {
+            let _ = tokio::time::timeout(list_wait, lists_first).await;
+            run_watch
+        })
+        .flatten();
         let build_events = watcher(builds, unfinished)
             .default_backoff()
             .modify(trim_macbuild)
