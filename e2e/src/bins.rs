@@ -62,7 +62,10 @@ pub fn crash_agent() -> PathBuf {
 
 fn prebuilt_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("TARTAN_E2E_BIN_DIR") {
-        return PathBuf::from(dir);
+        // Absolute: the paths go into agent configs, which refuse relative ones (launchd runs
+        // agents from /), and scripts pass `target/release` as it comes.
+        return std::path::absolute(&dir)
+            .unwrap_or_else(|e| panic!("TARTAN_E2E_BIN_DIR {}: {e}", Path::new(&dir).display()));
     }
     // Test executables live in <target>/<profile>/deps/.
     let exe = std::env::current_exe().expect("the test knows its own path");
