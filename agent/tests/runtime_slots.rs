@@ -48,18 +48,7 @@ fn shared(client: kube::Client, state: &std::path::Path) -> (Arc<Shared>, StateL
     });
     let shared = Shared {
         machine: machine_config(&config),
-        core: Mutex::new(Core {
-            journal,
-            attempts: BTreeMap::new(),
-            statuses: BTreeMap::new(),
-            epochs: BTreeMap::new(),
-            unknown: BTreeMap::new(),
-            reserved: BTreeMap::new(),
-            active: BTreeMap::new(),
-            delivered_before: BTreeMap::new(),
-            compacted: Default::default(),
-            finalizer_owed: Default::default(),
-        }),
+        core: Mutex::new(Core::new(journal)),
         tart: Tart::new(&config.tart, config.tart_home.clone()),
         delivery: Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config)),
         events: Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout),

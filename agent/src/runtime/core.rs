@@ -45,6 +45,22 @@ pub struct Core {
 }
 
 impl Core {
+    /// A core over `journal` with nothing known yet: recovery fills it in.
+    pub fn new(journal: Journal) -> Core {
+        Core {
+            journal,
+            attempts: BTreeMap::new(),
+            statuses: BTreeMap::new(),
+            epochs: BTreeMap::new(),
+            unknown: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            active: BTreeMap::new(),
+            delivered_before: BTreeMap::new(),
+            compacted: Default::default(),
+            finalizer_owed: Default::default(),
+        }
+    }
+
     /// Who holds a slot now: open attempts, quarantined unknown VMs and reservations.
     pub fn slot_holders(&self) -> Vec<SlotHolder> {
         let mut holders = attempt_holders(self.attempts.values());

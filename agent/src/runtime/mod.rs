@@ -84,18 +84,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let tart = Tart::new(&config.tart, config.tart_home.clone());
     let shared = Arc::new(Shared {
         machine: machine_config(&config),
-        core: Mutex::new(Core {
-            journal,
-            attempts: BTreeMap::new(),
-            statuses: BTreeMap::new(),
-            epochs: BTreeMap::new(),
-            unknown: BTreeMap::new(),
-            reserved: BTreeMap::new(),
-            active: BTreeMap::new(),
-            delivered_before: BTreeMap::new(),
-            compacted: Default::default(),
-            finalizer_owed: Default::default(),
-        }),
+        core: Mutex::new(Core::new(journal)),
         client: client.clone(),
         tart,
         delivery,
