@@ -366,6 +366,43 @@ mod tests {
         assert_eq!(kept, [("VMDeleted", ""), ("Succeeded", "")]);
     }
 
+    proptest::proptest! {
+        /// Whatever conditions, attempts and phase a MacBuild's status has (in any order, with or
+        /// without a Succeeded condition, with or without attempt reasons), the trimmed copy the
+        /// cache keeps reads as the whole object does.
+        #[test]
+        fn any_trimmed_macbuild_reads_as_the_whole_one(
+            conditions in proptest::sample::subsequence(
+                vec!["Claimed", "VMReady", "VMDeleted", "Succeeded"], 0..=4),
+            shuffle in proptest::collection::vec(proptest::prelude::any::<u8>(), 4),
+            truths in proptest::collection::vec(proptest::sample::select(vec!["True", "False", "Unknown"]), 4),
+            attempt_reasons in proptest::collection::vec(
+                proptest::option::of(proptest::sample::select(vec!["AgentRestarted", "StepFailed", "ClaimLost", "DeadlinePassed"])), 0..4),
+            phase in proptest::option::of(proptest::sample::select(vec!["Pending", "Running", "Succeeded", "Failed"])),
+            outcome in proptest::option::of(proptest::sample::select(vec!["Succeeded", "Failed", "Interrupted"])),
+        ) {
+            let mut conditions: Vec<(usize, &str)> = conditions.into_iter().enumerate().collect();
+            conditions.sort_by_key(|(i, _)| shuffle[*i]);
+            let conditions: Vec<serde_json::Value> = conditions
+                .iter()
+                .map(|(i, t)| json!({"type": t, "status": truths[*i], "reason": "VMDeleted",
+                    "message": format!("{t} message"), "lastTransitionTime": "2026-10-05T02:55:00Z"}))
+                .collect();
+            let attempts: Vec<serde_json::Value> = attempt_reasons
+                .iter()
+                .enumerate()
+                .map(|(n, r)| json!({"number": n + 1, "id": format!("b#{}", n + 1), "vm": format!("mb-{}", n + 1),
+                    "host": "h", "outcome": "Interrupted", "reason": r}))
+                .collect();
+            let full = mb(json!({"phase": phase, "outcome": outcome, "message": "m",
+                "claim": {"holder": "mac-mini-07", "attempt": "b#1", "epoch": 1},
+                "conditions": conditions, "attempts": attempts, "vm": "mb-1", "journalSeq": 3}));
+            let mut trimmed = full.clone();
+            trim_macbuild(&mut trimmed);
+            proptest::prop_assert_eq!(build_view(&trimmed), build_view(&full));
+        }
+    }
+
     /// Tekton's PipelineRun owner reference and annotations are on every run and never read.
     #[test]
     fn a_trimmed_customrun_keeps_what_the_controller_reads() {
