@@ -142,9 +142,11 @@ pub fn trim_macbuild(mb: &mut MacBuild) {
     mb.metadata.managed_fields = None;
     mb.metadata.annotations = None;
     mb.metadata.finalizers = None;
-    // Only whether it has labels: adding the finished label by JSON patch needs to know.
+    // Only whether it has labels (adding the finished label by JSON patch needs to know) and
+    // the finished label itself: our own write of it is kept trimmed, and without it a retried
+    // reconcile would label the MacBuild again.
     if let Some(labels) = mb.metadata.labels.as_mut() {
-        labels.clear();
+        labels.retain(|k, _| k == FINISHED_LABEL);
     }
     let spec = &mut mb.spec;
     spec.image = String::new();
@@ -321,6 +323,18 @@ mod tests {
                 trimmed.metadata.finalizers
             ),
             (Some(BTreeMap::new()), None, None, None)
+        );
+        let mut labelled = full.clone();
+        labelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(FINISHED_LABEL.into(), "true".into());
+        trim_macbuild(&mut labelled);
+        assert!(
+            marked_finished(&labelled.metadata),
+            "found by the adversary review: a trimmed own write of the label must still show it"
         );
         let mut bare = full.clone();
         bare.metadata.labels = None;
