@@ -13,3 +13,4 @@ pub mod params;
 pub mod reconcile;
 pub mod run;
 pub mod view;
+pub mod wire;

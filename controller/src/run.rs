@@ -10,6 +10,7 @@ use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
 use crate::reconcile::{Caches, Ctx, NewRecorder, error_policy, event_queue, publish_events, reconcile};
 use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
+use crate::wire::{Unmanaged, unwrap_event};
 use anyhow::{Context as _, bail};
 use axum::Router;
 use axum::extract::State;
@@ -417,7 +418,7 @@ fn controllers(
     let client = client.clone();
     let mut loops = Vec::new();
     for ns in namespaces {
-        let (runs, builds, leases): (Api<CustomRun>, Api<MacBuild>, Api<Lease>) =
+        let (runs, builds, leases): (Api<Unmanaged<CustomRun>>, Api<Unmanaged<MacBuild>>, Api<Lease>) =
             match (ns, &args.agent_lease_namespace) {
                 (Some(ns), Some(lns)) => (
                     Api::namespaced(client.clone(), ns),
@@ -457,7 +458,9 @@ fn controllers(
             ..watcher::Config::default().any_semantic().labels(UNFINISHED_SELECTOR)
         };
         // What leaves a watch (the finished label, a deletion) leaves our own writes too.
+        // Read without managedFields (`wire`): the real apiserver's lists carry them for every object.
         let run_watch = watcher(runs, unfinished.clone())
+            .map_ok(unwrap_event)
             .default_backoff()
             .modify(trim_customrun)
             .reflect(run_writer)
@@ -475,6 +478,7 @@ fn controllers(
         })
         .flatten();
         let build_events = watcher(builds, unfinished)
+            .map_ok(unwrap_event)
             .default_backoff()
             .modify(trim_macbuild)
             .reflect(build_writer)
