@@ -603,9 +603,10 @@ fn workspace() -> PathBuf {
 
 /// `(file, Rust type, call)` of every kube API call found in `agent/src` and `controller/src`.
 fn api_calls_in_source() -> BTreeSet<(String, String, String)> {
-    let ident_type = regex::Regex::new(r"\b(\w+)\s*:\s*&?Api<(\w+)>").unwrap();
+    // `Api<K>`, or `Api<Unmanaged<K>>` (the controller's watches read K without managedFields).
+    let ident_type = regex::Regex::new(r"\b(\w+)\s*:\s*&?Api<(?:Unmanaged<)?(\w+)>").unwrap();
     let tuple = regex::Regex::new(r"let\s*\(([\w\s,]+)\)\s*:\s*\(([^)]*)\)").unwrap();
-    let api_type = regex::Regex::new(r"Api<(\w+)>").unwrap();
+    let api_type = regex::Regex::new(r"Api<(?:Unmanaged<)?(\w+)>").unwrap();
     let method = regex::Regex::new(
         r"\b(\w+)\s*\.(get|get_opt|get_metadata|get_metadata_opt|get_status|list|list_metadata|watch|watch_metadata|create|delete|delete_collection|patch|patch_status|patch_metadata|patch_subresource|replace|replace_status|replace_subresource|entry)\(",
     )
