@@ -9,11 +9,9 @@
 use kube::Resource;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher;
-use serde::de::{DeserializeOwned, Error as _, IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-use serde_json::Value;
+use serde::de::{DeserializeSeed, IgnoredAny, IntoDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, forward_to_deserialize_any};
 use std::borrow::Cow;
-use std::marker::PhantomData;
 
 /// `K` as the API sends it, but for `metadata.managedFields`, which is dropped while parsing.
 #[derive(Clone, Debug)]
@@ -46,67 +44,125 @@ impl<K: Resource> Resource for Unmanaged<K> {
     }
 }
 
-impl<'de, K: DeserializeOwned + Resource> Deserialize<'de> for Unmanaged<K> {
+impl<'de, K: Deserialize<'de>> Deserialize<'de> for Unmanaged<K> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(ObjectVisitor(PhantomData))
+        K::deserialize(Filtered {
+            inner: d,
+            level: Level::Object,
+        })
+        .map(Unmanaged)
     }
 }
 
-/// Reads an object's fields but `metadata` as JSON values, and its metadata but
-/// `managedFields` (skipped unparsed), then builds `K` from them.
-struct ObjectVisitor<K>(PhantomData<K>);
+/// Where in the object a [`Filtered`] deserializer reads.
+#[derive(Clone, Copy)]
+enum Level {
+    /// The object: its `metadata` is read through [`Level::Metadata`].
+    Object,
+    /// The object's metadata: its `managedFields` are skipped unparsed.
+    Metadata,
+}
 
-impl<'de, K: DeserializeOwned + Resource> Visitor<'de> for ObjectVisitor<K> {
-    type Value = Unmanaged<K>;
+/// A deserializer that hands `K`'s own `Deserialize` the object as it comes, but for the
+/// managedFields, which it steps over without building them (no intermediate JSON tree).
+struct Filtered<D> {
+    inner: D,
+    level: Level,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Filtered<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.inner.deserialize_map(FilteredVisitor {
+            inner: visitor,
+            level: self.level,
+        })
+    }
+
+    fn is_human_readable(&self) -> bool {
+        self.inner.is_human_readable()
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+struct FilteredVisitor<V> {
+    inner: V,
+    level: Level,
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for FilteredVisitor<V> {
+    type Value = V::Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "a Kubernetes object")
+        self.inner.expecting(f)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<Self::Value, A::Error> {
-        let mut rest = serde_json::Map::new();
-        let mut meta = ObjectMeta::default();
-        while let Some(key) = fields.next_key::<String>()? {
-            if key == "metadata" {
-                meta = fields.next_value::<MetaWithoutManagedFields>()?.0;
-            } else {
-                rest.insert(key, fields.next_value::<Value>()?);
-            }
-        }
-        rest.insert("metadata".into(), Value::Object(Default::default()));
-        let mut object: K = serde_json::from_value(Value::Object(rest)).map_err(A::Error::custom)?;
-        *object.meta_mut() = meta;
-        Ok(Unmanaged(object))
+    fn visit_map<A: MapAccess<'de>>(self, fields: A) -> Result<V::Value, A::Error> {
+        self.inner.visit_map(FilteredFields {
+            inner: fields,
+            level: self.level,
+            next_is_metadata: false,
+        })
     }
 }
 
-struct MetaWithoutManagedFields(ObjectMeta);
+/// The fields of a map, read by name first so that the skipped ones never reach `K`.
+struct FilteredFields<A> {
+    inner: A,
+    level: Level,
+    next_is_metadata: bool,
+}
 
-impl<'de> Deserialize<'de> for MetaWithoutManagedFields {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct MetaVisitor;
-        impl<'de> Visitor<'de> for MetaVisitor {
-            type Value = MetaWithoutManagedFields;
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for FilteredFields<A> {
+    type Error = A::Error;
 
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                write!(f, "an object's metadata")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<Self::Value, A::Error> {
-                let mut kept = serde_json::Map::new();
-                while let Some(key) = fields.next_key::<String>()? {
-                    if key == "managedFields" {
-                        fields.next_value::<IgnoredAny>()?;
-                    } else {
-                        kept.insert(key, fields.next_value::<Value>()?);
-                    }
+    fn next_key_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
+        loop {
+            let Some(key) = self.inner.next_key::<String>()? else {
+                return Ok(None);
+            };
+            match self.level {
+                Level::Metadata if key == "managedFields" => {
+                    self.inner.next_value::<IgnoredAny>()?;
                 }
-                serde_json::from_value(Value::Object(kept))
-                    .map(MetaWithoutManagedFields)
-                    .map_err(A::Error::custom)
+                level => {
+                    self.next_is_metadata = matches!(level, Level::Object) && key == "metadata";
+                    return seed.deserialize(key.into_deserializer()).map(Some);
+                }
             }
         }
-        d.deserialize_map(MetaVisitor)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
+        if std::mem::take(&mut self.next_is_metadata) {
+            self.inner.next_value_seed(MetadataSeed(seed))
+        } else {
+            self.inner.next_value_seed(seed)
+        }
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.inner.size_hint()
+    }
+}
+
+/// The seed of an object's metadata, given the metadata through a [`Filtered`] deserializer.
+struct MetadataSeed<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for MetadataSeed<S> {
+    type Value = S::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
+        self.0.deserialize(Filtered {
+            inner: d,
+            level: Level::Metadata,
+        })
     }
 }
 
@@ -176,6 +232,32 @@ mod tests {
         let list: kube::core::ObjectList<Unmanaged<MacBuild>> = serde_json::from_str(&list).unwrap();
         assert_eq!(list.items.len(), 1);
         assert!(list.items[0].0.metadata.managed_fields.is_none());
+    }
+
+    /// A watch event whose `object` comes before its `type` is buffered by serde before the
+    /// object is read; managedFields anywhere in the metadata, and metadata anywhere in the
+    /// object, are all read the same way.
+    #[test]
+    fn field_order_does_not_matter() {
+        let events = [
+            r#"{"object": {"spec": {"image": "img", "steps": []}, "metadata": {"managedFields": [{"manager": "m"}],
+                "name": "b", "resourceVersion": "9"}, "kind": "MacBuild", "apiVersion": "tartan.dev/v1alpha1"},
+                "type": "ADDED"}"#,
+            r#"{"type": "ADDED", "object": {"metadata": {"name": "b", "resourceVersion": "9",
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:metadata": {"f:managedFields": {}}}}]},
+                "kind": "MacBuild", "apiVersion": "tartan.dev/v1alpha1", "spec": {"image": "img", "steps": []}}}"#,
+        ];
+        for event in events {
+            match serde_json::from_str::<kube::core::WatchEvent<Unmanaged<MacBuild>>>(event).unwrap() {
+                kube::core::WatchEvent::Added(mb) => {
+                    assert_eq!(mb.0.metadata.name.as_deref(), Some("b"), "{event}");
+                    assert_eq!(mb.0.metadata.resource_version.as_deref(), Some("9"), "{event}");
+                    assert!(mb.0.metadata.managed_fields.is_none(), "{event}");
+                    assert_eq!(mb.0.spec.image, "img", "{event}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
