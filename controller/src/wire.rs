@@ -265,4 +265,98 @@ mod tests {
         assert!(serde_json::from_value::<Unmanaged<CustomRun>>(json!({"metadata": 5})).is_err());
         assert!(serde_json::from_value::<Unmanaged<CustomRun>>(json!([1])).is_err());
     }
+
+    /// Any JSON value, for the field managers' trees and for labels' values.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[a-z:.{}\\\"]{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-z:.]{1,6}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A JSON object written with its fields in the given order (serde_json's maps sort them).
+    fn object_in_order(fields: &[(String, String)], order: &[u8]) -> String {
+        let mut fields: Vec<(usize, &(String, String))> = fields.iter().enumerate().collect();
+        fields.sort_by_key(|(i, _)| order.get(*i).copied().unwrap_or(0));
+        let fields: Vec<String> = fields.iter().map(|(_, (k, v))| format!("{k:?}: {v}")).collect();
+        format!("{{{}}}", fields.join(", "))
+    }
+
+    proptest::proptest! {
+        /// Whatever the field managers wrote, in whatever order the object's and its metadata's
+        /// fields come, in a list or in a watch event with its type before or after the object,
+        /// the object reads as the whole one does without its managedFields.
+        #[test]
+        fn any_object_reads_as_the_whole_one_without_managed_fields(
+            trees in proptest::collection::vec(any_json(), 0..4),
+            labels in proptest::collection::btree_map("[a-z./]{1,12}", "[a-z0-9]{0,8}", 0..4),
+            order in proptest::collection::vec(proptest::prelude::any::<u8>(), 8),
+            meta_order in proptest::collection::vec(proptest::prelude::any::<u8>(), 8),
+            type_first in proptest::prelude::any::<bool>(),
+        ) {
+            let managed: Vec<serde_json::Value> = trees
+                .into_iter()
+                .enumerate()
+                .map(|(i, tree)| json!({"manager": format!("m{i}"), "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:junk": tree}}))
+                .collect();
+            let meta = object_in_order(
+                &[
+                    ("name".into(), r#""b""#.into()),
+                    ("namespace".into(), r#""ci""#.into()),
+                    ("resourceVersion".into(), r#""7""#.into()),
+                    ("managedFields".into(), serde_json::to_string(&managed).unwrap()),
+                    ("labels".into(), serde_json::to_string(&labels).unwrap()),
+                    ("uid".into(), r#""u""#.into()),
+                ],
+                &meta_order,
+            );
+            let object = object_in_order(
+                &[
+                    ("apiVersion".into(), r#""tekton.dev/v1beta1""#.into()),
+                    ("kind".into(), r#""CustomRun""#.into()),
+                    ("metadata".into(), meta),
+                    ("spec".into(), r#"{"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+                        "params": [{"name": "managedFields", "value": "kept"}]}"#.into()),
+                    ("status".into(), r#"{"conditions": [{"type": "Succeeded", "status": "True"}]}"#.into()),
+                ],
+                &order,
+            );
+            let mut whole: CustomRun = serde_json::from_str(&object).unwrap();
+            proptest::prop_assert_eq!(whole.metadata.managed_fields.as_ref().map(Vec::len), Some(managed.len()));
+            whole.metadata.managed_fields = None;
+            let whole = serde_json::to_value(&whole).unwrap();
+
+            let read: Unmanaged<CustomRun> = serde_json::from_str(&object).unwrap();
+            proptest::prop_assert_eq!(&serde_json::to_value(&read.0).unwrap(), &whole);
+
+            let list = format!(r#"{{"metadata": {{"resourceVersion": "8"}}, "items": [{object}, {object}]}}"#);
+            let list: kube::core::ObjectList<Unmanaged<CustomRun>> = serde_json::from_str(&list).unwrap();
+            for item in &list.items {
+                proptest::prop_assert_eq!(&serde_json::to_value(&item.0).unwrap(), &whole);
+            }
+
+            let event = if type_first {
+                format!(r#"{{"type": "MODIFIED", "object": {object}}}"#)
+            } else {
+                format!(r#"{{"object": {object}, "type": "MODIFIED"}}"#)
+            };
+            match serde_json::from_str::<kube::core::WatchEvent<Unmanaged<CustomRun>>>(&event).unwrap() {
+                kube::core::WatchEvent::Modified(run) => {
+                    proptest::prop_assert_eq!(&serde_json::to_value(&run.0).unwrap(), &whole);
+                }
+                other => proptest::prop_assert!(false, "{other:?}"),
+            }
+        }
+    }
 }
