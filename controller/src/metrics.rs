@@ -41,6 +41,8 @@ pub struct Metrics {
     pub leader: Family<IdentityLabels, Gauge>,
     /// API writes refused because this replica did not hold the leader Lease.
     pub refused_writes: Counter,
+    /// Events dropped because the queue of Events waiting to be published was full.
+    pub events_dropped: Counter,
     registry: Registry,
 }
 
@@ -75,6 +77,12 @@ impl Default for Metrics {
             "API writes refused because this replica did not hold the leader Lease",
             refused_writes.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Events not published because the queue of Events waiting was full",
+            events_dropped.clone(),
+        );
         Metrics {
             reconciles,
             errors,
@@ -82,6 +90,7 @@ impl Default for Metrics {
             timeouts,
             leader,
             refused_writes,
+            events_dropped,
             registry,
         }
     }
@@ -127,6 +136,7 @@ mod tests {
             .inc();
         m.set_leader("tartan-controller-7d9-x2", true);
         m.refused_writes.inc();
+        m.events_dropped.inc();
         let text = m.render();
         assert!(text.contains("tartan_controller_reconciles_total 1"), "{text}");
         assert!(
@@ -134,6 +144,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("tartan_controller_refused_writes_total 1"), "{text}");
+        assert!(text.contains("tartan_controller_events_dropped_total 1"), "{text}");
         assert!(
             text.contains("tartan_controller_reconcile_errors_total{error=\"kube\"} 1"),
             "{text}"

@@ -23,6 +23,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::future::Future;
@@ -41,7 +42,7 @@ pub struct Ctx {
     /// Timeout of each API call.
     pub api_timeout: Duration,
     /// Where Events wait for [`publish_events`].
-    pub events: mpsc::Sender<PendingEvent>,
+    pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub cache: Caches,
 }
@@ -507,8 +508,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                                 false,
                                 "MacBuildCreated",
                                 format!("created MacBuild {target}"),
-                            )
-                            .await;
+                            );
                             // Decide again on the created MacBuild before writing: one status
                             // write then records it (its uid) instead of two.
                             obj = run.clone();
@@ -550,8 +550,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                                 false,
                                 "CancelRequested",
                                 "cancel requested by tartan-controller".into(),
-                            )
-                            .await;
+                            );
                         }
                     }
                     Err(e) if api_code(&e) == Some(404) => continue,
@@ -571,7 +570,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                     Ok(_) => {
                         if let Some(mb) = &mb {
                             let note = "deletion requested by tartan-controller; an agent's finalizer keeps it until its VM is gone";
-                            publish_on(&ctx, mb, false, "DeletionRequested", note.into()).await;
+                            publish_on(&ctx, mb, false, "DeletionRequested", note.into());
                         }
                     }
                     Err(e) if api_code(&e) == Some(404) => {}
@@ -612,7 +611,7 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
                 Err(e) => return Err(kube_err("writing CustomRun status", &target, e)),
             }
             for note in &plan.events {
-                publish(&ctx, &run, note.warning, &note.reason, note.message.clone()).await;
+                publish(&ctx, &run, note.warning, &note.reason, note.message.clone());
             }
             clock.mark("events");
             count_finish(&ctx, &plan);
@@ -676,22 +675,22 @@ fn count_finish(ctx: &Ctx, plan: &Plan) {
     }
 }
 
-async fn publish(ctx: &Ctx, run: &CustomRun, warning: bool, reason: &str, note: String) {
-    publish_ref(ctx, run.object_ref(&()), key(run), warning, reason, note).await;
+fn publish(ctx: &Ctx, run: &CustomRun, warning: bool, reason: &str, note: String) {
+    publish_ref(ctx, run.object_ref(&()), key(run), warning, reason, note);
 }
 
-async fn publish_on(ctx: &Ctx, mb: &MacBuild, warning: bool, reason: &str, note: String) {
+fn publish_on(ctx: &Ctx, mb: &MacBuild, warning: bool, reason: &str, note: String) {
     let target = format!(
         "{}/{}",
         mb.metadata.namespace.as_deref().unwrap_or_default(),
         mb.metadata.name.as_deref().unwrap_or_default()
     );
-    publish_ref(ctx, mb.object_ref(&()), target, warning, reason, note).await;
+    publish_ref(ctx, mb.object_ref(&()), target, warning, reason, note);
 }
 
-/// Events are best effort: queued for [`publish_events`] (waiting only while the queue is full);
+/// Events are best effort: queued for [`publish_events`] (dropped while the queue is full);
 /// a failure is logged and never fails the reconcile.
-async fn publish_ref(ctx: &Ctx, reference: ObjectReference, target: String, warning: bool, reason: &str, note: String) {
+fn publish_ref(ctx: &Ctx, reference: ObjectReference, target: String, warning: bool, reason: &str, note: String) {
     let mut note = note;
     if note.len() > 1000 {
         let mut cut = 1000;
@@ -712,9 +711,7 @@ async fn publish_ref(ctx: &Ctx, reference: ObjectReference, target: String, warn
         reference,
         target,
     };
-    if let Err(mpsc::error::SendError(p)) = ctx.events.send(pending).await {
-        warn!(object = %p.target, reason, "Event not published: the controller is stopping");
-    }
+    ctx.events.offer(pending);
 }
 
 /// An Event waiting to be published, and what it is about.
@@ -724,19 +721,59 @@ pub struct PendingEvent {
     target: String,
 }
 
-/// Most Events waiting; a reconcile with an Event to publish waits while the queue is full.
+/// Most Events waiting to be published.
 pub const EVENT_QUEUE: usize = 4096;
 
 /// Events published at once. Fewer than the reconciles' writes: after a restart the status
 /// writes (what Tekton waits for) get most of the API server, and the Events follow.
 pub const EVENTS_IN_FLIGHT: usize = 4;
 
+/// Where Events wait for [`publish_events`]. Events are best effort and never hold up a reconcile:
+/// when the queue is full (a restart that ends thousands of runs at once, faster than the API
+/// server takes their Events) the Event is dropped and counted in `events_dropped`, as client-go's
+/// recorder drops what its full queue cannot take. A reconcile that waited for room instead made
+/// a catch-up of 10,000 runs on kube-apiserver 1.24 run at the Events' pace.
+#[derive(Clone)]
+pub struct EventQueue {
+    waiting: mpsc::Sender<PendingEvent>,
+    dropped: Counter,
+}
+
+impl EventQueue {
+    /// A queue of `capacity` Events, counting what it drops in `dropped`, and its receiving end
+    /// for [`publish_events`].
+    pub fn new(capacity: usize, dropped: Counter) -> (EventQueue, mpsc::Receiver<PendingEvent>) {
+        let (waiting, queued) = mpsc::channel(capacity);
+        (EventQueue { waiting, dropped }, queued)
+    }
+
+    /// Queues the Event, or drops it if the queue is full or the publisher has stopped.
+    fn offer(&self, pending: PendingEvent) {
+        match self.waiting.try_send(pending) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(p)) => {
+                // One line for the first drop and one per thousand after: a burst would
+                // otherwise log as many lines as it drops.
+                let dropped = self.dropped.inc() + 1;
+                if dropped == 1 || dropped.is_multiple_of(1000) {
+                    warn!(
+                        object = %p.target,
+                        reason = %p.event.reason,
+                        dropped,
+                        "Event dropped: {} Events are waiting to be published; the run's status is written regardless",
+                        self.waiting.max_capacity()
+                    );
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(p)) => {
+                warn!(object = %p.target, reason = %p.event.reason, "Event not published: the controller is stopping")
+            }
+        }
+    }
+}
+
 /// Makes the Recorder that publishes one Event.
 pub type NewRecorder = Arc<dyn Fn() -> Recorder + Send + Sync>;
-
-pub fn event_queue() -> (mpsc::Sender<PendingEvent>, mpsc::Receiver<PendingEvent>) {
-    mpsc::channel(EVENT_QUEUE)
-}
 
 /// Publishes the queued Events, [`EVENTS_IN_FLIGHT`] at once, until every sender is gone. Apart
 /// from the reconciles, so that a status write never waits for another run's Event.
@@ -772,6 +809,45 @@ pub fn error_policy(obj: Arc<CustomRun>, error: &Error, ctx: Arc<Ctx>) -> Action
 mod tests {
     use super::*;
     use crate::customrun::Condition;
+
+    fn pending(name: &str) -> PendingEvent {
+        PendingEvent {
+            event: Event {
+                type_: EventType::Normal,
+                reason: "Succeeded".into(),
+                note: None,
+                action: "Reconcile".into(),
+                secondary: None,
+            },
+            reference: ObjectReference::default(),
+            target: format!("ci/{name}"),
+        }
+    }
+
+    /// A full queue drops (and counts) the Event at once instead of holding up the reconcile;
+    /// what was queued is published, in order; a stopped publisher drops without counting.
+    #[test]
+    fn a_full_event_queue_drops_and_counts_without_waiting() {
+        let dropped = Counter::default();
+        let (queue, mut queued) = EventQueue::new(2, dropped.clone());
+        for name in ["a", "b", "c", "d"] {
+            queue.offer(pending(name));
+        }
+        assert_eq!(dropped.get(), 2);
+        assert_eq!(queued.try_recv().unwrap().target, "ci/a");
+        assert_eq!(queued.try_recv().unwrap().target, "ci/b");
+        assert!(queued.try_recv().is_err());
+        queue.offer(pending("e"));
+        assert_eq!(queued.try_recv().unwrap().target, "ci/e");
+        assert_eq!(dropped.get(), 2);
+        drop(queued);
+        queue.offer(pending("f"));
+        assert_eq!(
+            dropped.get(),
+            2,
+            "a closed queue is the controller stopping, not a drop"
+        );
+    }
 
     fn run_at(rv: &str, reason: &str) -> Arc<CustomRun> {
         let mut run = CustomRun::new("r", Default::default());

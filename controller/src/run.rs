@@ -8,7 +8,7 @@ use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Caches, Ctx, NewRecorder, error_policy, event_queue, publish_events, reconcile};
+use crate::reconcile::{Caches, Ctx, EVENT_QUEUE, EventQueue, NewRecorder, error_policy, publish_events, reconcile};
 use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use crate::wire::{Unmanaged, unwrap_event};
 use anyhow::{Context as _, bail};
@@ -489,7 +489,7 @@ fn controllers(
             .modify(trim_lease)
             .reflect(lease_writer)
             .touched_objects();
-        let (events, queued) = event_queue();
+        let (events, queued) = EventQueue::new(EVENT_QUEUE, metrics.events_dropped.clone());
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             timing: args.timing(),
