@@ -511,6 +511,16 @@ pub fn finished_label_wait(run: &CustomRun, timing: &Timing, now: Timestamp) -> 
         .then(|| wait.unsigned_abs().min(timing.finished_label_after))
 }
 
+/// How long a run due its finished label waits for a free labelling slot before it tries again:
+/// 2 s, plus up to 2 s more spread by its uid, so the runs waiting together do not all come back
+/// together.
+pub fn label_slot_retry(run_uid: &str) -> Duration {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    run_uid.hash(&mut h);
+    Duration::from_secs(2) + Duration::from_millis(h.finish() % 2000)
+}
+
 /// Whether `plan`, decided from cached (watch) inputs, must be decided again from fresh reads
 /// before it is acted on: it ends the run or deletes the MacBuild on facts that a cache a moment
 /// behind can get wrong (a MacBuild absent, unclaimed or not finished yet, a Lease expired). A

@@ -1079,3 +1079,20 @@ fn a_finished_run_is_due_its_label_a_while_after_its_completion() {
     };
     assert_eq!(finished_label_wait(&r, &now, t0()), None);
 }
+
+#[test]
+fn a_run_waiting_for_a_labelling_slot_comes_back_within_2_to_4_s_spread_by_uid() {
+    let waits: std::collections::BTreeSet<Duration> = (0..200).map(|i| label_slot_retry(&format!("uid-{i}"))).collect();
+    assert!(
+        waits
+            .iter()
+            .all(|w| (Duration::from_secs(2)..Duration::from_secs(4)).contains(w)),
+        "{waits:?}"
+    );
+    assert!(
+        waits.len() > 150,
+        "200 runs come back at only {} distinct times",
+        waits.len()
+    );
+    assert_eq!(label_slot_retry("uid-7"), label_slot_retry("uid-7"));
+}

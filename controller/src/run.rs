@@ -8,7 +8,9 @@ use crate::decide::Timing;
 use crate::duration::parse_flag;
 use crate::leader::{ElectionConfig, Elector, Gate, GateLayer, Role};
 use crate::metrics::Metrics;
-use crate::reconcile::{Caches, Ctx, EVENT_QUEUE, EventQueue, NewRecorder, error_policy, publish_events, reconcile};
+use crate::reconcile::{
+    Caches, Ctx, EVENT_QUEUE, EventQueue, LABELS_IN_FLIGHT, NewRecorder, error_policy, publish_events, reconcile,
+};
 use crate::view::{lease_agent, trim_customrun, trim_lease, trim_macbuild};
 use crate::wire::{Unmanaged, unwrap_event};
 use anyhow::{Context as _, bail};
@@ -496,6 +498,7 @@ fn controllers(
             lease_namespace: args.agent_lease_namespace.clone(),
             api_timeout: args.api_timeout,
             events,
+            labelling: tokio::sync::Semaphore::new(LABELS_IN_FLIGHT),
             metrics: metrics.clone(),
             cache,
         });
