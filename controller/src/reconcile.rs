@@ -753,6 +753,21 @@ pub const EVENTS_IN_FLIGHT: usize = 4;
 pub struct EventQueue {
     waiting: mpsc::Sender<PendingEvent>,
     dropped: Counter,
+    /// Whether the last Event offered was dropped: the next drop after one that was queued
+    /// starts a new burst, which is logged.
+    dropping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What became of an Event offered to the [`EventQueue`].
+#[derive(Debug, PartialEq, Eq)]
+enum Offered {
+    Queued,
+    /// Dropped for a full queue, and whether that was logged.
+    Dropped {
+        logged: bool,
+    },
+    /// The publisher has stopped.
+    Closed,
 }
 
 impl EventQueue {
@@ -760,18 +775,33 @@ impl EventQueue {
     /// for [`publish_events`].
     pub fn new(capacity: usize, dropped: Counter) -> (EventQueue, mpsc::Receiver<PendingEvent>) {
         let (waiting, queued) = mpsc::channel(capacity);
-        (EventQueue { waiting, dropped }, queued)
+        let dropping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (
+            EventQueue {
+                waiting,
+                dropped,
+                dropping,
+            },
+            queued,
+        )
     }
 
     /// Queues the Event, or drops it if the queue is full or the publisher has stopped.
-    fn offer(&self, pending: PendingEvent) {
+    fn offer(&self, pending: PendingEvent) -> Offered {
+        use std::sync::atomic::Ordering::Relaxed;
         match self.waiting.try_send(pending) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.dropping.store(false, Relaxed);
+                Offered::Queued
+            }
             Err(mpsc::error::TrySendError::Full(p)) => {
-                // One line for the first drop and one per thousand after: a burst would
-                // otherwise log as many lines as it drops.
+                // One line for the first drop of each burst and one per thousand after: a burst
+                // would otherwise log as many lines as it drops, and a count kept since the start
+                // alone would leave every later burst short of a thousand unlogged.
                 let dropped = self.dropped.inc() + 1;
-                if dropped == 1 || dropped.is_multiple_of(1000) {
+                let burst_starts = !self.dropping.swap(true, Relaxed);
+                let logged = burst_starts || dropped.is_multiple_of(1000);
+                if logged {
                     warn!(
                         object = %p.target,
                         reason = %p.event.reason,
@@ -780,9 +810,11 @@ impl EventQueue {
                         self.waiting.max_capacity()
                     );
                 }
+                Offered::Dropped { logged }
             }
             Err(mpsc::error::TrySendError::Closed(p)) => {
-                warn!(object = %p.target, reason = %p.event.reason, "Event not published: the controller is stopping")
+                warn!(object = %p.target, reason = %p.event.reason, "Event not published: the controller is stopping");
+                Offered::Closed
             }
         }
     }
@@ -863,6 +895,36 @@ mod tests {
             2,
             "a closed queue is the controller stopping, not a drop"
         );
+    }
+
+    /// Each burst of drops is logged at its first drop (and every thousandth), not only the
+    /// first burst since the start: a later burst short of a thousand drops left no line at all.
+    #[test]
+    fn every_burst_of_dropped_events_is_logged() {
+        let dropped = Counter::default();
+        let (queue, mut queued) = EventQueue::new(1, dropped.clone());
+        assert_eq!(queue.offer(pending("a")), Offered::Queued);
+        assert_eq!(queue.offer(pending("b")), Offered::Dropped { logged: true });
+        assert_eq!(queue.offer(pending("c")), Offered::Dropped { logged: false });
+        // The publisher catches up; a later burst drops again.
+        assert_eq!(queued.try_recv().unwrap().target, "ci/a");
+        assert_eq!(queue.offer(pending("d")), Offered::Queued);
+        assert_eq!(
+            queue.offer(pending("e")),
+            Offered::Dropped { logged: true },
+            "the first drop of a new burst is logged"
+        );
+        assert_eq!(queue.offer(pending("f")), Offered::Dropped { logged: false });
+        assert_eq!(dropped.get(), 4);
+        // A burst of thousands: its first drop and each thousandth counted are logged.
+        assert_eq!(queued.try_recv().unwrap().target, "ci/d");
+        assert_eq!(queue.offer(pending("g")), Offered::Queued);
+        let logged = (0..2500)
+            .filter(|_| queue.offer(pending("h")) == Offered::Dropped { logged: true })
+            .count();
+        assert_eq!(logged, 3, "the burst's first drop, and the 1000th and 2000th counted");
+        drop(queued);
+        assert_eq!(queue.offer(pending("i")), Offered::Closed);
     }
 
     fn run_at(rv: &str, reason: &str) -> Arc<CustomRun> {
