@@ -266,6 +266,48 @@ mod tests {
         assert!(serde_json::from_value::<Unmanaged<CustomRun>>(json!([1])).is_err());
     }
 
+    /// Shapes off the proptest's path read as the whole object does (or fail as it does): keys
+    /// spelled with escapes, duplicate keys, a null or absent metadata, managedFields outside
+    /// the object's own metadata, a malformed managedFields (skipped unread, where the whole
+    /// object fails: the only difference, and a lenient one).
+    #[test]
+    fn unusual_shapes_read_as_the_whole_object_does() {
+        let same = [
+            r#"{"metad\u0061ta": {"name": "b", "managed\u0046ields": [{"manager": "m"}]}, "spec": {}}"#,
+            r#"{"metadata": {"name": "b", "labels": {"managedFields": "x"}}, "spec": {"customSpec": {"metadata": {"labels": {"a": "b"}}}}}"#,
+            r#"{"metadata": {"name": "b"}, "managedFields": [1], "spec": {}}"#,
+            r#"{"metadata": {"name": "b", "managedFields": [], "managedFields": [{"manager": "m"}]}, "spec": {}}"#,
+            r#"{"metadata": {"name": "a"}, "metadata": {"name": "b"}, "spec": {}}"#,
+            r#"{"metadata": null, "spec": {}}"#,
+            r#"{"spec": {}}"#,
+            r#"{"metadata": [], "spec": {}}"#,
+            r#"{"metadata": {"name": "b", "managedFields": null}, "spec": {}, "status": null}"#,
+        ];
+        for object in same {
+            let whole = serde_json::from_str::<CustomRun>(object).map(|mut r| {
+                r.metadata.managed_fields = None;
+                serde_json::to_value(r).unwrap()
+            });
+            let read = serde_json::from_str::<Unmanaged<CustomRun>>(object).map(|r| serde_json::to_value(r.0).unwrap());
+            match (&whole, &read) {
+                (Ok(w), Ok(r)) => assert_eq!(w, r, "{object}"),
+                (Err(_), Err(_)) => {}
+                _ => panic!("{object}: whole {whole:?}, read {read:?}"),
+            }
+        }
+        let malformed = r#"{"metadata": {"name": "b", "managedFields": "not a list"}, "spec": {}}"#;
+        assert!(serde_json::from_str::<CustomRun>(malformed).is_err());
+        assert_eq!(
+            serde_json::from_str::<Unmanaged<CustomRun>>(malformed)
+                .unwrap()
+                .0
+                .metadata
+                .name
+                .as_deref(),
+            Some("b")
+        );
+    }
+
     /// Any JSON value, for the field managers' trees and for labels' values.
     fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
         use proptest::prelude::*;
