@@ -701,6 +701,43 @@ async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbui
     }
 }
 
+/// Many more runs due their finished label at once than there are labelling slots
+/// (`LABELS_IN_FLIGHT`): those without a slot come back a few seconds later, and every one is
+/// labelled, with its own MacBuild, and its status left as it was.
+#[tokio::test]
+async fn more_runs_due_their_label_than_slots_are_all_labelled() {
+    let mut h = harness().await;
+    let done = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+        "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+        "completionTime": "2026-10-05T02:55:00Z", "startTime": "2026-10-05T02:50:00Z"}});
+    let names: Vec<String> = (0..6 * tartan_controller::reconcile::LABELS_IN_FLIGHT)
+        .map(|i| format!("due-{i}"))
+        .collect();
+    for name in &names {
+        let run = h.create_run(name, json!({})).await;
+        h.runs()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(done.clone()))
+            .await
+            .unwrap();
+        let mut mb: MacBuild = serde_json::from_value(json!({
+            "apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild",
+            "metadata": {"name": name, "labels": {"tekton.dev/customRun": name}},
+            "spec": {"image": "img", "steps": [{"name": "build", "run": ["true"]}]},
+        }))
+        .unwrap();
+        mb.metadata.owner_references = Some(vec![kube::Resource::controller_owner_ref(&run, &()).unwrap()]);
+        h.builds().create(&PostParams::default(), &mb).await.unwrap();
+    }
+    h.start_controller();
+    for name in &names {
+        wait_marked_finished_within(&h, name, Duration::from_secs(40)).await;
+    }
+    for name in &names {
+        let st = h.status(name).await.unwrap();
+        assert_eq!(succeeded(&st), ("True".into(), "TestsPassed".into()), "{name}");
+    }
+}
+
 /// A finished run deleted and created again under its name while the controller's watches lag:
 /// the label meant for the old run (fenced on its uid) must not hide the new one, which is run
 /// as any other once the watches catch up.
