@@ -799,7 +799,12 @@ fn compare(files: &[PathBuf]) -> anyhow::Result<()> {
         format!("{:.2}", r.catchup_s)
     });
     row("catch-up: the bench's N writes (s)", "", &|r| {
-        format!("{:.2}", r.catchup_floor_s)
+        // 0: a report from before the figure was measured.
+        if r.catchup_floor_s > 0.0 {
+            format!("{:.2}", r.catchup_floor_s)
+        } else {
+            "–".into()
+        }
     });
     row("catch-up: peak RSS (MiB)", "≤ 64 (1k) / 128 (10k)", &|r| {
         format!("{:.1}", r.catchup_proc.hwm_mib)
