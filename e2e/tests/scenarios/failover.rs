@@ -16,7 +16,18 @@ fn transitions(lease: &Lease) -> i32 {
 async fn two_replicas_mid_build(s: &mut Stack, leader: &LeaderOptions) -> Lease {
     s.add_agent("agent-a", AgentOptions::default());
     s.start_replica("ctl-a", ControllerOptions::default(), leader);
-    let lease = s.wait_leader("ctl-a", Duration::from_secs(30)).await;
+    s.wait_leader("ctl-a", Duration::from_secs(30)).await;
+    // Named in the Lease is not leading yet: a replica that creates the Lease waits its own new
+    // record out like anyone's. Started before that, ctl-b waits out the same record and the two
+    // race for it (ctl-b, started 0.1 s after, won once in CI: its poll came first after the 4 s).
+    wait_for("ctl-a to lead", Duration::from_secs(30), || {
+        let got = s.replica_http("ctl-a", "/readyz");
+        (got == (200, "ok: leading\n".to_string()))
+            .then_some(())
+            .ok_or(format!("{got:?}"))
+    })
+    .await;
+    let lease = s.wait_leader("ctl-a", Duration::from_secs(5)).await;
     s.start_replica("ctl-b", ControllerOptions::default(), leader);
     wait_for("ctl-b to stand by", Duration::from_secs(30), || {
         s.replica_log("ctl-b")
