@@ -629,14 +629,19 @@ fn emu_client_placeholder() -> Client {
     Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap()
 }
 
+/// A merge patch that ends a run as TestsPassed (completed 02:55:00Z, long past its label delay).
+fn finished_status() -> serde_json::Value {
+    json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed",
+        "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
+        "completionTime": "2026-10-05T02:55:00Z", "startTime": "2026-10-05T02:50:00Z"}})
+}
+
 /// Runs finished before the label existed (an upgrade) are labelled on the first start, their
 /// own MacBuild with them; a same-named MacBuild that is not the run's is left alone.
 #[tokio::test]
 async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbuild() {
     let mut h = harness().await;
-    let done = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed",
-        "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
-        "completionTime": "2026-10-05T02:55:00Z", "startTime": "2026-10-05T02:50:00Z"}});
+    let done = finished_status();
     let mut owners = vec![];
     for name in ["old-owned", "old-foreign"] {
         let run = h.create_run(name, json!({})).await;
@@ -707,9 +712,7 @@ async fn finished_runs_without_the_label_are_labelled_once_with_their_own_macbui
 #[tokio::test]
 async fn more_runs_due_their_label_than_slots_are_all_labelled() {
     let mut h = harness().await;
-    let done = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TestsPassed",
-        "message": "", "lastTransitionTime": "2026-10-05T02:55:00Z"}],
-        "completionTime": "2026-10-05T02:55:00Z", "startTime": "2026-10-05T02:50:00Z"}});
+    let done = finished_status();
     let names: Vec<String> = (0..6 * tartan_controller::reconcile::LABELS_IN_FLIGHT)
         .map(|i| format!("due-{i}"))
         .collect();
