@@ -17,6 +17,11 @@ use crate::discovery::{self, ClientFilter, KillReport};
 use crate::error::TartError;
 use crate::types::{VmInfo, VmListEntry};
 
+mod output;
+
+pub use output::{LOG_FILE_MODE, log_cap_note};
+use output::{LogSink, pump};
+
 /// Per-command time limits. tart turns lock contention into a hang, so these are what gets a caller unstuck.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
@@ -83,6 +88,11 @@ pub struct ExecOptions {
     pub tail_bytes: usize,
     /// The whole exec, including the guest command; on expiry the `tart exec` process is killed.
     pub timeout: Duration,
+    /// Once the cap is reached, kill the `tart exec` process and return at once (its outcome:
+    /// `truncated`, `exit_code` -1) instead of reading (and dropping) output until the command
+    /// ends: for a read whose output past the cap is worthless, which a guest could otherwise
+    /// make endless (`cat /dev/zero`).
+    pub stop_at_cap: bool,
 }
 
 impl ExecOptions {
@@ -93,14 +103,36 @@ impl ExecOptions {
             log_cap: 64 << 20,
             tail_bytes: 16 << 10,
             timeout,
+            stop_at_cap: false,
         }
     }
+}
+
+/// How to run a `tart exec` whose output is kept in memory ([`Tart::exec_capture`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureOptions {
+    /// Most bytes of output kept; past it [`ExecOutcome::truncated`] is set and the rest is
+    /// counted, not kept.
+    pub max_bytes: u64,
+    /// The whole exec, including the guest command; on expiry the `tart exec` process is killed.
+    pub timeout: Duration,
+}
+
+/// A `tart exec` whose output was kept in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// As for [`Tart::exec`], except that `tail` is the end of tart's stderr only (what tart
+    /// itself says), so that the output, which may hold what must not reach a log, stays here.
+    pub outcome: ExecOutcome,
+    /// stdout and stderr interleaved in arrival order, at most `max_bytes` of it.
+    pub output: Vec<u8>,
 }
 
 /// The result of a `tart exec` that reached the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutcome {
-    /// The guest command's exit code (255 if it was killed by a signal in the guest).
+    /// The guest command's exit code (255 if it was killed by a signal in the guest; -1 if the
+    /// exec was stopped at the cap, see [`ExecOptions::stop_at_cap`]).
     pub exit_code: i32,
     /// The end of the combined output (lossy UTF-8), for status messages.
     pub tail: String,
@@ -464,9 +496,11 @@ impl Tart {
         match &options.log_path {
             Some(path) => {
                 let open = || {
+                    use std::os::unix::fs::OpenOptionsExt;
                     std::fs::OpenOptions::new()
                         .create(true)
                         .append(true)
+                        .mode(LOG_FILE_MODE)
                         .open(path)
                         .map_err(|source| TartError::Io {
                             action: "could not open the tart run log",
@@ -511,7 +545,27 @@ impl Tart {
     /// their exact last stderr line: [`TartError::VmNotRunning`], [`TartError::VmDoesNotExist`],
     /// [`TartError::GuestAgentUnavailable`]. On timeout the `tart exec` process is killed.
     pub async fn exec(&self, name: &str, argv: &[String], options: &ExecOptions) -> Result<ExecOutcome, TartError> {
-        self.exec_with(name, argv, None, options).await
+        let sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
+        self.exec_with(name, argv, None, sink, options.timeout, options.stop_at_cap)
+            .await
+            .map(|(o, _)| o)
+    }
+
+    /// `tart exec [-i] NAME argv…` (`-i` with `input` as the guest command's stdin) with the
+    /// output kept in memory, never written to a file: for output that may hold secret values
+    /// before they are masked. Otherwise as [`exec`](Self::exec).
+    pub async fn exec_capture(
+        &self,
+        name: &str,
+        argv: &[String],
+        input: Option<Vec<u8>>,
+        options: &CaptureOptions,
+    ) -> Result<Captured, TartError> {
+        let sink = LogSink::memory(options.max_bytes);
+        // A capture keeps reading past its cap (only the first bytes are kept) so that the exec's
+        // own end, not the cap, decides its outcome.
+        let (outcome, output) = self.exec_with(name, argv, input, sink, options.timeout, false).await?;
+        Ok(Captured { outcome, output })
     }
 
     /// `tart exec -i NAME argv…` with `input` as the guest command's stdin (then EOF): the way to
@@ -524,16 +578,23 @@ impl Tart {
         input: Vec<u8>,
         options: &ExecOptions,
     ) -> Result<ExecOutcome, TartError> {
-        self.exec_with(name, argv, Some(input), options).await
+        let sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
+        self.exec_with(name, argv, Some(input), sink, options.timeout, options.stop_at_cap)
+            .await
+            .map(|(o, _)| o)
     }
 
+    /// Runs the exec into `sink`; returns the outcome and what a memory sink kept (empty for a
+    /// file).
     async fn exec_with(
         &self,
         name: &str,
         argv: &[String],
         input: Option<Vec<u8>>,
-        options: &ExecOptions,
-    ) -> Result<ExecOutcome, TartError> {
+        mut sink: LogSink,
+        timeout: Duration,
+        stop_at_cap: bool,
+    ) -> Result<(ExecOutcome, Vec<u8>), TartError> {
         if argv.is_empty() {
             return Err(TartError::Usage {
                 command: "exec",
@@ -542,7 +603,6 @@ impl Tart {
             });
         }
         let started = Instant::now();
-        let mut sink = LogSink::open(&options.log_path, options.log_cap, options.tail_bytes)?;
         let mut cmd = self.command();
         cmd.arg("exec");
         if input.is_some() {
@@ -567,33 +627,44 @@ impl Tart {
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(TartError::Io {
                 action: "tart exec started without its output pipes for",
-                path: options.log_path.clone(),
+                path: sink.path.clone(),
                 source: std::io::Error::other("stdout/stderr not captured"),
             });
         };
-        let pumped = tokio::time::timeout(options.timeout, pump(&mut child, &mut out, &mut err, &mut sink)).await;
+        let pumped = tokio::time::timeout(timeout, pump(&mut child, &mut out, &mut err, &mut sink, stop_at_cap)).await;
         let status = match pumped {
             Err(_elapsed) => {
                 let _ = child.start_kill();
                 let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-                sink.note(&format!(
-                    "[tartan: tart exec killed after {:?} timeout]\n",
-                    options.timeout
-                ));
+                sink.note(&format!("[tartan: tart exec killed after {timeout:?} timeout]\n"));
                 return Err(TartError::ExecTimeout {
                     vm: name.to_string(),
-                    after: options.timeout,
+                    after: timeout,
                     tail: sink.tail(),
                 });
             }
             Ok(Err(source)) => {
                 return Err(TartError::Io {
                     action: "could not stream tart exec output to",
-                    path: options.log_path.clone(),
+                    path: sink.path.clone(),
                     source,
                 });
             }
-            Ok(Ok(status)) => status,
+            Ok(Ok(Some(status))) => status,
+            Ok(Ok(None)) => {
+                // Stopped at the cap: what follows is not wanted, and may never end.
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                sink.flush();
+                let outcome = ExecOutcome {
+                    exit_code: -1,
+                    tail: sink.tail(),
+                    output_bytes: sink.total,
+                    truncated: true,
+                    elapsed: started.elapsed(),
+                };
+                return Ok((outcome, sink.into_memory()));
+            }
         };
         sink.flush();
         let code = match status.code() {
@@ -613,13 +684,14 @@ impl Tart {
         {
             return Err(e);
         }
-        Ok(ExecOutcome {
+        let outcome = ExecOutcome {
             exit_code: code,
             tail: sink.tail(),
             output_bytes: sink.total,
             truncated: sink.truncated,
             elapsed: started.elapsed(),
-        })
+        };
+        Ok((outcome, sink.into_memory()))
     }
 
     /// `tart ip NAME --wait N`.
@@ -832,148 +904,6 @@ fn exec_refusal(vm: &str, code: i32, stderr: &str) -> Option<TartError> {
     None
 }
 
-async fn pump(
-    child: &mut Child,
-    out: &mut tokio::process::ChildStdout,
-    err: &mut tokio::process::ChildStderr,
-    sink: &mut LogSink,
-) -> std::io::Result<ExitStatus> {
-    let mut out_buf = vec![0u8; 16 << 10];
-    let mut err_buf = vec![0u8; 16 << 10];
-    let (mut out_open, mut err_open) = (true, true);
-    let mut exited: Option<ExitStatus> = None;
-    while exited.is_none() {
-        tokio::select! {
-            r = out.read(&mut out_buf), if out_open => match r {
-                Ok(0) | Err(_) => out_open = false,
-                Ok(n) => sink.write(&out_buf[..n], false),
-            },
-            r = err.read(&mut err_buf), if err_open => match r {
-                Ok(0) | Err(_) => err_open = false,
-                Ok(n) => sink.write(&err_buf[..n], true),
-            },
-            status = child.wait() => exited = Some(status?),
-        }
-    }
-    // tart exec has exited; collect what is still buffered in the pipes, but don't wait on a straggler that
-    // inherited them.
-    let drain = async {
-        while out_open || err_open {
-            tokio::select! {
-                r = out.read(&mut out_buf), if out_open => match r {
-                    Ok(0) | Err(_) => out_open = false,
-                    Ok(n) => sink.write(&out_buf[..n], false),
-                },
-                r = err.read(&mut err_buf), if err_open => match r {
-                    Ok(0) | Err(_) => err_open = false,
-                    Ok(n) => sink.write(&err_buf[..n], true),
-                },
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-    Ok(exited.unwrap_or_default())
-}
-
-/// The line a capped log ends with once more than `cap` bytes of output came (one wording for every
-/// log that is capped this way).
-pub fn log_cap_note(cap: u64) -> String {
-    format!("\n[tartan: log cap of {cap} bytes reached; further output is not logged]\n")
-}
-
-/// The exec log: the first `cap` bytes go to the file, the last `tail_cap` bytes stay in memory.
-struct LogSink {
-    file: std::fs::File,
-    path: PathBuf,
-    cap: u64,
-    written: u64,
-    total: u64,
-    truncated: bool,
-    write_failed: bool,
-    tail: VecDeque<u8>,
-    tail_cap: usize,
-    stderr_tail: VecDeque<u8>,
-}
-
-impl LogSink {
-    fn open(path: &Path, cap: u64, tail_cap: usize) -> Result<Self, TartError> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|source| TartError::Io {
-                action: "could not open the exec log",
-                path: path.to_path_buf(),
-                source,
-            })?;
-        Ok(LogSink {
-            file,
-            path: path.to_path_buf(),
-            cap,
-            written: 0,
-            total: 0,
-            truncated: false,
-            write_failed: false,
-            tail: VecDeque::new(),
-            tail_cap,
-            stderr_tail: VecDeque::new(),
-        })
-    }
-
-    fn push(buf: &mut VecDeque<u8>, data: &[u8], cap: usize) {
-        let data = &data[data.len().saturating_sub(cap)..];
-        buf.extend(data);
-        let excess = buf.len().saturating_sub(cap);
-        buf.drain(..excess);
-    }
-
-    fn write(&mut self, data: &[u8], is_stderr: bool) {
-        self.total += data.len() as u64;
-        Self::push(&mut self.tail, data, self.tail_cap);
-        if is_stderr {
-            Self::push(&mut self.stderr_tail, data, 4096);
-        }
-        let room = self.cap.saturating_sub(self.written) as usize;
-        let take = room.min(data.len());
-        if take > 0 {
-            self.file_write(&data[..take]);
-            self.written += take as u64;
-        }
-        if take < data.len() && !self.truncated {
-            self.truncated = true;
-            let cap = self.cap;
-            self.file_write(log_cap_note(cap).as_bytes());
-        }
-    }
-
-    fn note(&mut self, text: &str) {
-        self.file_write(text.as_bytes());
-    }
-
-    fn file_write(&mut self, data: &[u8]) {
-        if let Err(e) = self.file.write_all(data)
-            && !self.write_failed
-        {
-            self.write_failed = true;
-            tracing::warn!(path = %self.path.display(), error = %e, "exec log write failed; output is kept only in the in-memory tail");
-        }
-    }
-
-    fn flush(&mut self) {
-        let _ = self.file.flush();
-    }
-
-    fn tail(&self) -> String {
-        let (a, b) = self.tail.as_slices();
-        String::from_utf8_lossy(&[a, b].concat()).into_owned()
-    }
-
-    fn stderr_tail(&self) -> String {
-        let (a, b) = self.stderr_tail.as_slices();
-        String::from_utf8_lossy(&[a, b].concat()).into_owned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1058,5 +988,20 @@ mod tests {
         assert_eq!(sink.tail(), "cdef");
         assert_eq!(sink.total, 16);
         assert!(sink.truncated);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o007, 0, "an exec log is not world-readable: {mode:o}");
+    }
+
+    #[test]
+    fn a_memory_sink_keeps_the_output_and_tells_only_stderr() {
+        let mut sink = LogSink::memory(10);
+        sink.write(b"secret-0", false);
+        sink.write(b"9abcdef", true);
+        sink.note("[note]");
+        sink.flush();
+        assert_eq!(sink.tail(), "9abcdef", "the tail is stderr's, never stdout's");
+        assert_eq!((sink.total, sink.truncated), (15, true));
+        assert_eq!(sink.into_memory(), b"secret-09a", "the first 10 bytes, no note");
     }
 }

@@ -115,3 +115,59 @@ async fn a_failure_with_escapes_and_nul_is_a_bounded_failed_error() {
         text.len()
     );
 }
+
+/// `exec_capture` keeps the output in memory: the guest's output (stdout and stderr) comes back
+/// whole up to the bound, is counted past it, and never reaches a file; the outcome's tail is
+/// tart's stderr only, so an error message built from it cannot carry the output; a timeout
+/// kills the exec and says nothing of the output either.
+#[tokio::test]
+async fn a_captured_exec_keeps_its_output_in_memory_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tart, _) = fake_tart(
+        dir.path(),
+        r#"case $3 in
+  hang) printf 'secret-before-hang'; sleep 30 ;;
+  *) printf 'out-secret-1 '; printf 'tart: warning\n' >&2; printf 'out-secret-2' ;;
+esac"#,
+    );
+    let argv = |what: &str| vec![what.to_string()];
+    let options = tartan_tart::CaptureOptions {
+        max_bytes: 1 << 20,
+        timeout: Duration::from_secs(10),
+    };
+    let got = tart.exec_capture("mb-x", &argv("print"), None, &options).await.unwrap();
+    assert_eq!(got.outcome.exit_code, 0);
+    // Both streams, in arrival order (which two pipes do not fix).
+    let text = String::from_utf8(got.output).unwrap();
+    assert_eq!(text.len(), 39, "{text}");
+    assert!(
+        text.contains("tart: warning\n") && text.replace("tart: warning\n", "") == "out-secret-1 out-secret-2",
+        "{text}"
+    );
+    assert_eq!(got.outcome.tail, "tart: warning\n");
+    assert!(!got.outcome.truncated);
+    let small = tartan_tart::CaptureOptions {
+        max_bytes: 5,
+        ..options
+    };
+    let got = tart.exec_capture("mb-x", &argv("print"), None, &small).await.unwrap();
+    assert_eq!((got.output.len(), got.outcome.truncated), (5, true));
+    assert_eq!(got.outcome.output_bytes, 39);
+    let quick = tartan_tart::CaptureOptions {
+        timeout: Duration::from_millis(500),
+        ..options
+    };
+    let e = tart
+        .exec_capture("mb-x", &argv("hang"), None, &quick)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TartError::ExecTimeout { .. }), "{e}");
+    assert!(!e.to_string().contains("secret"), "{e}");
+    // Nothing but the fake tart and its pid file was written.
+    let mut files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["pid", "tart"]);
+}

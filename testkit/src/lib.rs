@@ -30,8 +30,11 @@
 //! offset (no snapshot); the watch window is global rather than per resource; deny rules and the
 //! garbage collector's own writes bypass each other; no aggregated discovery (kubectl falls back).
 //!
-//! [`RealCluster`] starts the real kube-apiserver of `../shared/kube` for tests that check the
-//! emulator against it (and RBAC, which the emulator does not do).
+//! [`RealCluster`] is a real kube-apiserver for tests that check the emulator against it (and RBAC,
+//! which the emulator does not do): a control plane started from `KUBEBUILDER_ASSETS`, or the
+//! cluster of `KUBECONFIG` with `USE_EXISTING_CLUSTER=true`; without either such tests skip visibly.
+//!
+//! [`customrun_crd`] is the project's own CustomRun CRD, which the emulator, the demo and the tests load.
 //!
 //! Also shared by the other crates' tests ([`support`]): workspace binaries such as `tart-double`
 //! built on demand ([`workspace_bin`]), and bounded polling ([`wait_for`]).
@@ -45,4 +48,9 @@ pub use emulator::{
     start,
 };
 pub use real::RealCluster;
-pub use support::{tart_double, wait_for, workspace_bin};
+
+/// The project's own `customruns.tekton.dev` CRD (`testkit/fixtures/customrun-crd.yaml`).
+pub fn customrun_crd() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/customrun-crd.yaml")
+}
+pub use support::{server_socket_fds, tart_double, wait_for, workspace_bin};

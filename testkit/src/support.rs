@@ -53,7 +53,7 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
 
 /// `tart-double`, built as by [`workspace_bin`].
 pub fn tart_double() -> PathBuf {
-    workspace_bin("tartan-tart", "tart-double")
+    workspace_bin("tart-double", "tart-double")
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
@@ -128,4 +128,32 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Descriptors this process holds for server-side sockets on `port` (the listener and every
+/// accepted connection), from /proc: a socket descriptor names its inode, and /proc/net/tcp maps
+/// inodes to local ports. Counting only these keeps the figure exact while the other tests of
+/// a binary open their own sockets alongside. `None` where there is no /proc.
+pub fn server_socket_fds(port: u16) -> Option<usize> {
+    let inodes_on_port: std::collections::HashSet<String> = ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit(':').next()?;
+            let inode = fields.get(9)?;
+            (u16::from_str_radix(local_port, 16).ok()? == port && *inode != "0").then(|| inode.to_string())
+        })
+        .collect();
+    let fds = std::fs::read_dir("/proc/self/fd").ok()?;
+    Some(
+        fds.filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter_map(|target| {
+                let target = target.to_string_lossy().into_owned();
+                let inode = target.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned();
+                inodes_on_port.contains(&inode).then_some(())
+            })
+            .count(),
+    )
 }

@@ -27,7 +27,7 @@ async fn binary_serves_and_writes_a_kubeconfig_kube_accepts() {
             .args(["--port", "0", "--crd"])
             .arg(fixture("macbuild-crd.yaml"))
             .arg("--crd")
-            .arg(fixture("tekton-customrun-crd.yaml"))
+            .arg(tartan_testkit::customrun_crd())
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)
             .stdout(Stdio::null())

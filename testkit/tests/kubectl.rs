@@ -86,7 +86,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_get_describe() {
     let Some(bin) = kubectl() else { return };
-    let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file(fixture("tekton-customrun-crd.yaml")))
+    let emu = tartan_testkit::start(tartan_testkit::Options::default().crd_file(tartan_testkit::customrun_crd()))
         .await
         .unwrap();
     let k = Kubectl::new(bin, &emu);

@@ -1,5 +1,6 @@
 //! A Kubernetes API emulator: plain HTTP on 127.0.0.1, faithful to kube-apiserver on what Tartan uses.
 
+mod clock;
 mod discovery;
 pub mod faults;
 mod http;

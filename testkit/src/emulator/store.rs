@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, broadcast};
 
+use super::clock::now;
 use super::faults::Faults;
 use super::schema::{self, FieldError};
 use super::status::{ApiError, ApiResult};
@@ -17,14 +18,6 @@ pub type StorageKey = (String, String);
 
 /// Where an object is stored: its type's storage key, namespace and name.
 pub type Location = (StorageKey, String, String);
-
-/// Current time as the apiserver writes `metav1.Time` (RFC 3339, whole seconds, UTC).
-pub fn now() -> String {
-    let t = k8s_openapi::jiff::Timestamp::now();
-    k8s_openapi::jiff::Timestamp::from_second(t.as_second())
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {

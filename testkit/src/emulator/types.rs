@@ -282,7 +282,7 @@ pub fn crd_status(crd: &Value) -> Value {
                 .collect()
         })
         .unwrap_or_default();
-    let now = super::store::now();
+    let now = super::clock::now();
     let mut names = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
     if names.get("singular").is_none()
         && let Some(k) = names.get("kind").and_then(Value::as_str)

@@ -25,7 +25,7 @@ pub async fn emulator_with(options: Options) -> EmulatorHandle {
     tartan_testkit::start(
         options
             .crd_file(fixture("macbuild-crd.yaml"))
-            .crd_file(fixture("tekton-customrun-crd.yaml")),
+            .crd_file(tartan_testkit::customrun_crd()),
     )
     .await
     .expect("emulator starts")

@@ -1,5 +1,5 @@
 //! `tart-double`: a stand-in for the `tart` CLI on machines without Virtualization.framework, following the
-//! contract in `TART.md` section (a): home layout, garbage collection, locks, exit codes, messages and JSON.
+//! contract in docs/tart-contract.md: home layout, garbage collection, locks, exit codes, messages and JSON.
 //! Instead of a VM, `run` is a process holding the VM lock; `exec` runs argv on the host in the VM's folder.
 //!
 //! **Guest processes die with the VM.** In tart the guest lives inside the `tart run` process: a job the guest
@@ -39,11 +39,11 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
 
-use crate::discovery::{tart_home, vm_dir};
-use crate::lock::{LockProbe, probe_write_lock, try_write_lock};
-use crate::types::{VmInfo, VmListEntry, VmState};
 pub use faults::{FAULTS_FILE, Fault, Faults};
 pub use guests::ENV_GUEST;
+use tartan_tart::discovery::{tart_home, vm_dir};
+use tartan_tart::lock::{LockProbe, probe_write_lock, try_write_lock};
+use tartan_tart::types::{VmInfo, VmListEntry, VmState};
 
 /// Env var: seconds between `run` starting and the guest agent answering (default 0; a fault overrides it).
 pub const ENV_BOOT_DELAY: &str = "TART_DOUBLE_BOOT_DELAY_SECS";
@@ -54,7 +54,7 @@ pub const ENV_DISK_SIZE_GB: &str = "TART_DOUBLE_DISK_SIZE_GB";
 
 const LONG_ABOUT: &str = "\
 A test double of the tart CLI (cirruslabs/tart 2.32) for machines without Virtualization.framework. It follows
-the contract in TART.md section (a): exit codes, stderr messages, locks, JSON fields.
+tart's CLI contract: exit codes, stderr messages, locks, JSON fields.
 
 HOME: TART_HOME, default ~/.tart, with vms/, cache/OCIs/, cache/IPSWs/ and tmp/ (auto-created). Every command
 except clone first deletes each tmp/* entry it can flock (garbage collection).

@@ -1,4 +1,4 @@
-//! The tart CLI contract (TART.md section (a)), asserted through the driver and through raw invocations.
+//! The tart CLI contract (docs/tart-contract.md), asserted through the driver and through raw invocations.
 //!
 //! By default these run against `tart-double` with a fresh temporary `TART_HOME` per test. With
 //! `TARTAN_REAL_TART=1` (on a Mac) they run against the real `tart` on PATH (or `TARTAN_REAL_TART_PROGRAM`) and its
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::waitpid;
-use tartan_tart::double::{Fault, Faults};
+use tart_double::{Fault, Faults};
 use tartan_tart::{
     ExecOptions, Pid, RunOptions, RunningVm, SetOptions, Tart, TartError, Timeouts, VmState, process_alive,
 };
@@ -195,7 +195,7 @@ impl Drop for Harness {
             // Processes are owned by guards, except guest jobs a test left behind in a VM (its `run` may
             // have been killed at once); the temp home goes with `_tmp`.
             for name in self.created.borrow().iter() {
-                if let Err(e) = tartan_tart::double::guests::sweep(&self.vm_dir(name), None) {
+                if let Err(e) = tart_double::guests::sweep(&self.vm_dir(name), None) {
                     eprintln!("cleanup: {e}");
                 }
             }
@@ -551,6 +551,21 @@ async fn exec_propagates_exit_codes_and_streams_output() {
     assert!(out.tail.ends_with("line-1999\n"), "{:?}", out.tail);
     let log_len = std::fs::metadata(&capped.log_path).unwrap().len();
     assert!(log_len < 1200, "log is {log_len} bytes");
+
+    // Stopping at the cap: an endless output (a guest file that is /dev/zero) ends the exec at
+    // the cap, long before its timeout, instead of being pumped until then.
+    let stop = ExecOptions {
+        log_cap: 100_000,
+        stop_at_cap: true,
+        ..exec_opts(&h, "stop-at-cap", Duration::from_secs(600))
+    };
+    let started = std::time::Instant::now();
+    let out = tart.exec(&vm, &argv(&["cat", "/dev/zero"]), &stop).await.unwrap();
+    assert!(out.truncated && out.exit_code == -1, "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    assert!(out.output_bytes < 10 << 20, "{out:?}");
+    let log_len = std::fs::metadata(&stop.log_path).unwrap().len();
+    assert!((100_000..100_200).contains(&log_len), "log is {log_len} bytes");
 
     guard.vm().kill().await.unwrap();
     let err = tart
@@ -1317,7 +1332,7 @@ fn start_guest_job(h: &Harness, vm: &str, tag: &str) -> Pid {
 /// Asserts that no process of VM `name` is left, the job's `sleep` included (a sweep finds nothing to kill).
 fn assert_no_guest_left(h: &Harness, name: &str) {
     assert_eq!(
-        tartan_tart::double::guests::sweep(&h.vm_dir(name), None),
+        tart_double::guests::sweep(&h.vm_dir(name), None),
         Ok(0),
         "guest processes of {name} were left"
     );

@@ -1,5 +1,5 @@
 //! `tart-double`: a tart CLI test double. Run `tart-double --help` for its contract, configuration and faults.
 
 fn main() {
-    std::process::exit(tartan_tart::double::main());
+    std::process::exit(tart_double::main());
 }

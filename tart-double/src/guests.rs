@@ -18,7 +18,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sysinfo::{ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System, UpdateKind};
 
-use crate::discovery::process_alive;
+use tartan_tart::process_alive;
 
 /// Env var set on every command `exec` starts: `<run pid> <VM folder>` (the folder canonicalised; the pid
 /// of the `run` holding the VM lock when the command started, 0 if unknown).

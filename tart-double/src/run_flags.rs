@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn what_the_driver_renders_the_double_reads_back() {
         for (name, path, ro) in [("spm", "/Users/ci/cache/spm", false), ("seed", "/srv/a b/seed", true)] {
-            let share = crate::DirShare {
+            let share = tartan_tart::DirShare {
                 name: name.into(),
                 path: path.into(),
                 read_only: ro,
