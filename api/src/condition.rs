@@ -1,11 +1,13 @@
 //! Typed status conditions of a MacBuild and the helper that updates them.
 //!
-//! A condition's `reason` is either a transition reason from the journal ([`Reason`]) or the name
-//! of the attempt state that explains a not-yet-true condition (DESIGN.md shows
-//! `VMDeleted False reason Running`), so [`ConditionReason`] is the union of both plus the few
-//! reasons that only exist at the level of the whole build.
+//! A condition's `reason` is either a transition reason from the journal
+//! ([`Reason`](crate::vocab::Reason)) or the name of the attempt state that explains a
+//! not-yet-true condition (e.g. `VMDeleted False reason Running`), so [`ConditionReason`] is the
+//! union of both plus the few reasons that only exist at the level of the whole build.
 
-use crate::vocab::{AttemptState, ConditionType, Reason, UnknownName, vocabulary};
+// Declared beside `Reason` and `AttemptState`, from the same table (vocab.rs).
+pub use crate::vocab::ConditionReason;
+use crate::vocab::{ConditionType, UnknownName, vocabulary};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use schemars::JsonSchema;
@@ -31,139 +33,6 @@ impl From<bool> for ConditionStatus {
             ConditionStatus::True
         } else {
             ConditionStatus::False
-        }
-    }
-}
-
-vocabulary! {
-    /// Why a condition has its status: every [`Reason`], every [`AttemptState`] name, and the
-    /// build-level reasons below. Spellings are identical to the journal's, so a condition and the
-    /// journal record that caused it read the same.
-    ConditionReason {
-        /// A slot was free and the attempt was admitted into it.
-        SlotFree => "SlotFree",
-        /// `tart exec` answered inside the guest.
-        GuestReady => "GuestReady",
-        /// The previous step exited 0 and the next one is being started in the guest.
-        StepStarted => "StepStarted",
-        /// The agent stopped and left the attempt running in its VM.
-        Detached => "Detached",
-        /// A restarted agent follows the same attempt again.
-        Resumed => "Resumed",
-        /// Every step succeeded and the test report (if any) had no failure.
-        TestsPassed => "TestsPassed",
-        /// The test report lists failures.
-        TestsFailed => "TestsFailed",
-        /// A build or test step exited non-zero.
-        StepFailed => "StepFailed",
-        /// `tart clone`, `set` or `run` failed, or the guest never answered.
-        VMStartFailed => "VMStartFailed",
-        /// The artifact could not be published after retries.
-        ArtifactUploadFailed => "ArtifactUploadFailed",
-        /// The agent found the attempt open at start; the process that ran it is gone.
-        AgentRestarted => "AgentRestarted",
-        /// The agent's task running the attempt failed (a panic); the VM is deleted and a retry
-        /// may follow.
-        AgentFault => "AgentFault",
-        /// The VM's deletion is confirmed.
-        VMDeleted => "VMDeleted",
-        /// `tart delete` failed or the VM directory is still there.
-        DeleteFailed => "DeleteFailed",
-        /// A quarantined VM is gone at last.
-        Resolved => "Resolved",
-        /// Another agent won the claim; nothing was cloned.
-        ClaimLost => "ClaimLost",
-        /// The watchdog deleted the VM after the host execution deadline.
-        WatchdogDeadline => "WatchdogDeadline",
-        /// The agent found the attempt past its host execution deadline.
-        DeadlinePassed => "DeadlinePassed",
-        /// A VM with the agent's prefix and no open attempt.
-        UnknownVM => "UnknownVM",
-        /// The MacBuild asked for cancellation, or was deleted.
-        CancelRequested => "CancelRequested",
-        /// The MacBuild's owner (the CustomRun) was deleted.
-        OwnerDeleted => "OwnerDeleted",
-        /// The attempt is claimed but holds no slot yet.
-        Requested => "Requested",
-        /// The attempt holds a slot; the VM is about to be cloned.
-        Admitted => "Admitted",
-        /// The VM is being cloned and started.
-        Booting => "Booting",
-        /// The steps run in the guest.
-        Running => "Running",
-        /// Test report and artifacts are being gathered.
-        Collecting => "Collecting",
-        /// The outcome is fixed; the VM is being stopped and deleted.
-        Retiring => "Retiring",
-        /// The VM's deletion is confirmed and the slot is free.
-        Retired => "Retired",
-        /// The VM could not be confirmed gone; its slot stays reserved.
-        Quarantined => "Quarantined",
-        /// The last attempt was interrupted and `maxAttempts` allows no further one.
-        AttemptsExhausted => "AttemptsExhausted",
-        /// An interrupted attempt was not retried: less than 120 s were left before the host
-        /// execution deadline.
-        NoTimeToRetry => "NoTimeToRetry",
-        /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
-        StepTimedOut => "StepTimedOut",
-        /// The MacBuild asks for a mount the agent's config does not declare; nothing was cloned.
-        MountNotDeclared => "MountNotDeclared",
-        /// `spec.env` names a Secret this agent is not allowed to read; nothing was cloned.
-        SecretNotAllowed => "SecretNotAllowed",
-        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
-        SecretMissing => "SecretMissing",
-        /// A Secret `spec.env` names could not be read, or holds a value no environment variable
-        /// can carry.
-        SecretUnreadable => "SecretUnreadable",
-    }
-}
-
-impl From<Reason> for ConditionReason {
-    // Exhaustive on purpose: a new journal reason must be given its condition spelling here.
-    fn from(reason: Reason) -> Self {
-        match reason {
-            Reason::SlotFree => ConditionReason::SlotFree,
-            Reason::GuestReady => ConditionReason::GuestReady,
-            Reason::StepStarted => ConditionReason::StepStarted,
-            Reason::Detached => ConditionReason::Detached,
-            Reason::Resumed => ConditionReason::Resumed,
-            Reason::TestsPassed => ConditionReason::TestsPassed,
-            Reason::TestsFailed => ConditionReason::TestsFailed,
-            Reason::StepFailed => ConditionReason::StepFailed,
-            Reason::VMStartFailed => ConditionReason::VMStartFailed,
-            Reason::ArtifactUploadFailed => ConditionReason::ArtifactUploadFailed,
-            Reason::AgentRestarted => ConditionReason::AgentRestarted,
-            Reason::AgentFault => ConditionReason::AgentFault,
-            Reason::VMDeleted => ConditionReason::VMDeleted,
-            Reason::DeleteFailed => ConditionReason::DeleteFailed,
-            Reason::Resolved => ConditionReason::Resolved,
-            Reason::ClaimLost => ConditionReason::ClaimLost,
-            Reason::WatchdogDeadline => ConditionReason::WatchdogDeadline,
-            Reason::DeadlinePassed => ConditionReason::DeadlinePassed,
-            Reason::UnknownVM => ConditionReason::UnknownVM,
-            Reason::CancelRequested => ConditionReason::CancelRequested,
-            Reason::OwnerDeleted => ConditionReason::OwnerDeleted,
-            Reason::StepTimedOut => ConditionReason::StepTimedOut,
-            Reason::MountNotDeclared => ConditionReason::MountNotDeclared,
-            Reason::SecretNotAllowed => ConditionReason::SecretNotAllowed,
-            Reason::SecretMissing => ConditionReason::SecretMissing,
-            Reason::SecretUnreadable => ConditionReason::SecretUnreadable,
-        }
-    }
-}
-
-impl From<AttemptState> for ConditionReason {
-    // Exhaustive on purpose, like `From<Reason>`.
-    fn from(state: AttemptState) -> Self {
-        match state {
-            AttemptState::Requested => ConditionReason::Requested,
-            AttemptState::Admitted => ConditionReason::Admitted,
-            AttemptState::Booting => ConditionReason::Booting,
-            AttemptState::Running => ConditionReason::Running,
-            AttemptState::Collecting => ConditionReason::Collecting,
-            AttemptState::Retiring => ConditionReason::Retiring,
-            AttemptState::Retired => ConditionReason::Retired,
-            AttemptState::Quarantined => ConditionReason::Quarantined,
         }
     }
 }
@@ -260,6 +129,7 @@ pub fn find_condition(conditions: &[Condition], type_: ConditionType) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::{AttemptState, Reason};
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_790_000_000 + seconds).unwrap()

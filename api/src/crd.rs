@@ -20,6 +20,11 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
 /// The most attempts a MacBuild may ask for.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 3;
 
+/// Most steps one MacBuild may have (`spec.steps`, the CRD's `maxItems`): each step has a log
+/// file, a guest job and status entries, and the host's disk and the status size are bounded by
+/// this times the per-step caps.
+pub const MAX_STEPS: usize = 64;
+
 /// What to build: the controller writes it when it creates the MacBuild from a CustomRun.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(transform = kubernetes_schema_fixes)]
@@ -55,7 +60,8 @@ pub struct MacBuildSpec {
     pub source: Option<Source>,
 
     /// Commands run in the guest through `tart exec`, in order; the first failure ends the build.
-    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    /// At most 64 (`MAX_STEPS`).
+    #[schemars(length(min = 1, max = MAX_STEPS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub steps: Vec<Step>,
 
     /// Path of a JUnit XML report in the guest, relative to the build directory, read after the

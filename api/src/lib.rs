@@ -8,6 +8,7 @@ pub mod condition;
 pub mod crd;
 pub mod deadline;
 pub mod destination;
+pub mod duration;
 pub mod env;
 pub mod files;
 pub mod lease_clock;
@@ -19,7 +20,7 @@ pub mod vocab;
 pub use condition::{Condition, ConditionReason, ConditionStatus, find_condition, set_condition};
 pub use crd::{
     Artifacts, AttemptRecord, BuildResults, Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, MAX_ATTEMPTS_LIMIT,
-    MacBuild, MacBuildSpec, MacBuildStatus, Phase, Resources, Source, Step,
+    MAX_STEPS, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Resources, Source, Step,
 };
 pub use crd::{EnvVar, EnvVarSource, SecretKeySelector};
 pub use names::{

@@ -85,54 +85,124 @@ pub fn last_lines(input: &[u8], max_lines: usize, max_bytes: usize) -> String {
 
 /// Removes invalid UTF-8, escape sequences and unwanted control characters.
 fn strip(input: &[u8]) -> String {
-    let mut valid = String::with_capacity(input.len());
-    for chunk in input.utf8_chunks() {
-        valid.push_str(chunk.valid());
-    }
-    let mut out = String::with_capacity(valid.len());
-    let mut chars = valid.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{1b}' => match chars.next() {
-                // CSI: parameters and intermediates up to a final byte in @..~.
-                Some('[') => skip_until(&mut chars, |c| ('@'..='~').contains(&c)),
-                // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \).
-                Some(']' | 'P' | 'X' | '^' | '_') => skip_string(&mut chars),
-                // nF escapes (e.g. ESC ( B): intermediates up to a final byte in 0..~.
-                Some(' '..='/') => skip_until(&mut chars, |c| ('0'..='~').contains(&c)),
-                // A two-byte escape (ESC and one more character).
-                _ => {}
-            },
-            '\u{9b}' => skip_until(&mut chars, |c| ('@'..='~').contains(&c)),
-            '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() => {}
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {}
-            // What a lossy UTF-8 decoding (tart's output) put where invalid bytes were.
-            '\u{fffd}' => {}
-            c => out.push(c),
-        }
-    }
-    out
+    Cleaner::new().push(input)
 }
 
-fn skip_until(chars: &mut std::iter::Peekable<std::str::Chars<'_>>, end: impl Fn(char) -> bool) {
-    for c in chars.by_ref() {
-        if end(c) {
-            return;
-        }
-    }
+/// Where [`Cleaner`] is within an escape sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Escape {
+    /// Not in one.
+    #[default]
+    None,
+    /// After ESC.
+    Esc,
+    /// In a CSI sequence: up to a final character in `@`..`~`.
+    Csi,
+    /// In an nF escape: up to a final character in `0`..`~`.
+    Nf,
+    /// In an OSC, DCS, SOS, PM or APC string: up to BEL, ST (`ESC \`) or C1 ST.
+    Str,
+    /// In such a string, after ESC.
+    StrEsc,
 }
 
-fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{7}' | '\u{9c}' => return,
-            '\u{1b}' if chars.peek() == Some(&'\\') => {
-                chars.next();
-                return;
+/// The cleaning of [`clean`] (without its trimming and bound) for a stream that comes in pieces:
+/// an escape sequence or a UTF-8 character split across pieces is cleaned as if it came whole.
+/// Memory is bounded whatever the input (at most 3 bytes of an unfinished character are held).
+/// `kubectl tartan logs` cleans build output with it; [`clean`] and [`last_lines`] use it too, so
+/// there is one definition of clean text.
+#[derive(Clone, Debug, Default)]
+pub struct Cleaner {
+    /// The start of a UTF-8 character whose end has not come yet.
+    partial: Vec<u8>,
+    escape: Escape,
+}
+
+impl Cleaner {
+    pub fn new() -> Cleaner {
+        Cleaner::default()
+    }
+
+    /// Cleans the next piece of the stream; returns what of it is clean text so far.
+    pub fn push(&mut self, input: &[u8]) -> String {
+        let mut out = String::with_capacity(input.len());
+        if self.partial.is_empty() {
+            self.decode(input, &mut out);
+        } else {
+            let mut joined = std::mem::take(&mut self.partial);
+            joined.extend_from_slice(input);
+            self.decode(&joined, &mut out);
+        }
+        out
+    }
+
+    /// Starts over, as for a new stream: an unfinished character is dropped, an unfinished escape
+    /// sequence ends (it swallowed what followed it in its stream).
+    pub fn reset(&mut self) {
+        self.partial.clear();
+        self.escape = Escape::None;
+    }
+
+    /// Decodes `bytes` (dropping invalid sequences, holding an unfinished one at the end) and
+    /// feeds the characters.
+    fn decode(&mut self, mut bytes: &[u8], out: &mut String) {
+        loop {
+            match std::str::from_utf8(bytes) {
+                Ok(text) => {
+                    self.feed(text, out);
+                    return;
+                }
+                Err(e) => {
+                    let (valid, rest) = bytes.split_at(e.valid_up_to());
+                    self.feed(std::str::from_utf8(valid).expect("valid up to here"), out);
+                    match e.error_len() {
+                        Some(n) => bytes = &rest[n..],
+                        None => {
+                            self.partial = rest.to_vec();
+                            return;
+                        }
+                    }
+                }
             }
-            _ => {}
+        }
+    }
+
+    fn feed(&mut self, text: &str, out: &mut String) {
+        for c in text.chars() {
+            self.escape = match self.escape {
+                Escape::None => match c {
+                    '\u{1b}' => Escape::Esc,
+                    '\u{9b}' => Escape::Csi,
+                    '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => Escape::Str,
+                    '\n' | '\t' => {
+                        out.push(c);
+                        Escape::None
+                    }
+                    c if c.is_control() => Escape::None,
+                    '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => Escape::None,
+                    // What a lossy UTF-8 decoding (tart's output) put where invalid bytes were.
+                    '\u{fffd}' => Escape::None,
+                    c => {
+                        out.push(c);
+                        Escape::None
+                    }
+                },
+                Escape::Esc => match c {
+                    '[' => Escape::Csi,
+                    ']' | 'P' | 'X' | '^' | '_' => Escape::Str,
+                    ' '..='/' => Escape::Nf,
+                    // A two-byte escape (ESC and one more character).
+                    _ => Escape::None,
+                },
+                Escape::Csi if ('@'..='~').contains(&c) => Escape::None,
+                Escape::Csi => Escape::Csi,
+                Escape::Nf if ('0'..='~').contains(&c) => Escape::None,
+                Escape::Nf => Escape::Nf,
+                Escape::Str | Escape::StrEsc if c == '\u{7}' || c == '\u{9c}' => Escape::None,
+                Escape::StrEsc if c == '\\' => Escape::None,
+                Escape::Str | Escape::StrEsc if c == '\u{1b}' => Escape::StrEsc,
+                Escape::Str | Escape::StrEsc => Escape::Str,
+            };
         }
     }
 }
@@ -179,6 +249,56 @@ mod tests {
         assert_eq!(last_lines(b"", 3, 100), "");
     }
 
+    /// What a build can print to reach the terminal of whoever reads its logs.
+    const HOSTILE: &[(&[u8], &str)] = &[
+        (b"a\x1b]52;c;cHduZWQ=\x07b", "OSC 52 clipboard write, BEL"),
+        (b"a\x1b]52;c;cHduZWQ=\x1b\\b", "OSC 52 clipboard write, ST"),
+        (b"a\x1b]0;owned title\x07b", "window title"),
+        (b"a\x1b]2;title\x1b\\b", "window title, ST"),
+        (b"a\x1b]8;;http://evil/\x1b\\b", "hyperlink"),
+        (b"a\x1bP1$qm\x1b\\b", "DCS (DECRQSS)"),
+        (b"a\x1b_apc payload\x1b\\b", "APC"),
+        (b"a\x1b^pm payload\x07b", "PM"),
+        (b"a\x1bXsos payload\x1b\\b", "SOS"),
+        (b"a\x1b[2J\x1b[3J\x1b[Hb", "clear screen and scrollback"),
+        (b"a\x1b[6nb", "cursor report request"),
+        (b"a\x1bcb", "full reset (RIS)"),
+        (b"a\x1b(0b", "charset switch (nF)"),
+        ("a\u{9b}2Jb".as_bytes(), "C1 CSI (UTF-8)"),
+        ("a\u{9d}0;t\u{9c}b".as_bytes(), "C1 OSC with C1 ST"),
+        ("a\u{90}dcs\u{9c}b".as_bytes(), "C1 DCS"),
+        // Invalid UTF-8, dropped: what follows is plain text (`2J`, `0;t` below).
+        (b"a\x9b\x9d\x90\x07b", "raw 8-bit C1 bytes (invalid UTF-8)"),
+        (b"a\rb", "carriage return"),
+        (b"a\x08\x7fb", "backspace, DEL"),
+        ("a\u{202e}b".as_bytes(), "bidi override"),
+        (b"a\x1b]52;c;\x1b\x1b\\b", "ESC ESC \\ inside a string"),
+    ];
+
+    #[test]
+    fn every_hostile_sequence_is_removed_whole_or_split_anywhere() {
+        for (raw, what) in HOSTILE {
+            let whole = clean(raw, 1000);
+            assert_eq!(whole, "ab", "{what}");
+            // Split at every byte, and byte by byte: the same text.
+            for cut in 0..=raw.len() {
+                let mut c = Cleaner::new();
+                let text = c.push(&raw[..cut]) + &c.push(&raw[cut..]);
+                assert_eq!(text, "ab", "{what}, cut at {cut}");
+            }
+            let mut c = Cleaner::new();
+            let text: String = raw.iter().map(|b| c.push(std::slice::from_ref(b))).collect();
+            assert_eq!(text, "ab", "{what}, byte by byte");
+        }
+        // A character split across pieces comes through once; a reset drops what is unfinished.
+        let mut c = Cleaner::new();
+        assert_eq!(c.push(b"caf\xc3"), "caf");
+        assert_eq!(c.push(b"\xa9!"), "é!");
+        assert_eq!(c.push(b"x\x1b]0;"), "x");
+        c.reset();
+        assert_eq!(c.push(b"after"), "after");
+    }
+
     fn noisy() -> impl Strategy<Value = Vec<u8>> {
         let piece = prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..8),
@@ -213,6 +333,20 @@ mod tests {
             prop_assert!(once.is_empty() || once.split('\n').count() <= lines, "{:?}", once);
             prop_assert!(is_clean(&once), "{:?}", once);
             prop_assert_eq!(last_lines(once.as_bytes(), lines, max), once.clone());
+        }
+
+        #[test]
+        fn cleaning_in_pieces_is_cleaning_whole(input in noisy(), cuts in proptest::collection::vec(0usize..400, 0..6)) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+            cuts.sort();
+            let mut c = Cleaner::new();
+            let mut pieces = String::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([input.len()]) {
+                pieces.push_str(&c.push(&input[from..cut]));
+                from = cut;
+            }
+            prop_assert_eq!(pieces, strip(&input));
         }
 
         #[test]

@@ -55,26 +55,157 @@ pub struct UnknownName {
     pub name: String,
 }
 
-vocabulary! {
-    /// The states of one attempt (DESIGN.md "The attempt machine").
-    AttemptState {
-        /// The MacBuild is claimed; no slot is reserved yet.
-        Requested => "Requested",
-        /// A slot is reserved and the host execution deadline is fixed.
-        Admitted => "Admitted",
-        /// `tart clone` / `set` / `run` are in progress; the guest is not answering yet.
-        Booting => "Booting",
-        /// `tart exec` answers; the spec's steps run.
-        Running => "Running",
-        /// Test report and artifacts are being gathered.
-        Collecting => "Collecting",
-        /// The outcome is fixed; the VM is being stopped and deleted.
-        Retiring => "Retiring",
-        /// The VM's deletion is confirmed; the slot is free.
-        Retired => "Retired",
-        /// Deletion failed or the VM cannot be accounted for; the slot stays reserved.
-        Quarantined => "Quarantined",
-    }
+/// Declares [`Reason`], [`AttemptState`] and [`ConditionReason`] from one table, so a reason is
+/// written (and documented) once. Each entry names the vocabulary it belongs to: a `Reason` or an
+/// `AttemptState` is also a `ConditionReason` (a condition and the journal record that caused it
+/// read the same), a `ConditionReason` entry exists only at the level of the whole build. Each
+/// enum keeps the table's order (the CRD lists a condition's reasons in it), and `From<Reason>`
+/// and `From<AttemptState>` for `ConditionReason` follow from the table.
+macro_rules! reasons {
+    (
+        $(#[$reason_meta:meta])* Reason;
+        $(#[$state_meta:meta])* AttemptState;
+        $(#[$condition_meta:meta])* ConditionReason;
+        $($table:tt)*
+    ) => {
+        reasons!(@sort
+            [$(#[$reason_meta])*] [$(#[$state_meta])*] [$(#[$condition_meta])*]
+            [] [] [] [] []
+            $($table)*
+        );
+    };
+    // Accumulators: the three enums' entries, then the variant names of Reason and AttemptState.
+    (@sort $rm:tt $sm:tt $cm:tt [$($r:tt)*] [$($s:tt)*] [$($c:tt)*] [$($rv:ident)*] [$($sv:ident)*]
+        $(#[$m:meta])* Reason $v:ident => $t:literal, $($rest:tt)*
+    ) => {
+        reasons!(@sort $rm $sm $cm
+            [$($r)* $(#[$m])* $v => $t,] [$($s)*] [$($c)* $(#[$m])* $v => $t,] [$($rv)* $v] [$($sv)*]
+            $($rest)*
+        );
+    };
+    (@sort $rm:tt $sm:tt $cm:tt [$($r:tt)*] [$($s:tt)*] [$($c:tt)*] [$($rv:ident)*] [$($sv:ident)*]
+        $(#[$m:meta])* AttemptState $v:ident => $t:literal, $($rest:tt)*
+    ) => {
+        reasons!(@sort $rm $sm $cm
+            [$($r)*] [$($s)* $(#[$m])* $v => $t,] [$($c)* $(#[$m])* $v => $t,] [$($rv)*] [$($sv)* $v]
+            $($rest)*
+        );
+    };
+    (@sort $rm:tt $sm:tt $cm:tt [$($r:tt)*] [$($s:tt)*] [$($c:tt)*] [$($rv:ident)*] [$($sv:ident)*]
+        $(#[$m:meta])* ConditionReason $v:ident => $t:literal, $($rest:tt)*
+    ) => {
+        reasons!(@sort $rm $sm $cm
+            [$($r)*] [$($s)*] [$($c)* $(#[$m])* $v => $t,] [$($rv)*] [$($sv)*]
+            $($rest)*
+        );
+    };
+    (@sort [$($rm:tt)*] [$($sm:tt)*] [$($cm:tt)*] [$($r:tt)*] [$($s:tt)*] [$($c:tt)*] [$($rv:ident)*] [$($sv:ident)*]) => {
+        vocabulary! { $($rm)* Reason { $($r)* } }
+        vocabulary! { $($sm)* AttemptState { $($s)* } }
+        vocabulary! { $($cm)* ConditionReason { $($c)* } }
+
+        impl From<Reason> for ConditionReason {
+            fn from(reason: Reason) -> Self {
+                match reason { $(Reason::$rv => ConditionReason::$rv,)* }
+            }
+        }
+
+        impl From<AttemptState> for ConditionReason {
+            fn from(state: AttemptState) -> Self {
+                match state { $(AttemptState::$sv => ConditionReason::$sv,)* }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Why a transition happened. These are the journal's and the conditions' reasons.
+    Reason;
+    /// The states of one attempt (README.md, "How it works").
+    AttemptState;
+    /// Why a condition has its status: every [`Reason`], every [`AttemptState`] name, and the
+    /// build-level reasons below. Spellings are identical to the journal's, so a condition and the
+    /// journal record that caused it read the same.
+    ConditionReason;
+    /// A slot was free and the attempt was admitted into it.
+    Reason SlotFree => "SlotFree",
+    /// `tart exec` answered inside the guest.
+    Reason GuestReady => "GuestReady",
+    /// The previous step exited 0 and the next one is being started in the guest.
+    Reason StepStarted => "StepStarted",
+    /// The agent stopped (launchd's SIGTERM: an upgrade, a bootout) and left the attempt
+    /// running in its VM; the next start resumes it.
+    Reason Detached => "Detached",
+    /// A restarted agent found the attempt's VM running and its guest answering, and follows
+    /// the same attempt again.
+    Reason Resumed => "Resumed",
+    /// Every step succeeded and the test report (if any) had no failure.
+    Reason TestsPassed => "TestsPassed",
+    /// The test report lists failures.
+    Reason TestsFailed => "TestsFailed",
+    /// A build or test step exited non-zero.
+    Reason StepFailed => "StepFailed",
+    /// `tart clone`, `set` or `run` failed, or the guest never answered.
+    Reason VMStartFailed => "VMStartFailed",
+    /// The artifact could not be published after retries.
+    Reason ArtifactUploadFailed => "ArtifactUploadFailed",
+    /// The agent found the attempt open at start; the process that ran it is gone.
+    Reason AgentRestarted => "AgentRestarted",
+    /// The agent's task running the attempt failed (a panic); the VM is deleted and a retry
+    /// may follow.
+    Reason AgentFault => "AgentFault",
+    /// The VM's deletion is confirmed.
+    Reason VMDeleted => "VMDeleted",
+    /// `tart delete` failed or the VM directory is still there.
+    Reason DeleteFailed => "DeleteFailed",
+    /// A quarantined VM is gone at last.
+    Reason Resolved => "Resolved",
+    /// Another agent won the claim; nothing was cloned.
+    Reason ClaimLost => "ClaimLost",
+    /// The watchdog deleted the VM after the host execution deadline.
+    Reason WatchdogDeadline => "WatchdogDeadline",
+    /// The agent found the attempt past its host execution deadline.
+    Reason DeadlinePassed => "DeadlinePassed",
+    /// A VM with the agent's prefix and no open attempt.
+    Reason UnknownVM => "UnknownVM",
+    /// The MacBuild asked for cancellation, or was deleted.
+    Reason CancelRequested => "CancelRequested",
+    /// The MacBuild's owner (the CustomRun) was deleted.
+    Reason OwnerDeleted => "OwnerDeleted",
+    /// The MacBuild is claimed; no slot is reserved yet.
+    AttemptState Requested => "Requested",
+    /// A slot is reserved and the host execution deadline is fixed.
+    AttemptState Admitted => "Admitted",
+    /// `tart clone` / `set` / `run` are in progress; the guest is not answering yet.
+    AttemptState Booting => "Booting",
+    /// `tart exec` answers; the spec's steps run.
+    AttemptState Running => "Running",
+    /// Test report and artifacts are being gathered.
+    AttemptState Collecting => "Collecting",
+    /// The outcome is fixed; the VM is being stopped and deleted.
+    AttemptState Retiring => "Retiring",
+    /// The VM's deletion is confirmed; the slot is free.
+    AttemptState Retired => "Retired",
+    /// Deletion failed or the VM cannot be accounted for; the slot stays reserved.
+    AttemptState Quarantined => "Quarantined",
+    /// The last attempt was interrupted and `maxAttempts` allows no further one.
+    ConditionReason AttemptsExhausted => "AttemptsExhausted",
+    /// An interrupted attempt was not retried: less than 120 s were left before the host
+    /// execution deadline.
+    ConditionReason NoTimeToRetry => "NoTimeToRetry",
+    /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
+    Reason StepTimedOut => "StepTimedOut",
+    /// The MacBuild asks for a mount (`spec.mounts`) the agent's config does not declare;
+    /// nothing was cloned.
+    Reason MountNotDeclared => "MountNotDeclared",
+    /// `spec.env` names a Secret this agent is not allowed to read (its `[secrets] allowed`
+    /// list); nothing was cloned.
+    Reason SecretNotAllowed => "SecretNotAllowed",
+    /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
+    Reason SecretMissing => "SecretMissing",
+    /// A Secret `spec.env` names could not be read (RBAC refused, API unreachable) or holds a
+    /// value no environment variable can carry.
+    Reason SecretUnreadable => "SecretUnreadable",
 }
 
 impl AttemptState {
@@ -115,70 +246,6 @@ impl Outcome {
     /// Only an interrupted attempt may be followed by another one.
     pub fn permits_retry(self) -> bool {
         self == Outcome::Interrupted
-    }
-}
-
-vocabulary! {
-    /// Why a transition happened. These are the journal's and the conditions' reasons.
-    Reason {
-        /// A slot was free and the attempt was admitted into it.
-        SlotFree => "SlotFree",
-        /// `tart exec` answered inside the guest.
-        GuestReady => "GuestReady",
-        /// The previous step exited 0 and the next one is being started in the guest.
-        StepStarted => "StepStarted",
-        /// The agent stopped (launchd's SIGTERM: an upgrade, a bootout) and left the attempt
-        /// running in its VM; the next start resumes it.
-        Detached => "Detached",
-        /// A restarted agent found the attempt's VM running and its guest answering, and follows
-        /// the same attempt again.
-        Resumed => "Resumed",
-        /// Every step succeeded and the test report (if any) had no failure.
-        TestsPassed => "TestsPassed",
-        /// The test report lists failures.
-        TestsFailed => "TestsFailed",
-        /// A build or test step exited non-zero.
-        StepFailed => "StepFailed",
-        /// `tart clone`, `set` or `run` failed, or the guest never answered.
-        VMStartFailed => "VMStartFailed",
-        /// The artifact could not be published after retries.
-        ArtifactUploadFailed => "ArtifactUploadFailed",
-        /// The agent found the attempt open at start; the process that ran it is gone.
-        AgentRestarted => "AgentRestarted",
-        /// The agent's task running the attempt failed (a panic); the VM is deleted and a retry
-        /// may follow.
-        AgentFault => "AgentFault",
-        /// The VM's deletion is confirmed.
-        VMDeleted => "VMDeleted",
-        /// `tart delete` failed or the VM directory is still there.
-        DeleteFailed => "DeleteFailed",
-        /// A quarantined VM is gone at last.
-        Resolved => "Resolved",
-        /// Another agent won the claim; nothing was cloned.
-        ClaimLost => "ClaimLost",
-        /// The watchdog deleted the VM after the host execution deadline.
-        WatchdogDeadline => "WatchdogDeadline",
-        /// The agent found the attempt past its host execution deadline.
-        DeadlinePassed => "DeadlinePassed",
-        /// A VM with the agent's prefix and no open attempt.
-        UnknownVM => "UnknownVM",
-        /// The MacBuild asked for cancellation, or was deleted.
-        CancelRequested => "CancelRequested",
-        /// The MacBuild's owner (the CustomRun) was deleted.
-        OwnerDeleted => "OwnerDeleted",
-        /// A step ran longer than its `timeoutSeconds` and was killed in the guest.
-        StepTimedOut => "StepTimedOut",
-        /// The MacBuild asks for a mount (`spec.mounts`) the agent's config does not declare;
-        /// nothing was cloned.
-        MountNotDeclared => "MountNotDeclared",
-        /// `spec.env` names a Secret this agent is not allowed to read (its `[secrets] allowed`
-        /// list); nothing was cloned.
-        SecretNotAllowed => "SecretNotAllowed",
-        /// A Secret or a key that `spec.env` names does not exist; nothing was cloned.
-        SecretMissing => "SecretMissing",
-        /// A Secret `spec.env` names could not be read (RBAC refused, API unreachable) or holds a
-        /// value no environment variable can carry.
-        SecretUnreadable => "SecretUnreadable",
     }
 }
 

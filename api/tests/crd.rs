@@ -10,7 +10,7 @@ use tartan_api::{
     MacBuildSpec, MacBuildStatus, Outcome, Phase, Reason,
 };
 
-/// The MacBuild shown in DESIGN.md, verbatim.
+/// A MacBuild with every spec field and a Running status with a claim.
 const DESIGN_EXAMPLE: &str = r#"
 apiVersion: tartan.dev/v1alpha1
 kind: MacBuild

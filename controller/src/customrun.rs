@@ -1,5 +1,5 @@
-//! Tekton's `CustomRun` (`tekton.dev/v1beta1`), hand-written to match Tekton's CRD
-//! (`config/300-crds/300-customrun.yaml`, see TEKTON.md).
+//! Tekton's `CustomRun` (`tekton.dev/v1beta1`), written to match the fields of Tekton's own CRD
+//! that Tartan reads or writes (the tests' CRD is `testkit/fixtures/customrun-crd.yaml`).
 //!
 //! The derive is used only as a client type: Tartan never installs this CRD, so the schema is
 //! disabled. Fields whose CRD schema keeps unknown fields (`params[].value`, `customSpec.spec`,
@@ -209,7 +209,7 @@ mod tests {
         serde_saphyr::from_str(yaml).expect("fixture parses")
     }
 
-    /// The object Tekton's `createCustomRun` produces (TEKTON.md (a)), with a list param.
+    /// The object Tekton's PipelineRun reconciler creates for a custom task, with a list param.
     const TEKTON_CREATED: &str = r#"
 apiVersion: tekton.dev/v1beta1
 kind: CustomRun

@@ -1,7 +1,8 @@
 //! The pure core: given a CustomRun, what we see of its MacBuild and of the holder's Lease, and
 //! `now`, decide the CustomRun's whole status, the one action on the MacBuild, and when to look
-//! again. No I/O and no clock reads here; every rule of TEKTON.md and DESIGN.md "Controller
-//! deadlines" is a branch of [`decide`] and a row in the tests below.
+//! again. No I/O and no clock reads here; every rule of the custom-task contract and of the
+//! controller's deadlines (README.md, "When a process dies") is a branch of [`decide`] and a row in
+//! the tests below.
 
 use crate::customrun::{Condition, CustomRun, CustomRunResult, CustomRunStatus, SUCCEEDED, reason};
 use crate::duration::{format_secs, parse_go_duration};
@@ -46,6 +47,9 @@ pub mod own_reason {
     pub const WORKSPACE_NOT_SUPPORTED: &str = "CustomRunWorkspaceNotSupported";
     pub const INVALID_TIMEOUT: &str = "InvalidTimeout";
     pub const MACBUILD_NAME_TAKEN: &str = "MacBuildNameTaken";
+    /// `Unknown` while a MacBuild of the same name, not ours, is being deleted (a run created
+    /// again under its name): ours is created once that one is gone.
+    pub const MACBUILD_NAME_TERMINATING: &str = "MacBuildNameTerminating";
     pub const MACBUILD_DELETED: &str = "MacBuildDeleted";
     pub const PENDING: &str = "Pending";
     pub const DELETING_VM: &str = "DeletingVM";
@@ -53,8 +57,19 @@ pub mod own_reason {
     pub const TIMING_OUT: &str = "TimingOut";
     pub const LEASE_EXPIRED: &str = "LeaseExpired";
     pub const LEASE_RENEWED: &str = "LeaseRenewed";
+    /// `HostUnreachable=False` on a run the agent ended itself while its Lease still looked
+    /// expired (its status write outran its next renewal).
+    pub const RESULT_DELIVERED: &str = "ResultDelivered";
 }
 use own_reason as own;
+
+mod cancel;
+mod timeout;
+mod without_build;
+
+use cancel::decide_cancel;
+use timeout::decide_timeout;
+use without_build::decide_without_build;
 
 /// Result names (all values are strings, as Tekton requires).
 pub mod result {
@@ -275,7 +290,8 @@ pub struct Extra {
     /// The CustomRun deadline (startTime + timeout), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<String>,
-    /// When we first saw `spec.status: RunCancelled` and asked the MacBuild to cancel.
+    /// When we first asked the MacBuild to cancel: on `spec.status: RunCancelled`, or on a
+    /// timeout with a live holder (whose grace then runs from this ask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested_at: Option<String>,
 }
@@ -373,18 +389,8 @@ impl Draft {
         let was_true = old.as_ref().is_some_and(|c| c.status == "True");
         match live {
             Liveness::Live { renewed, .. } => {
-                if old.is_some() {
-                    let msg = format!("agent {agent} renewed its lease at {}", rfc3339(renewed));
-                    let cond = self.condition(HOST_UNREACHABLE, "False", own::LEASE_RENEWED, msg.clone(), old.as_ref());
-                    if was_true {
-                        self.events.push(Note {
-                            warning: false,
-                            reason: own::LEASE_RENEWED.into(),
-                            message: msg,
-                        });
-                    }
-                    put_condition(&mut self.status.conditions, cond);
-                }
+                let msg = format!("agent {agent} renewed its lease at {}", rfc3339(renewed));
+                self.set_reachable(own::LEASE_RENEWED, msg);
             }
             Liveness::Expired { .. } | Liveness::Missing => {
                 let msg = format!(
@@ -402,6 +408,35 @@ impl Draft {
                 put_condition(&mut self.status.conditions, cond);
             }
         }
+    }
+
+    /// [`Draft::set_unreachable`] for a MacBuild the agent ended itself (terminal, VM deleted):
+    /// that status came from the agent, so it reached the cluster whatever its Lease says. An
+    /// earlier `HostUnreachable` is set `False/ResultDelivered` rather than kept `True` on the
+    /// ended run; with no earlier one, none is added.
+    fn set_reached_by_result(&mut self, holder: Option<&str>, live: Option<Liveness>) {
+        let (Some(agent), Some(Liveness::Expired { .. } | Liveness::Missing)) = (holder, live) else {
+            return self.set_unreachable(holder, live);
+        };
+        let msg = format!("agent {agent} delivered the build's end; its Lease had not been renewed yet");
+        self.set_reachable(own::RESULT_DELIVERED, msg);
+    }
+
+    /// `HostUnreachable=False/<why>` when the run has the condition (none is added), with an
+    /// Event when it turns from `True`.
+    fn set_reachable(&mut self, why: &str, msg: String) {
+        let Some(old) = self.old_unreachable.clone() else {
+            return;
+        };
+        let cond = self.condition(HOST_UNREACHABLE, "False", why, msg.clone(), Some(&old));
+        if old.status == "True" {
+            self.events.push(Note {
+                warning: false,
+                reason: why.into(),
+                message: msg,
+            });
+        }
+        put_condition(&mut self.status.conditions, cond);
     }
 
     fn finish(
@@ -600,21 +635,7 @@ pub fn decide(
 
     let timeout = match effective_timeout(run, timing) {
         Ok(t) => t,
-        Err(e) => {
-            let action = if build.is_some_and(|b| !b.cancel_requested) {
-                BuildAction::RequestCancel
-            } else {
-                BuildAction::None
-            };
-            return d.finish(
-                "False",
-                own::INVALID_TIMEOUT,
-                e,
-                retirement_without_confirmation(build),
-                build,
-                action,
-            );
-        }
+        Err(e) => return decide_invalid_timeout(d, build, e),
     };
     let deadline = timeout.map(|t| add(start, t));
     d.extra.deadline = deadline.map(rfc3339);
@@ -623,27 +644,95 @@ pub fn decide(
     let cancelled = run.spec.is_cancelled();
 
     let Some(b) = build else {
-        return decide_without_build(d, run, &key, &name, timeout, deadline, cancelled, &timeout_text);
+        return decide_without_build(d, run, &key, &name, timeout, deadline, cancelled, &timeout_text, None);
     };
 
     let run_uid = run.metadata.uid.as_deref().unwrap_or_default();
-    if b.controller_uid.as_deref() != Some(run_uid) {
-        let msg = format!(
-            "MacBuild {} exists but is not controlled by this CustomRun (uid {run_uid}); refusing to adopt it. \
-             Delete or rename it and re-run the pipeline",
-            b.key()
-        );
-        return d.finish(
-            "False",
-            own::MACBUILD_NAME_TAKEN,
-            msg,
-            VmRetirement::None,
-            None,
-            BuildAction::None,
+    if b.controller_uid.as_deref() != Some(run_uid) && b.deleting {
+        // Another run's MacBuild under our name, on its way out (a PipelineRun deleted and
+        // created again while the agent's finalizer holds the old build until its VM is gone):
+        // the name is free once it is gone, which its watch event or the requeue shows us.
+        return decide_without_build(
+            d,
+            run,
+            &key,
+            &name,
+            timeout,
+            deadline,
+            cancelled,
+            &timeout_text,
+            Some(b),
         );
     }
+    if b.controller_uid.as_deref() != Some(run_uid) {
+        return refuse_foreign_build(d, b, run_uid);
+    }
 
-    // Record what we see, for `kubectl get customrun -o yaml` and for later reconciles.
+    let known_before = (d.extra.holder.clone(), d.extra.attempt.clone());
+    record_build(&mut d, b);
+    // Whether the run's status already names a holder and an attempt: only then may the
+    // MacBuild be deleted (see `decide_timeout`). Any recorded ones do: a MacBuild showing a new
+    // attempt every round (a crash loop, a hostile agent) must not keep the run from ending.
+    let holder_recorded = known_before.0.is_some() && known_before.1.is_some();
+
+    let holder = b.holder.as_deref();
+    let live = holder.map(|h| liveness(h, lease, timing.lease_duration, now));
+
+    // Terminal only after VMDeleted=True: the build's own outcome, which wins over a later
+    // cancel or deadline (the first terminal fact wins).
+    if b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted {
+        return decide_settled_build(d, b, holder, live, cancelled, past_deadline, &timeout_text);
+    }
+
+    if cancelled {
+        return decide_cancel(d, b, live, timing);
+    }
+
+    if past_deadline {
+        let deadline = deadline.expect("past_deadline implies a deadline");
+        return decide_timeout(d, b, live, timing, deadline, &timeout_text, holder_recorded);
+    }
+
+    decide_running(d, b, holder, live, deadline)
+}
+
+/// The run's timeout cannot be worked out: the run fails `False/InvalidTimeout`, and a MacBuild
+/// already made is asked to cancel.
+fn decide_invalid_timeout(d: Draft, build: Option<&BuildView>, e: String) -> Plan {
+    let action = if build.is_some_and(|b| !b.cancel_requested) {
+        BuildAction::RequestCancel
+    } else {
+        BuildAction::None
+    };
+    d.finish(
+        "False",
+        own::INVALID_TIMEOUT,
+        e,
+        retirement_without_confirmation(build),
+        build,
+        action,
+    )
+}
+
+/// A live MacBuild under the run's name that another controller owns: refused, never adopted.
+fn refuse_foreign_build(d: Draft, b: &BuildView, run_uid: &str) -> Plan {
+    let msg = format!(
+        "MacBuild {} exists but is not controlled by this CustomRun (uid {run_uid}); refusing to adopt it. \
+         Delete or rename it and re-run the pipeline",
+        b.key()
+    );
+    d.finish(
+        "False",
+        own::MACBUILD_NAME_TAKEN,
+        msg,
+        VmRetirement::None,
+        None,
+        BuildAction::None,
+    )
+}
+
+/// Record what we see, for `kubectl get customrun -o yaml` and for later reconciles.
+fn record_build(d: &mut Draft, b: &BuildView) {
     d.extra.mac_build = Some(b.name.clone());
     d.extra.mac_build_uid = Some(b.uid.clone());
     d.extra.phase = b.stage.map(|s| format!("{s:?}"));
@@ -657,84 +746,86 @@ pub fn decide(
         d.extra.vm = b.vm.clone();
     }
     d.extra.journal_seq = b.journal_seq.or(d.extra.journal_seq);
+}
 
-    let holder = b.holder.as_deref();
-    let live = holder.map(|h| liveness(h, lease, timing.lease_duration, now));
-
-    // Terminal only after VMDeleted=True: the build's own outcome, which wins over a later
-    // cancel or deadline (the first terminal fact wins).
-    if b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted {
-        d.set_unreachable(holder, live);
-        let build_reason = b
-            .reason
-            .clone()
-            .unwrap_or_else(|| format!("{:?}", b.stage.unwrap_or(Stage::Failed)));
-        let detail = b.message.clone().unwrap_or_default();
-        return match b.stage {
-            Some(Stage::Succeeded) => {
-                let msg = format!(
-                    "MacBuild {} succeeded ({}); its VM is deleted. {detail}",
-                    b.key(),
-                    attempt_of(b)
-                );
-                d.finish(
-                    "True",
-                    &build_reason,
-                    msg.trim_end().into(),
-                    VmRetirement::Deleted,
-                    Some(b),
-                    BuildAction::None,
-                )
-            }
-            Some(Stage::Cancelled) if cancelled => {
-                let msg = format!("MacBuild {} cancelled; its VM is deleted", b.key());
-                d.finish(
-                    "False",
-                    reason::CANCELLED,
-                    msg,
-                    VmRetirement::Deleted,
-                    Some(b),
-                    BuildAction::None,
-                )
-            }
-            Some(Stage::Cancelled) if past_deadline => {
-                let msg = format!("MacBuild did not finish within timeout {timeout_text}; its VM is deleted");
-                d.finish(
-                    "False",
-                    reason::TIMED_OUT,
-                    msg,
-                    VmRetirement::Deleted,
-                    Some(b),
-                    BuildAction::None,
-                )
-            }
-            _ => {
-                let msg = format!(
-                    "MacBuild {} failed: {build_reason}; its VM is deleted. {detail}",
-                    b.key()
-                );
-                d.finish(
-                    "False",
-                    &build_reason,
-                    msg.trim_end().into(),
-                    VmRetirement::Deleted,
-                    Some(b),
-                    BuildAction::None,
-                )
-            }
-        };
+/// The MacBuild is terminal and its VM deleted: its own outcome is the run's verdict.
+fn decide_settled_build(
+    mut d: Draft,
+    b: &BuildView,
+    holder: Option<&str>,
+    live: Option<Liveness>,
+    cancelled: bool,
+    past_deadline: bool,
+    timeout_text: &str,
+) -> Plan {
+    d.set_reached_by_result(holder, live);
+    let build_reason = b
+        .reason
+        .clone()
+        .unwrap_or_else(|| format!("{:?}", b.stage.unwrap_or(Stage::Failed)));
+    let detail = b.message.clone().unwrap_or_default();
+    match b.stage {
+        Some(Stage::Succeeded) => {
+            let msg = format!(
+                "MacBuild {} succeeded ({}); its VM is deleted. {detail}",
+                b.key(),
+                attempt_of(b)
+            );
+            d.finish(
+                "True",
+                &build_reason,
+                msg.trim_end().into(),
+                VmRetirement::Deleted,
+                Some(b),
+                BuildAction::None,
+            )
+        }
+        Some(Stage::Cancelled) if cancelled => {
+            let msg = format!("MacBuild {} cancelled; {NO_VM_LEFT}", b.key());
+            d.finish(
+                "False",
+                reason::CANCELLED,
+                msg,
+                VmRetirement::Deleted,
+                Some(b),
+                BuildAction::None,
+            )
+        }
+        Some(Stage::Cancelled) if past_deadline => {
+            let msg = format!("MacBuild did not finish within timeout {timeout_text}; {NO_VM_LEFT}");
+            d.finish(
+                "False",
+                reason::TIMED_OUT,
+                msg,
+                VmRetirement::Deleted,
+                Some(b),
+                BuildAction::None,
+            )
+        }
+        _ => {
+            let msg = format!("MacBuild {} failed: {build_reason}; {NO_VM_LEFT}. {detail}", b.key());
+            d.finish(
+                "False",
+                &build_reason,
+                msg.trim_end().into(),
+                VmRetirement::Deleted,
+                Some(b),
+                BuildAction::None,
+            )
+        }
     }
+}
 
-    if cancelled {
-        return decide_cancel(d, b, live, timing);
-    }
-
-    if past_deadline {
-        let deadline = deadline.expect("past_deadline implies a deadline");
-        return decide_timeout(d, b, live, timing, deadline, &timeout_text);
-    }
-
-    // Still running.
+/// The MacBuild is neither finished nor cancelled nor past its deadline: report how it runs and
+/// wake at the deadline or the Lease's expiry.
+fn decide_running(
+    mut d: Draft,
+    b: &BuildView,
+    holder: Option<&str>,
+    live: Option<Liveness>,
+    deadline: Option<Timestamp>,
+) -> Plan {
+    let now = d.now;
     d.set_unreachable(holder, live);
     let (why, msg) = running_reason(b, live);
     d.set_succeeded("Unknown", why, msg);
@@ -745,6 +836,11 @@ pub fn decide(
     let requeue = next_wake(now, &wake);
     d.into_plan(BuildAction::None, requeue, None)
 }
+
+/// What a terminal MacBuild with `VMDeleted=True` proves about VMs, however it ended: none is left.
+/// Not "its VM is deleted": a build that failed or was cancelled before its clone never had one
+/// (the agent's own message then says "nothing was cloned").
+const NO_VM_LEFT: &str = "no VM of it is left";
 
 fn attempt_of(b: &BuildView) -> String {
     b.attempt
@@ -811,88 +907,6 @@ fn retirement_without_confirmation(build: Option<&BuildView>) -> VmRetirement {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn decide_without_build(
-    mut d: Draft,
-    run: &CustomRun,
-    key: &str,
-    name: &str,
-    timeout: Option<Duration>,
-    deadline: Option<Timestamp>,
-    cancelled: bool,
-    timeout_text: &str,
-) -> Plan {
-    let now = d.now;
-    // A MacBuild that once existed and is gone: a claimed one is held by the agent's finalizer
-    // until its VM is gone, so an absent MacBuild means no VM is left.
-    let existed = d.extra.mac_build_uid.is_some();
-    let retirement = if d.extra.holder.is_some() {
-        VmRetirement::Deleted
-    } else {
-        VmRetirement::None
-    };
-    if cancelled {
-        let msg = if existed {
-            format!("CustomRun cancelled; MacBuild {key} is gone")
-        } else {
-            "CustomRun cancelled before a MacBuild was created".to_string()
-        };
-        return d.finish("False", reason::CANCELLED, msg, retirement, None, BuildAction::None);
-    }
-    if deadline.is_some_and(|dl| now >= dl) {
-        let msg = if existed {
-            format!("MacBuild did not finish within timeout {timeout_text}; MacBuild {key} is gone")
-        } else {
-            format!("MacBuild was not created within timeout {timeout_text}")
-        };
-        return d.finish("False", reason::TIMED_OUT, msg, retirement, None, BuildAction::None);
-    }
-    if existed {
-        let msg =
-            format!("MacBuild {key} was deleted outside the controller before it finished; the build is not restarted");
-        return d.finish("False", own::MACBUILD_DELETED, msg, retirement, None, BuildAction::None);
-    }
-    // Validation: only before the MacBuild exists.
-    if let Some(retries) = run.spec.retries.filter(|r| *r > 0) {
-        let msg = format!(
-            "spec.retries is {retries}: Tekton retries are refused because retries belong to the Tartan agent, \
-             which alone knows whether the previous attempt's VM is gone. Remove `retries` from the pipeline task \
-             and set param max-attempts (1-3) instead"
-        );
-        return d.finish(
-            "False",
-            own::RETRIES_NOT_SUPPORTED,
-            msg,
-            VmRetirement::None,
-            None,
-            BuildAction::None,
-        );
-    }
-    if !run.spec.workspaces.is_empty() {
-        let msg = "MacBuild runs in a VM on a Mac host and cannot mount Tekton workspaces; pass sources with \
-                   params git-url/git-revision and publish with artifact-destination"
-            .to_string();
-        return d.finish(
-            "False",
-            own::WORKSPACE_NOT_SUPPORTED,
-            msg,
-            VmRetirement::None,
-            None,
-            BuildAction::None,
-        );
-    }
-    match macbuild_spec(&run.spec, timeout) {
-        Err(e) => invalid(d, &e),
-        Ok(spec) => {
-            let msg = format!("creating MacBuild {key}");
-            d.extra.mac_build = Some(name.to_string());
-            d.set_succeeded("Unknown", own::PENDING, msg);
-            let requeue = next_wake(now, &deadline.into_iter().collect::<Vec<_>>());
-            d.into_plan(BuildAction::Create(spec), requeue, None)
-        }
-    }
-}
-
 fn invalid(d: Draft, e: &SpecError) -> Plan {
     d.finish(
         "False",
@@ -902,152 +916,6 @@ fn invalid(d: Draft, e: &SpecError) -> Plan {
         None,
         BuildAction::None,
     )
-}
-
-fn decide_cancel(mut d: Draft, b: &BuildView, live: Option<Liveness>, timing: &Timing) -> Plan {
-    let now = d.now;
-    let Some(agent) = b.holder.clone() else {
-        // Unclaimed: no VM exists. Delete it, fenced on the resourceVersion we saw unclaimed.
-        let msg = format!(
-            "CustomRun cancelled before a Mac host claimed MacBuild {}; no VM was created",
-            b.key()
-        );
-        let action = b.delete_unless_deleting(Some(b.resource_version.clone()));
-        return d.finish("False", reason::CANCELLED, msg, VmRetirement::None, Some(b), action);
-    };
-    let live = live.unwrap_or(Liveness::Missing);
-    d.set_unreachable(Some(&agent), Some(live));
-    let action = b.request_cancel_unless_requested();
-    let requested_at = d
-        .extra
-        .cancel_requested_at
-        .as_deref()
-        .and_then(parse_time)
-        .unwrap_or(now);
-    d.extra.cancel_requested_at = Some(rfc3339(requested_at));
-
-    if b.vm_deleted && b.cancel_requested {
-        let msg = format!("MacBuild {} cancelled; agent {agent} confirmed its VM deleted", b.key());
-        return d.finish("False", reason::CANCELLED, msg, VmRetirement::Deleted, Some(b), action);
-    }
-    match live {
-        Liveness::Expired { .. } | Liveness::Missing => {
-            let msg = format!(
-                "CustomRun cancelled; VM retirement unconfirmed: {}; the MacBuild keeps the cancel request until the \
-                 agent returns",
-                lease_phrase(&agent, live)
-            );
-            d.finish(
-                "False",
-                reason::CANCELLED,
-                msg,
-                VmRetirement::Unconfirmed,
-                Some(b),
-                action,
-            )
-        }
-        Liveness::Live { expires, .. } => {
-            let give_up = add(requested_at, timing.grace);
-            if now >= give_up {
-                let msg = format!(
-                    "CustomRun cancelled; VM retirement unconfirmed: {} but did not confirm the VM deleted within \
-                     {} of the cancel request; the MacBuild keeps the cancel request",
-                    lease_phrase(&agent, live),
-                    format_secs(timing.grace)
-                );
-                return d.finish(
-                    "False",
-                    reason::CANCELLED,
-                    msg,
-                    VmRetirement::Unconfirmed,
-                    Some(b),
-                    action,
-                );
-            }
-            let msg = format!(
-                "cancel requested on MacBuild {}; waiting for agent {agent} to delete its VM",
-                b.key()
-            );
-            d.set_succeeded("Unknown", own::CANCELLING, msg);
-            let requeue = next_wake(now, &[give_up, expires]);
-            d.into_plan(action, requeue, None)
-        }
-    }
-}
-
-fn decide_timeout(
-    mut d: Draft,
-    b: &BuildView,
-    live: Option<Liveness>,
-    timing: &Timing,
-    deadline: Timestamp,
-    timeout_text: &str,
-) -> Plan {
-    let now = d.now;
-    let Some(agent) = b.holder.clone() else {
-        let msg = format!(
-            "no Mac host claimed MacBuild {} within timeout {timeout_text}; no VM was created and the MacBuild is deleted",
-            b.key()
-        );
-        let action = b.delete_unless_deleting(Some(b.resource_version.clone()));
-        return d.finish("False", reason::TIMED_OUT, msg, VmRetirement::None, Some(b), action);
-    };
-    let live = live.unwrap_or(Liveness::Missing);
-    d.set_unreachable(Some(&agent), Some(live));
-    let grace = format_secs(timing.grace);
-    if b.vm_deleted && b.cancel_requested {
-        let msg = format!(
-            "MacBuild did not finish within timeout {timeout_text}; agent {agent} cancelled it and confirmed its VM deleted"
-        );
-        return d.finish(
-            "False",
-            reason::TIMED_OUT,
-            msg,
-            VmRetirement::Deleted,
-            Some(b),
-            BuildAction::None,
-        );
-    }
-    let give_up = add(deadline, timing.grace);
-    if now >= give_up {
-        // What happens to the MacBuild next differs: a live agent releases it once it confirms
-        // the VM gone; an unreachable one holds it (finalizer) until it returns.
-        let (why, next) = match live {
-            Liveness::Live { .. } => (
-                format!("{} but has not confirmed the VM deleted", lease_phrase(&agent, live)),
-                "the MacBuild is deleted once the agent confirms its VM is gone",
-            ),
-            other => (
-                lease_phrase(&agent, other),
-                "the MacBuild is kept until the agent returns",
-            ),
-        };
-        let msg = format!(
-            "MacBuild did not finish within timeout {timeout_text} + {grace} grace; VM retirement unconfirmed: {why}; \
-             {next}"
-        );
-        let action = b.delete_unless_deleting(None);
-        return d.finish(
-            "False",
-            reason::TIMED_OUT,
-            msg,
-            VmRetirement::Unconfirmed,
-            Some(b),
-            action,
-        );
-    }
-    let msg = format!(
-        "MacBuild did not finish within timeout {timeout_text}; cancel requested, waiting up to {grace} for agent \
-         {agent} to delete its VM"
-    );
-    d.set_succeeded("Unknown", own::TIMING_OUT, msg);
-    let action = b.request_cancel_unless_requested();
-    let mut wake = vec![give_up];
-    if let Liveness::Live { expires, .. } = live {
-        wake.push(expires);
-    }
-    let requeue = next_wake(now, &wake);
-    d.into_plan(action, requeue, None)
 }
 
 #[cfg(test)]

@@ -416,7 +416,7 @@ fn a_failure_tells_the_pipeline_its_cause() {
     assert_eq!(state(&p), ("False".into(), "StepFailed".into()));
     assert_eq!(
         msg(&p),
-        format!("MacBuild {NS}/{NAME} failed: StepFailed; its VM is deleted. {cause}")
+        format!("MacBuild {NS}/{NAME} failed: StepFailed; no VM of it is left. {cause}")
     );
     assert!(p.events[0].message.ends_with(cause), "{}", p.events[0].message);
 }
@@ -500,6 +500,50 @@ fn host_unreachable_while_the_holder_lease_is_expired() {
     );
     assert_eq!(state(&p).0, "Unknown");
     assert!(p.events.iter().any(|e| e.reason == "LeaseRenewed"));
+}
+
+/// Seen in CI: the agent, back from a partition, delivered its terminal status before its next
+/// Lease renewal, and the ended run kept `HostUnreachable=True`.
+#[test]
+fn a_run_the_agent_ended_itself_is_not_left_host_unreachable() {
+    let expired_lease = lease(secs(5));
+    let running = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&expired_lease),
+        secs(30),
+    );
+    assert_eq!(unreachable_of(&running), Some(("True".into(), "LeaseExpired".into())));
+    let done = finished(Stage::Succeeded, "TestsPassed");
+    let p = decide(&running, Some(&done), Some(&expired_lease), &timing(), secs(31));
+    assert_eq!(state(&p), ("True".into(), "TestsPassed".into()));
+    let c = unreachable(&p).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref()),
+        ("False", Some("ResultDelivered"))
+    );
+    assert!(p.events.iter().any(|e| !e.warning && e.reason == "ResultDelivered"));
+    // A run that never had the condition does not gain one; a live Lease still says LeaseRenewed.
+    let quiet = after(
+        started(),
+        Some(&claimed(Stage::Running)),
+        Some(&lease(secs(25))),
+        secs(30),
+    );
+    let p = decide(&quiet, Some(&done), Some(&expired_lease), &timing(), secs(31));
+    assert!(unreachable(&p).is_none(), "{:?}", p.status.conditions);
+    let p = decide(&running, Some(&done), Some(&lease(secs(31))), &timing(), secs(31));
+    assert_eq!(unreachable(&p).unwrap().reason.as_deref(), Some("LeaseRenewed"));
+}
+
+fn unreachable_of(r: &CustomRun) -> Option<(String, String)> {
+    let c = r
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == HOST_UNREACHABLE)?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
 }
 
 #[test]
@@ -646,8 +690,10 @@ fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
     let p = decide(&started(), Some(&done), Some(&lease(secs(120))), &timing(), secs(125));
     assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
     assert_eq!(result(&p, "vmRetirement"), "deleted");
-    // Live lease but no confirmation by the end of grace: unconfirmed, and the MacBuild deleted.
-    let p = decide(&started(), Some(&asked), Some(&lease(secs(144))), &timing(), secs(145));
+    // Live lease but no confirmation by the end of grace: unconfirmed, and the MacBuild deleted
+    // (the run's status names its holder since the deadline).
+    let seen = after(started(), Some(&b), Some(&lease(secs(98))), secs(100));
+    let p = decide(&seen, Some(&asked), Some(&lease(secs(144))), &timing(), secs(145));
     assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
     assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
     assert_eq!(p.action, BuildAction::Delete { precondition_rv: None });
@@ -657,6 +703,111 @@ fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
          live (last renewed 2026-10-05T02:54:24Z) but has not confirmed the VM deleted; the MacBuild is deleted once \
          the agent confirms its VM is gone"
     );
+}
+
+/// A controller down (or far behind) over a run's deadline and grace used to end it at once
+/// `unconfirmed` when it came back, although the holder was live and had never been asked to
+/// cancel (seen in chaos at 20 hosts: the agent confirmed a second later). A live holder gets the
+/// grace from the controller's ask; an unreachable one does not (it cannot answer).
+#[test]
+fn timeout_first_seen_after_the_grace_asks_a_live_holder_and_waits_the_grace_from_then() {
+    let b = claimed(Stage::Running);
+    let run = started();
+    let p = decide(&run, Some(&b), Some(&lease(secs(199))), &timing(), secs(200));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    assert_eq!(p.action, BuildAction::RequestCancel);
+    assert_eq!(extra(&p).cancel_requested_at.as_deref(), Some("2026-10-05T02:55:20Z"));
+    // The ask is kept in status: 10 s later, still waiting, until 200 + 45 s.
+    let run = after(run, Some(&b), Some(&lease(secs(199))), secs(200));
+    let asked = BuildView {
+        cancel_requested: true,
+        ..b.clone()
+    };
+    let p = decide(&run, Some(&asked), Some(&lease(secs(209))), &timing(), secs(210));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_millis(19_100)),
+        "the lease expiry at 229s first"
+    );
+    let gone = BuildView {
+        vm_deleted: true,
+        stage: Some(Stage::Retiring),
+        ..asked.clone()
+    };
+    let p = decide(&run, Some(&gone), Some(&lease(secs(209))), &timing(), secs(211));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    // No confirmation within the grace from the ask: unconfirmed, as at the deadline's grace.
+    let p = decide(&run, Some(&asked), Some(&lease(secs(244))), &timing(), secs(245));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+    assert_eq!(p.action, BuildAction::Delete { precondition_rv: None });
+    // An expired holder cannot answer: unconfirmed at once, as before (once the run's status
+    // names it: see a_claimed_macbuild_is_deleted_only_once_the_run_names_its_holder).
+    let p = decide(&run, Some(&b), Some(&lease(secs(100))), &timing(), secs(200));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+}
+
+/// A claimed MacBuild is deleted (unfenced) when a timed-out run gives up on its holder, and
+/// the delete goes out before the status write. Seen in chaos (API outages): that write failed,
+/// the agent finished, its finalizer let the MacBuild go, and the next reconcile, finding no
+/// MacBuild and no holder in the run's status, ended it `vmRetirement=none` with no attempt,
+/// although the build had been admitted and had run. A plan that deletes a claimed MacBuild is
+/// decided on a run whose status already names its holder and attempt, so that losing the write
+/// of that plan loses nothing.
+#[test]
+fn a_claimed_macbuild_is_deleted_only_once_the_run_names_its_holder() {
+    let asked = BuildView {
+        cancel_requested: true,
+        ..claimed(Stage::Running)
+    };
+    // The run's status recorded the MacBuild unclaimed; later writes (the claim, the cancel ask)
+    // were lost.
+    let unclaimed_seen = after(started(), Some(&build()), None, secs(2));
+    let expired = lease(secs(100));
+    let live = lease(secs(160));
+    for (what, r, l) in [
+        ("expired holder, first seen past the grace", &unclaimed_seen, &expired),
+        ("live holder asked to cancel, ask not recorded", &unclaimed_seen, &live),
+        (
+            "expired holder, run status from before the MacBuild",
+            &started(),
+            &expired,
+        ),
+    ] {
+        let now = secs(170);
+        // Whatever is decided, if it deletes: its status write may fail, and then the MacBuild
+        // is gone (the agent's finalizer let it go once the VM was deleted).
+        let mut run = r.clone();
+        for _ in 0..3 {
+            let p = decide(&run, Some(&asked), Some(l), &timing(), now);
+            if matches!(p.action, BuildAction::Delete { .. }) {
+                let gone = decide(&run, None, None, &timing(), now);
+                assert_eq!(state(&gone), ("False".into(), "CustomRunTimedOut".into()), "{what}");
+                assert_eq!(result(&gone, "vmRetirement"), "deleted", "{what}: {}", msg(&gone));
+                assert_eq!(result(&gone, "attempt"), "build-42-mac-build#1", "{what}");
+                // And the plan itself, had its write landed, tells the same attempt.
+                assert_eq!(result(&p, "attempt"), "build-42-mac-build#1", "{what}");
+                assert_eq!(result(&p, "vmRetirement"), "unconfirmed", "{what}");
+                break;
+            }
+            // Not deleting yet: the status names the holder first, and comes back at once.
+            assert_eq!(p.finished, None, "{what}");
+            assert_eq!(extra(&p).holder.as_deref(), Some(AGENT), "{what}");
+            assert_eq!(extra(&p).attempt.as_deref(), Some("build-42-mac-build#1"), "{what}");
+            assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(1)), "{what}");
+            run.status = Some(p.status);
+        }
+        assert!(
+            matches!(
+                decide(&run, Some(&asked), Some(l), &timing(), now).action,
+                BuildAction::Delete { .. }
+            ),
+            "{what}: the MacBuild is deleted once the holder is recorded"
+        );
+    }
 }
 
 #[test]
@@ -670,18 +821,13 @@ fn timeout_with_expired_lease_ends_at_grace_with_the_seed_message() {
     let renewed = t("2026-10-05T02:53:00Z");
     let p = decide(&started(), Some(&b), Some(&lease(renewed)), &timing(), secs(120));
     assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    let seen = after(started(), Some(&b), Some(&lease(renewed)), secs(120));
     assert_eq!(unreachable(&p).unwrap().status, "True");
     assert_eq!(p.requeue_after, Some(Duration::from_millis(25_100)));
     let seed_lease = lease(t("2026-10-05T02:54:20Z"));
     // Grace ends at 145s (02:54:25); the lease expired at 02:54:40? No: renewed 02:54:20 + 20s.
     // So take the seed literally: at 02:54:41 the lease is expired and grace is over.
-    let p = decide(
-        &started(),
-        Some(&b),
-        Some(&seed_lease),
-        &timing(),
-        t("2026-10-05T02:54:41Z"),
-    );
+    let p = decide(&seen, Some(&b), Some(&seed_lease), &timing(), t("2026-10-05T02:54:41Z"));
     assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()));
     assert_eq!(
         msg(&p),
@@ -706,7 +852,7 @@ fn timeout_with_expired_lease_ends_at_grace_with_the_seed_message() {
         })
     );
     // Missing Lease altogether counts as expired.
-    let p = decide(&started(), Some(&b), None, &timing(), secs(145));
+    let p = decide(&seen, Some(&b), None, &timing(), secs(145));
     assert!(
         msg(&p).contains("agent agent-a lease expired (no Lease found)"),
         "{}",
@@ -1095,4 +1241,112 @@ fn a_run_waiting_for_a_labelling_slot_comes_back_within_2_to_4_s_spread_by_uid()
         waits.len()
     );
     assert_eq!(label_slot_retry("uid-7"), label_slot_retry("uid-7"));
+}
+
+#[test]
+fn a_same_name_macbuild_being_deleted_is_waited_for_then_ours_is_created() {
+    // A PipelineRun deleted and created again under its name: the old run's MacBuild is still
+    // held by its agent's finalizer while the VM is deleted.
+    let leaving = BuildView {
+        controller_uid: Some("the-old-run".into()),
+        deleting: true,
+        ..claimed(Stage::Retiring)
+    };
+    let p = decide(&started(), Some(&leaving), None, &timing(), secs(5));
+    assert_eq!(state(&p), ("Unknown".into(), "MacBuildNameTerminating".into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert!(p.finished.is_none());
+    assert!(
+        msg(&p).contains("of an earlier run (controller uid the-old-run) is being deleted"),
+        "{}",
+        msg(&p)
+    );
+    assert!(
+        p.requeue_after.is_some_and(|r| r <= Duration::from_secs(6)),
+        "{:?}",
+        p.requeue_after
+    );
+    assert!(!needs_fresh_inputs(&p, Some(&leaving)));
+    // Once it is gone, ours is created.
+    let r = after(started(), Some(&leaving), None, secs(5));
+    let p = decide(&r, None, None, &timing(), secs(8));
+    assert!(matches!(p.action, BuildAction::Create(_)), "{:?}", p.action);
+    assert_eq!(state(&p), ("Unknown".into(), "Pending".into()));
+    // Cancelled or timed out while waiting: ended without a MacBuild, as without one.
+    let p = decide(&cancelled(r.clone()), Some(&leaving), None, &timing(), secs(8));
+    assert_eq!(state(&p), ("False".into(), reason::CANCELLED.into()));
+    assert_eq!(p.action, BuildAction::None);
+    assert_eq!(result(&p, "vmRetirement"), "none");
+    let p = decide(&r, Some(&leaving), None, &timing(), secs(101));
+    assert_eq!(state(&p), ("False".into(), reason::TIMED_OUT.into()));
+    assert!(msg(&p).contains("was not created within timeout"), "{}", msg(&p));
+    // A same-name MacBuild that is not being deleted is still refused.
+    let staying = BuildView {
+        deleting: false,
+        ..leaving
+    };
+    let p = decide(&started(), Some(&staying), None, &timing(), secs(5));
+    assert_eq!(state(&p), ("False".into(), "MacBuildNameTaken".into()));
+}
+
+/// A build refused before its clone (a mount not declared, a Secret not allowed) never had a
+/// VM: the pipeline is not told that "its VM is deleted", only that none is left, beside the
+/// agent's own "nothing was cloned". Cancelled builds (maybe before their clone) alike.
+#[test]
+fn a_build_that_never_had_a_vm_is_not_said_to_have_had_its_vm_deleted() {
+    let cause = "attempt 1 failed: mount \"pods\" is not declared by this agent's config ([[mounts]]: it declares \
+                 spm, seed); nothing was cloned";
+    let b = BuildView {
+        message: Some(cause.into()),
+        ..finished(Stage::Failed, "MountNotDeclared")
+    };
+    let p = decide(&started(), Some(&b), Some(&lease(secs(50))), &timing(), secs(60));
+    assert_eq!(state(&p), ("False".into(), "MountNotDeclared".into()));
+    assert_eq!(
+        msg(&p),
+        format!("MacBuild {NS}/{NAME} failed: MountNotDeclared; no VM of it is left. {cause}")
+    );
+    let b = finished(Stage::Cancelled, "CancelRequested");
+    let p = decide(&cancelled(started()), Some(&b), None, &timing(), secs(60));
+    assert_eq!(msg(&p), format!("MacBuild {NS}/{NAME} cancelled; no VM of it is left"));
+    let p = decide(&started(), Some(&b), None, &timing(), secs(101));
+    assert_eq!(
+        msg(&p),
+        "MacBuild did not finish within timeout 100s; no VM of it is left"
+    );
+}
+
+/// Found by an adversary (round 4): `decide_timeout` deleted the MacBuild (and ends the run) only once the run's status
+/// already names the holder and attempt it sees; the holder writes both. An agent whose MacBuild
+/// shows another attempt at every reconcile (flapping, a crash loop retrying, or hostile) makes
+/// `holder_recorded` false every round: the run is kept `Unknown/TimingOut` and requeued at once,
+/// forever, long past the deadline's grace, where it used to end `unconfirmed`.
+#[test]
+fn a_timed_out_run_ends_even_if_the_macbuild_shows_a_new_attempt_every_round() {
+    let mut run = started();
+    for (round, live) in [(0i64, true), (0, false)]
+        .into_iter()
+        .flat_map(|(_, l)| (0..40).map(move |i| (i, l)))
+    {
+        let b = BuildView {
+            cancel_requested: true,
+            attempt: Some(format!("{NAME}#{round}")),
+            ..claimed(Stage::Running)
+        };
+        let now = secs(200 + round * 30);
+        let l = if live { lease(now) } else { lease(secs(100)) };
+        let p = decide(&run, Some(&b), Some(&l), &timing(), now);
+        if p.finished.is_some() {
+            return;
+        }
+        if round == 39 {
+            panic!(
+                "still {:?} at {now} ({}s past the deadline, live holder {live}): {}",
+                state(&p),
+                100 + round * 30,
+                msg(&p)
+            );
+        }
+        run.status = Some(p.status);
+    }
 }

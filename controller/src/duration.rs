@@ -107,8 +107,8 @@ pub fn format_secs(d: Duration) -> String {
 }
 
 /// A clap value parser for flags such as `--grace 45s` (Go syntax).
-pub fn parse_flag(text: &str) -> Result<Duration, String> {
-    parse_go_duration(text).map_err(|e| e.to_string())
+pub fn parse_flag(text: &str) -> Result<Duration, DurationError> {
+    parse_go_duration(text)
 }
 
 #[cfg(test)]

@@ -74,32 +74,54 @@ impl ElectionConfig {
     }
 
     /// Refuses settings under which the fence cannot hold or the leader cannot renew in time.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ElectionConfigError> {
         if self.margin.is_zero() || self.margin >= self.lease {
-            return Err(format!(
-                "--leader-margin ({:?}) must be more than zero and less than --leader-lease ({:?})",
-                self.margin, self.lease
-            ));
+            return Err(ElectionConfigError::Margin {
+                margin: self.margin,
+                lease: self.lease,
+            });
         }
         if self.renew_every.is_zero() || self.renew_every >= self.write_window() {
-            return Err(format!(
-                "--leader-renew-every ({:?}) must be more than zero and less than --leader-lease minus \
-                 --leader-margin ({:?}), or the leader stops writing between two renewals",
-                self.renew_every,
-                self.write_window()
-            ));
+            return Err(ElectionConfigError::RenewEvery {
+                renew_every: self.renew_every,
+                write_window: self.write_window(),
+            });
         }
         if self.retry_every.is_zero() || self.retry_every > self.renew_every {
-            return Err(format!(
-                "--leader-retry-every ({:?}) must be more than zero and at most --leader-renew-every ({:?})",
-                self.retry_every, self.renew_every
-            ));
+            return Err(ElectionConfigError::RetryEvery {
+                retry_every: self.retry_every,
+                renew_every: self.renew_every,
+            });
         }
         if self.identity.is_empty() {
-            return Err("the leader identity is empty (set POD_NAME or --instance)".into());
+            return Err(ElectionConfigError::NoIdentity);
         }
         Ok(())
     }
+}
+
+/// Leader election settings under which the fence cannot hold or the leader cannot renew in time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ElectionConfigError {
+    #[error("--leader-margin ({margin:?}) must be more than zero and less than --leader-lease ({lease:?})")]
+    Margin { margin: Duration, lease: Duration },
+    #[error(
+        "--leader-renew-every ({renew_every:?}) must be more than zero and less than --leader-lease minus \
+         --leader-margin ({write_window:?}), or the leader stops writing between two renewals"
+    )]
+    RenewEvery {
+        renew_every: Duration,
+        write_window: Duration,
+    },
+    #[error(
+        "--leader-retry-every ({retry_every:?}) must be more than zero and at most --leader-renew-every ({renew_every:?})"
+    )]
+    RetryEvery {
+        retry_every: Duration,
+        renew_every: Duration,
+    },
+    #[error("the leader identity is empty (set POD_NAME or --instance)")]
+    NoIdentity,
 }
 
 /// The identity of this replica: `pod_name` when set, else `<hostname>-<pid>`.
@@ -446,11 +468,19 @@ enum Round {
     Failed(String),
 }
 
-async fn timed<T>(limit: Duration, fut: impl Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+/// A Lease request that failed, or got no answer in time.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+async fn timed<T>(limit: Duration, fut: impl Future<Output = Result<T, kube::Error>>) -> Result<T, CallError> {
     match tokio::time::timeout(limit, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {limit:?}")),
+        Ok(r) => Ok(r?),
+        Err(_) => Err(CallError::Timeout(limit)),
     }
 }
 
@@ -685,7 +715,7 @@ async fn release(api: &Api<Lease>, cfg: &ElectionConfig, where_: &str) {
             return Ok(false);
         }
         timed(cfg.api_timeout, api.replace(&cfg.name, &pp, &released(&current))).await?;
-        Ok::<bool, String>(true)
+        Ok::<bool, CallError>(true)
     }
     .await;
     match result {

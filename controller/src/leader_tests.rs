@@ -44,18 +44,18 @@ fn defaults_validate_and_bad_settings_are_named() {
     assert_eq!(cfg().write_window(), Duration::from_secs(10));
     let mut c = cfg();
     c.margin = Duration::from_secs(15);
-    assert!(c.validate().unwrap_err().contains("--leader-margin"));
+    assert!(c.validate().unwrap_err().to_string().contains("--leader-margin"));
     c.margin = Duration::ZERO;
-    assert!(c.validate().unwrap_err().contains("--leader-margin"));
+    assert!(c.validate().unwrap_err().to_string().contains("--leader-margin"));
     let mut c = cfg();
     c.renew_every = Duration::from_secs(10);
-    assert!(c.validate().unwrap_err().contains("--leader-renew-every"));
+    assert!(c.validate().unwrap_err().to_string().contains("--leader-renew-every"));
     let mut c = cfg();
     c.retry_every = Duration::from_secs(6);
-    assert!(c.validate().unwrap_err().contains("--leader-retry-every"));
+    assert!(c.validate().unwrap_err().to_string().contains("--leader-retry-every"));
     let mut c = cfg();
     c.identity.clear();
-    assert!(c.validate().unwrap_err().contains("identity"));
+    assert!(c.validate().unwrap_err().to_string().contains("identity"));
 }
 
 #[test]

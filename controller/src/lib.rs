@@ -1,6 +1,6 @@
 //! `tartan-controller`: turns Tekton CustomRuns naming `tartan.dev/v1alpha1 MacBuild` into
 //! MacBuilds, and MacBuild status back into CustomRun status, with the CustomRun deadline,
-//! grace, cancellation and `HostUnreachable` rules of DESIGN.md "Controller deadlines".
+//! grace, cancellation and `HostUnreachable` rules ([`decide`]).
 //!
 //! Pure logic ([`customrun`], [`duration`], [`params`], [`decide`]) is apart from I/O.
 

@@ -35,6 +35,7 @@ fn main() -> anyhow::Result<()> {
                 )
                 .with_writer(std::io::stderr)
                 .init();
+            tartan_serve::raise_and_log_open_files_limit();
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(tartan_controller::run::run(*args))?;
         }

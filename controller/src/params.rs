@@ -31,6 +31,7 @@
 use crate::customrun::{CustomRunSpec, Param};
 use serde_json::{Map, Value, json};
 use std::time::Duration;
+use tartan_api::MAX_STEPS;
 
 /// Every param name this task understands.
 pub const PARAM_NAMES: &[&str] = &[
@@ -152,15 +153,30 @@ fn param_steps(p: &Param) -> Result<Value, SpecError> {
 /// Checks a host selector as the MacBuild will carry it: every key and value must be one a
 /// Kubernetes label could have (an agent's labels are matched against it; a selector no label
 /// can satisfy would leave the build waiting for ever). One check for params and customSpec.spec.
-fn check_selector(selector: &Map<String, Value>) -> Result<(), String> {
+fn check_selector(selector: &Map<String, Value>) -> Result<(), SelectorError> {
     for (k, v) in selector {
         let Some(v) = v.as_str() else {
-            return Err(format!("value of {k:?} must be a string, got {v}"));
+            return Err(SelectorError::NotAString {
+                key: k.clone(),
+                value: v.clone(),
+            });
         };
-        tartan_api::check_label_key(k)?;
-        tartan_api::check_label_value(v).map_err(|e| format!("{e} (of key {k:?})"))?;
+        tartan_api::check_label_key(k).map_err(SelectorError::Key)?;
+        tartan_api::check_label_value(v).map_err(|why| SelectorError::Value { key: k.clone(), why })?;
     }
     Ok(())
+}
+
+/// Why a host selector can match no agent's labels.
+#[derive(Debug, thiserror::Error)]
+enum SelectorError {
+    #[error("value of {key:?} must be a string, got {value}")]
+    NotAString { key: String, value: Value },
+    /// A key no label can have (the message of [`tartan_api::check_label_key`]).
+    #[error("{0}")]
+    Key(String),
+    #[error("{why} (of key {key:?})")]
+    Value { key: String, why: String },
 }
 
 fn param_selector(p: &Param) -> Result<Value, SpecError> {
@@ -186,7 +202,7 @@ fn param_selector(p: &Param) -> Result<Value, SpecError> {
             )));
         }
     };
-    check_selector(&m).map_err(invalid)?;
+    check_selector(&m).map_err(|e| invalid(e.to_string()))?;
     Ok(Value::Object(m))
 }
 
@@ -339,7 +355,15 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
         }
         match p.name.as_str() {
             "image" => {
-                spec.insert("image".into(), json!(param_string(p)?));
+                let image = param_string(p)?;
+                // The full check (registries, local images) is the agent's, which knows its config;
+                // what no image can hold is refused here, before it is shown to anyone.
+                if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    return Err(SpecError::Params(format!(
+                        "param \"image\": {image:?} is not an image reference (a space or a control character)"
+                    )));
+                }
+                spec.insert("image".into(), json!(image));
             }
             "steps" => {
                 spec.insert("steps".into(), param_steps(p)?);
@@ -414,8 +438,25 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
         let secs = wanted.map_or(cap, |w| w.min(cap));
         spec.insert("timeoutSeconds".into(), json!(secs));
     }
-    check_step_timeouts(&spec, run.params.iter().any(|p| p.name == "steps"))?;
+    let from_param = run.params.iter().any(|p| p.name == "steps");
+    check_step_count(&spec, from_param)?;
+    check_step_timeouts(&spec, from_param)?;
     Ok(Value::Object(spec))
+}
+
+/// At most [`MAX_STEPS`] steps, as the CRD's `maxItems` says: refused here with a message that
+/// names the param, instead of by the API server when the MacBuild is made.
+fn check_step_count(spec: &Map<String, Value>, from_param: bool) -> Result<(), SpecError> {
+    let n = spec.get("steps").and_then(Value::as_array).map_or(0, Vec::len);
+    if n <= MAX_STEPS {
+        return Ok(());
+    }
+    let why = format!("{n} steps, more than the {MAX_STEPS} a MacBuild may have; join commands into fewer steps");
+    Err(if from_param {
+        SpecError::Params(format!("param \"steps\": {why}"))
+    } else {
+        SpecError::Spec(format!("customSpec.spec.steps: {why}"))
+    })
 }
 
 /// `steps[].timeoutSeconds` against the build's final `timeoutSeconds` (after the CustomRun's
@@ -524,6 +565,62 @@ mod tests {
                 "resources": {"cpu": 4, "memoryMiB": 8192},
                 "hostSelector": {"xcode": "16", "arch": "arm64"},
             })
+        );
+    }
+
+    #[test]
+    fn an_image_with_a_control_character_or_a_space_is_refused() {
+        for image in [
+            r#""ghcr.io/x\e]52;c;cHduZWQ=\a""#,
+            r#""ghcr.io/x y:1""#,
+            r#""ghcr.io/x\n""#,
+        ] {
+            let err = macbuild_spec(
+                &spec(&format!(
+                    "{REF}params: [{{name: image, value: {image}}}, {{name: steps, value: [make]}}]"
+                )),
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("param \"image\"") && err.contains("control character"),
+                "{image}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn more_steps_than_a_macbuild_may_have_are_refused_naming_the_limit() {
+        let commands = |n: usize| (0..n).map(|i| format!("echo {i}")).collect::<Vec<_>>().join(", ");
+        let as_param = |n: usize| {
+            spec(&format!(
+                "{REF}params: [{{name: image, value: i}}, {{name: steps, value: [{}]}}]",
+                commands(n)
+            ))
+        };
+        assert!(macbuild_spec(&as_param(MAX_STEPS), None).is_ok());
+        let err = macbuild_spec(&as_param(MAX_STEPS + 1), None).unwrap_err().to_string();
+        assert!(
+            err.contains("param \"steps\"") && err.contains("65 steps") && err.contains("64"),
+            "{err}"
+        );
+        // The YAML string form and taskSpec.spec count alike.
+        let yaml: Vec<String> = (0..100).map(|i| format!("{{name: s{i}, run: [true]}}")).collect();
+        let as_text = spec(&format!(
+            "{REF}params: [{{name: image, value: i}}, {{name: steps, value: '[{}]'}}]",
+            yaml.join(", ")
+        ));
+        let err = macbuild_spec(&as_text, None).unwrap_err().to_string();
+        assert!(err.contains("100 steps"), "{err}");
+        let in_spec = spec(&format!(
+            "customSpec: {{apiVersion: tartan.dev/v1alpha1, kind: MacBuild, spec: {{image: i, steps: [{}]}}}}",
+            yaml.join(", ")
+        ));
+        let err = macbuild_spec(&in_spec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("customSpec.spec.steps") && err.contains("100 steps"),
+            "{err}"
         );
     }
 

@@ -5,7 +5,7 @@
 
 use crate::customrun::{CustomRun, CustomRunStatus};
 use crate::decide::{self, BuildAction, Plan, Timing};
-use crate::metrics::{ErrorLabels, Metrics, OutcomeLabels, RetirementLabels};
+use crate::metrics::{ERROR_LABELS, ErrorLabels, Metrics};
 use crate::view::{
     build_view, finished_label_patch, lease_name, lease_view, marked_finished, new_macbuild, trim_customrun,
     trim_macbuild,
@@ -193,9 +193,9 @@ impl Error {
     /// The `error` label of the failure counter.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube { .. } => "api",
-            Error::Timeout { .. } => "timeout",
-            Error::Conflicts(_) => "conflicts",
+            Error::Kube { .. } => ERROR_LABELS[0],
+            Error::Timeout { .. } => ERROR_LABELS[1],
+            Error::Conflicts(_) => ERROR_LABELS[2],
         }
     }
 }
@@ -431,6 +431,34 @@ impl Ctx {
     }
 }
 
+/// Which CustomRun a reconcile is about, in the forms its calls need.
+struct Target {
+    ns: String,
+    name: String,
+    /// `ns/name`, for messages and logs.
+    key: String,
+}
+
+/// What one round of a reconcile (read, decide, act) leaves to do.
+enum Next {
+    /// The reconcile ends with this action.
+    Done(Action),
+    /// Decide again: on fresh reads, or on the caches (which show our own writes).
+    Again { fresh: bool },
+    /// The CustomRun is gone: a new one under its name is reconciled on its own events.
+    Gone,
+}
+
+/// What applying a plan's MacBuild action came to.
+enum Applied {
+    /// Done, or nothing to do: the status is written next.
+    Done,
+    /// The MacBuild cannot be created (why): the run fails with this reason instead.
+    Refused(String),
+    /// Decide again before writing the status.
+    Again { fresh: bool },
+}
+
 /// Reconciles one CustomRun. Runs of other custom tasks are ignored.
 pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let mut clock = PhaseClock::new(&obj);
@@ -440,194 +468,263 @@ pub async fn reconcile(obj: Arc<CustomRun>, ctx: Arc<Ctx>) -> Result<Action, Err
     ctx.metrics.reconciles.inc();
     let ns = obj.metadata.namespace.clone().unwrap_or_default();
     let name = obj.metadata.name.clone().unwrap_or_default();
-    let target = format!("{ns}/{name}");
+    let at = Target {
+        key: format!("{ns}/{name}"),
+        ns,
+        name,
+    };
     let run_key = ObjectRef::from_obj(obj.as_ref());
-    let mut obj = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
-    // Finished, and its status says so already: nothing to read or write but, once, the label
-    // that takes it out of the watches.
-    if decide::nothing_owed(&obj) {
-        if marked_finished(&obj.metadata) {
-            return Ok(Action::await_change());
-        }
-        if let Some(wait) = decide::finished_label_wait(&obj, &ctx.timing, Timestamp::now()) {
-            return Ok(Action::requeue(wait));
-        }
-        // Without a free slot the run comes back later instead of holding a reconcile slot
-        // that a status write could use.
-        let Ok(_slot) = ctx.labelling.try_acquire() else {
-            return Ok(Action::requeue(decide::label_slot_retry(
-                obj.metadata.uid.as_deref().unwrap_or_default(),
-            )));
-        };
-        ctx.mark_finished(&obj, &ns, &name, &target).await?;
-        return Ok(Action::await_change());
+    let mut run = ctx.cache.own_runs.fresher(&run_key, Some(obj.clone())).unwrap_or(obj);
+    if decide::nothing_owed(&run) {
+        return ctx.settle_finished(&run, &at).await;
     }
-    let runs: Api<CustomRun> = Api::namespaced(ctx.client.clone(), &ns);
-    let builds: Api<MacBuild> = Api::namespaced(ctx.client.clone(), &ns);
-    let mb_key: ObjectRef<MacBuild> = ObjectRef::new(&name).within(&ns);
-    let t = ctx.api_timeout;
-
     // The first decision is made on the caches; a conflict, or a verdict a stale cache could
     // get wrong, sends us to fresh reads.
     let mut fresh = false;
     for _ in 0..6 {
         let inputs = if fresh {
-            match ctx.fresh(&ns, &name, &target).await? {
+            match ctx.fresh(&at.ns, &at.name, &at.key).await? {
                 Some(i) => i,
                 None => return Ok(Action::await_change()),
             }
         } else {
-            ctx.cached(obj.clone(), &ns, &name, &target).await?
+            ctx.cached(run.clone(), &at.ns, &at.name, &at.key).await?
         };
         clock.mark(if fresh { "fresh" } else { "cached" });
+        // The next cached round (after our own create) decides on this run.
+        run = inputs.run.clone();
+        match ctx.round(inputs, fresh, &at, &mut clock).await? {
+            Next::Done(action) => return Ok(action),
+            Next::Again { fresh: again_fresh } => fresh = again_fresh,
+            Next::Gone => return Ok(Action::await_change()),
+        }
+    }
+    Err(Error::Conflicts(at.key))
+}
+
+impl Ctx {
+    /// Finished, and its status says so already: nothing to read or write but, once, the label
+    /// that takes it out of the watches.
+    async fn settle_finished(&self, run: &CustomRun, at: &Target) -> Result<Action, Error> {
+        if marked_finished(&run.metadata) {
+            return Ok(Action::await_change());
+        }
+        if let Some(wait) = decide::finished_label_wait(run, &self.timing, Timestamp::now()) {
+            return Ok(Action::requeue(wait));
+        }
+        // Without a free slot the run comes back later instead of holding a reconcile slot
+        // that a status write could use.
+        let Ok(_slot) = self.labelling.try_acquire() else {
+            return Ok(Action::requeue(decide::label_slot_retry(
+                run.metadata.uid.as_deref().unwrap_or_default(),
+            )));
+        };
+        self.mark_finished(run, &at.ns, &at.name, &at.key).await?;
+        Ok(Action::await_change())
+    }
+
+    /// Decides on `inputs` and acts: the MacBuild first, so that a status write that fails is
+    /// simply decided again; then the status.
+    async fn round(&self, inputs: Inputs, fresh: bool, at: &Target, clock: &mut PhaseClock) -> Result<Next, Error> {
         let Inputs { run, mb, lease } = inputs;
         if run.metadata.deletion_timestamp.is_some() {
             // Garbage collection takes the MacBuild with it; the agent's finalizer keeps it until its VM is gone.
-            return Ok(Action::await_change());
+            return Ok(Next::Done(Action::await_change()));
         }
         let view = mb.as_deref().map(build_view);
         let lease = lease.as_deref().map(lease_view);
         let now = Timestamp::now();
-        let mut plan = decide::decide(&run, view.as_ref(), lease.as_ref(), &ctx.timing, now);
+        let mut plan = decide::decide(&run, view.as_ref(), lease.as_ref(), &self.timing, now);
         if !fresh && decide::needs_fresh_inputs(&plan, view.as_ref()) {
-            fresh = true;
-            continue;
+            return Ok(Next::Again { fresh: true });
         }
         // Whatever goes wrong from here is decided again on fresh reads.
-        fresh = true;
-
-        // 1. The MacBuild first, so that a status write that fails is simply decided again.
-        match &plan.action {
-            BuildAction::None => {}
-            BuildAction::Create(spec) => match new_macbuild(&run, spec.clone()) {
-                Err(msg) => plan = decide::refuse_spec(&run, msg, now),
-                Ok(object) => {
-                    let pp = PostParams {
-                        field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
-                        ..Default::default()
-                    };
-                    let cached_rv = rv_in(&ctx.cache.builds, &mb_key);
-                    match call("creating MacBuild", &target, t, builds.create(&pp, &object)).await? {
-                        Ok(created) => {
-                            info!(customrun = %target, "created MacBuild");
-                            ctx.cache.own_builds.remember(cached_rv, created);
-                            publish(
-                                &ctx,
-                                &run,
-                                false,
-                                "MacBuildCreated",
-                                format!("created MacBuild {target}"),
-                            );
-                            // Decide again on the created MacBuild before writing: one status
-                            // write then records it (its uid) instead of two.
-                            obj = run.clone();
-                            fresh = false;
-                            continue;
-                        }
-                        // Another replica or an earlier reconcile created it: decide again, adopting
-                        // it if it is ours.
-                        Err(e) if api_code(&e) == Some(409) => continue,
-                        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
-                            plan =
-                                decide::refuse_spec(&run, format!("the API refused the MacBuild: {}", s.message), now);
-                        }
-                        Err(e) => return Err(kube_err("creating MacBuild", &target, e)),
-                    }
-                }
-            },
-            BuildAction::RequestCancel => {
-                let patch = Patch::Merge(json!({"spec": {"cancelRequested": true}}));
-                let pp = PatchParams {
-                    field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                let cached_rv = rv_in(&ctx.cache.builds, &mb_key);
-                match call(
-                    "requesting cancel on MacBuild",
-                    &target,
-                    t,
-                    builds.patch(&name, &pp, &patch),
-                )
-                .await?
-                {
-                    Ok(patched) => {
-                        ctx.cache.own_builds.remember(cached_rv, patched);
-                        if let Some(mb) = &mb {
-                            publish_on(
-                                &ctx,
-                                mb,
-                                false,
-                                "CancelRequested",
-                                "cancel requested by tartan-controller".into(),
-                            );
-                        }
-                    }
-                    Err(e) if api_code(&e) == Some(404) => continue,
-                    Err(e) => return Err(kube_err("requesting cancel on MacBuild", &target, e)),
-                }
-            }
-            BuildAction::Delete { precondition_rv } => {
-                let dp = DeleteParams {
-                    preconditions: precondition_rv.as_ref().map(|rv| Preconditions {
-                        resource_version: Some(rv.clone()),
-                        uid: None,
-                    }),
-                    ..Default::default()
-                };
-                ctx.cache.own_builds.forget(&mb_key);
-                match call("deleting MacBuild", &target, t, builds.delete(&name, &dp)).await? {
-                    Ok(_) => {
-                        if let Some(mb) = &mb {
-                            let note = "deletion requested by tartan-controller; an agent's finalizer keeps it until its VM is gone";
-                            publish_on(&ctx, mb, false, "DeletionRequested", note.into());
-                        }
-                    }
-                    Err(e) if api_code(&e) == Some(404) => {}
-                    // An agent claimed it between our read and the delete: decide again.
-                    Err(e) if api_code(&e) == Some(409) => continue,
-                    Err(e) => return Err(kube_err("deleting MacBuild", &target, e)),
-                }
-            }
+        match self.apply(&plan.action, &run, mb.as_deref(), at).await? {
+            Applied::Done => {}
+            Applied::Refused(why) => plan = decide::refuse_spec(&run, why, now),
+            Applied::Again { fresh } => return Ok(Next::Again { fresh }),
         }
-
-        // 2. The status, only if it changed: a write that changes nothing is never sent.
-        if run.status.as_ref() != Some(&plan.status) {
-            let patch = status_patch(
-                run.status.as_ref(),
-                run.metadata.resource_version.as_deref().unwrap_or(""),
-                &plan.status,
-            );
-            let pp = PatchParams {
-                field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
-                ..Default::default()
-            };
-            let cached_rv = rv_in(&ctx.cache.runs, &run_key);
-            match call(
-                "writing CustomRun status",
-                &target,
-                t,
-                runs.patch_status(&name, &pp, &Patch::Json::<()>(patch)),
-            )
-            .await?
-            {
-                Ok(written) => {
-                    clock.mark("status");
-                    ctx.cache.own_runs.remember(cached_rv, written)
-                }
-                // Someone else wrote first (a failed `test` is 422, a stale version 409): decide again.
-                Err(e) if matches!(api_code(&e), Some(409 | 422)) => continue,
-                Err(e) if api_code(&e) == Some(404) => return Ok(Action::await_change()),
-                Err(e) => return Err(kube_err("writing CustomRun status", &target, e)),
-            }
-            for note in &plan.events {
-                publish(&ctx, &run, note.warning, &note.reason, note.message.clone());
-            }
-            clock.mark("events");
-            count_finish(&ctx, &plan);
-        }
-        return Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue));
+        self.write_status(&run, mb.as_deref(), &plan, at, clock).await
     }
-    Err(Error::Conflicts(target))
+
+    /// Applies a plan's MacBuild action.
+    async fn apply(
+        &self,
+        action: &BuildAction,
+        run: &Arc<CustomRun>,
+        mb: Option<&MacBuild>,
+        at: &Target,
+    ) -> Result<Applied, Error> {
+        match action {
+            BuildAction::None => Ok(Applied::Done),
+            BuildAction::Create(spec) => match new_macbuild(run, spec.clone()) {
+                Err(why) => Ok(Applied::Refused(why.to_string())),
+                Ok(object) => self.create_macbuild(run, &object, at).await,
+            },
+            BuildAction::RequestCancel => self.request_cancel(mb, at).await,
+            BuildAction::Delete { precondition_rv } => self.delete_macbuild(precondition_rv.as_deref(), mb, at).await,
+        }
+    }
+
+    async fn create_macbuild(&self, run: &CustomRun, object: &MacBuild, at: &Target) -> Result<Applied, Error> {
+        let builds: Api<MacBuild> = Api::namespaced(self.client.clone(), &at.ns);
+        let pp = PostParams {
+            field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let cached_rv = rv_in(&self.cache.builds, &ObjectRef::new(&at.name).within(&at.ns));
+        let target = &at.key;
+        match call(
+            "creating MacBuild",
+            target,
+            self.api_timeout,
+            builds.create(&pp, object),
+        )
+        .await?
+        {
+            Ok(created) => {
+                info!(customrun = %target, "created MacBuild");
+                self.cache.own_builds.remember(cached_rv, created);
+                publish(
+                    self,
+                    run,
+                    false,
+                    "MacBuildCreated",
+                    format!("created MacBuild {target}"),
+                );
+                // Decide again on the created MacBuild before writing: one status write then
+                // records it (its uid) instead of two.
+                Ok(Applied::Again { fresh: false })
+            }
+            // Another replica or an earlier reconcile created it: decide again, adopting it if
+            // it is ours.
+            Err(e) if api_code(&e) == Some(409) => Ok(Applied::Again { fresh: true }),
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                Ok(Applied::Refused(format!("the API refused the MacBuild: {}", s.message)))
+            }
+            Err(e) => Err(kube_err("creating MacBuild", target, e)),
+        }
+    }
+
+    async fn request_cancel(&self, mb: Option<&MacBuild>, at: &Target) -> Result<Applied, Error> {
+        let builds: Api<MacBuild> = Api::namespaced(self.client.clone(), &at.ns);
+        let patch = Patch::Merge(json!({"spec": {"cancelRequested": true}}));
+        let pp = PatchParams {
+            field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let cached_rv = rv_in(&self.cache.builds, &ObjectRef::new(&at.name).within(&at.ns));
+        let what = "requesting cancel on MacBuild";
+        match call(what, &at.key, self.api_timeout, builds.patch(&at.name, &pp, &patch)).await? {
+            Ok(patched) => {
+                self.cache.own_builds.remember(cached_rv, patched);
+                if let Some(mb) = mb {
+                    let note = "cancel requested by tartan-controller";
+                    publish_on(self, mb, false, "CancelRequested", note.into());
+                }
+                Ok(Applied::Done)
+            }
+            Err(e) if api_code(&e) == Some(404) => Ok(Applied::Again { fresh: true }),
+            Err(e) => Err(kube_err(what, &at.key, e)),
+        }
+    }
+
+    async fn delete_macbuild(
+        &self,
+        precondition_rv: Option<&str>,
+        mb: Option<&MacBuild>,
+        at: &Target,
+    ) -> Result<Applied, Error> {
+        let builds: Api<MacBuild> = Api::namespaced(self.client.clone(), &at.ns);
+        let dp = DeleteParams {
+            preconditions: precondition_rv.map(|rv| Preconditions {
+                resource_version: Some(rv.to_string()),
+                uid: None,
+            }),
+            ..Default::default()
+        };
+        self.cache.own_builds.forget(&ObjectRef::new(&at.name).within(&at.ns));
+        match call(
+            "deleting MacBuild",
+            &at.key,
+            self.api_timeout,
+            builds.delete(&at.name, &dp),
+        )
+        .await?
+        {
+            Ok(_) => {
+                if let Some(mb) = mb {
+                    let note =
+                        "deletion requested by tartan-controller; an agent's finalizer keeps it until its VM is gone";
+                    publish_on(self, mb, false, "DeletionRequested", note.into());
+                }
+                Ok(Applied::Done)
+            }
+            Err(e) if api_code(&e) == Some(404) => Ok(Applied::Done),
+            // An agent claimed it between our read and the delete: decide again.
+            Err(e) if api_code(&e) == Some(409) => Ok(Applied::Again { fresh: true }),
+            Err(e) => Err(kube_err("deleting MacBuild", &at.key, e)),
+        }
+    }
+
+    /// Writes the plan's status, only if it changed (a write that changes nothing is never
+    /// sent), then its Events and metrics.
+    async fn write_status(
+        &self,
+        run: &CustomRun,
+        mb: Option<&MacBuild>,
+        plan: &Plan,
+        at: &Target,
+        clock: &mut PhaseClock,
+    ) -> Result<Next, Error> {
+        let done = Next::Done(plan.requeue_after.map_or_else(Action::await_change, Action::requeue));
+        if run.status.as_ref() == Some(&plan.status) {
+            return Ok(done);
+        }
+        let runs: Api<CustomRun> = Api::namespaced(self.client.clone(), &at.ns);
+        let patch = status_patch(
+            run.status.as_ref(),
+            run.metadata.resource_version.as_deref().unwrap_or(""),
+            &plan.status,
+        );
+        let pp = PatchParams {
+            field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let cached_rv = rv_in(&self.cache.runs, &ObjectRef::from_obj(run));
+        let what = "writing CustomRun status";
+        let t = self.api_timeout;
+        match call(
+            what,
+            &at.key,
+            t,
+            runs.patch_status(&at.name, &pp, &Patch::Json::<()>(patch)),
+        )
+        .await?
+        {
+            Ok(written) => {
+                clock.mark("status");
+                self.cache.own_runs.remember(cached_rv, written)
+            }
+            // Someone else wrote first (a failed `test` is 422, a stale version 409): decide again.
+            Err(e) if matches!(api_code(&e), Some(409 | 422)) => return Ok(Next::Again { fresh: true }),
+            Err(e) if api_code(&e) == Some(404) => return Ok(Next::Gone),
+            Err(e) => return Err(kube_err(what, &at.key, e)),
+        }
+        for note in &plan.events {
+            publish(self, run, note.warning, &note.reason, note.message.clone());
+        }
+        clock.mark("events");
+        count_finish(self, plan);
+        if plan.finished.is_some() {
+            self.metrics.observe_build_times(crate::metrics::build_times(
+                run.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                mb.and_then(|mb| mb.status.as_ref()),
+                Timestamp::now(),
+            ));
+        }
+        Ok(done)
+    }
 }
 
 /// How long each phase of one reconcile took (reading, writing the status, the Events), logged
@@ -667,20 +764,7 @@ impl Drop for PhaseClock {
 
 fn count_finish(ctx: &Ctx, plan: &Plan) {
     if let Some(f) = &plan.finished {
-        ctx.metrics
-            .customruns
-            .get_or_create(&OutcomeLabels {
-                status: f.status.clone(),
-                reason: f.reason.clone(),
-            })
-            .inc();
-        if f.reason == crate::customrun::reason::TIMED_OUT {
-            let vm_retirement = f.vm_retirement.as_str().to_string();
-            ctx.metrics
-                .timeouts
-                .get_or_create(&RetirementLabels { vm_retirement })
-                .inc();
-        }
+        ctx.metrics.count_finish(f);
     }
 }
 

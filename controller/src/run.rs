@@ -67,6 +67,14 @@ pub struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
+    /// Connections that server holds at once (at least 1). One more closes the connection idle the
+    /// longest, or is itself closed when every one is inside a request.
+    #[arg(long, default_value_t = tartan_serve::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u16).range(1..), usize::from))]
+    pub http_max_connections: usize,
+    /// A connection of that server on which no request finished for this long is closed (idle
+    /// keep-alives, clients that send their headers slowly, requests that hang).
+    #[arg(long, default_value = "20s", value_parser = parse_flag)]
+    pub http_idle_timeout: Duration,
     /// Name reported as the Events' reporting instance (the pod name in a Deployment).
     #[arg(long, env = "POD_NAME", default_value = "tartan-controller")]
     pub instance: String,
@@ -307,11 +315,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bound = listener.local_addr().map_or(args.metrics_address, |a| a);
     // The bound address (port 0 picks one), in the message so that tests can find it.
     info!("serving /metrics, /healthz, /readyz on {bound}");
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!("metrics/health server stopped: {e}");
-        }
-    });
+    let limits = tartan_serve::Limits {
+        max_connections: args.http_max_connections,
+        idle_timeout: args.http_idle_timeout,
+    };
+    let server = tokio::spawn(tartan_serve::serve(
+        "the controller's metrics/health server",
+        listener,
+        app,
+        limits,
+        Arc::default(),
+    ));
 
     check_crds(&client, &namespaces, args.api_timeout).await?;
     // Only a replica that passed its checks takes part: one that takes the Lease and then fails
@@ -370,6 +384,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             lost = async { role.wait_for(|r| !matches!(r, Role::Leader { .. })).await.map(|_| ()) } => {
                 lost.context("the leader elector stopped")?;
+                metrics.watch_agent_leases(Vec::new(), args.lease_duration);
                 // Dropping the loops cancels every reconcile in flight; the gate already refuses
                 // their writes.
                 warn!("leadership lost: reconcilers stopped; standing by");
@@ -419,6 +434,7 @@ fn controllers(
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
     let client = client.clone();
     let mut loops = Vec::new();
+    let mut lease_caches = Vec::new();
     for ns in namespaces {
         let (runs, builds, leases): (Api<Unmanaged<CustomRun>>, Api<Unmanaged<MacBuild>>, Api<Lease>) =
             match (ns, &args.agent_lease_namespace) {
@@ -447,6 +463,7 @@ fn controllers(
         let (run_store, run_writer) = reflector::store();
         let (build_store, build_writer) = reflector::store();
         let (lease_store, lease_writer) = reflector::store();
+        lease_caches.push(lease_store.clone());
         let cache = Caches::new(run_store.clone(), build_store, lease_store);
         let (own_runs, own_builds) = (cache.own_runs.clone(), cache.own_builds.clone());
         // Finished runs and their MacBuilds carry a label (`Ctx::mark_finished`) that keeps
@@ -521,5 +538,6 @@ fn controllers(
             });
         loops.push(futures::future::join(reconciling, events).map(|_| ()).boxed());
     }
+    metrics.watch_agent_leases(lease_caches, args.lease_duration);
     loops
 }

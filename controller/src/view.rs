@@ -200,9 +200,9 @@ pub fn lease_view(lease: &Lease) -> LeaseView {
 /// The MacBuild for `run`: same name and namespace, a controller ownerReference to the CustomRun,
 /// the CustomRun's labels plus `tekton.dev/customRun` and `tartan.dev/custom-run`. `spec` is the
 /// JSON the pure core mapped from params / `customSpec.spec`; a spec the MacBuild type refuses
-/// is an error message for the CustomRun.
-pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild, String> {
-    let spec: MacBuildSpec = serde_json::from_value(spec).map_err(|e| format!("the MacBuild spec is invalid: {e}"))?;
+/// is an error for the CustomRun.
+pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild, NewMacBuildError> {
+    let spec: MacBuildSpec = serde_json::from_value(spec).map_err(NewMacBuildError::Spec)?;
     let name = run.metadata.name.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = run.metadata.labels.clone().unwrap_or_default();
     if let Some(embedded) = run.spec.custom_spec.as_ref().and_then(|s| s.metadata.as_ref()) {
@@ -212,9 +212,7 @@ pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild
     labels.remove(FINISHED_LABEL);
     labels.insert(label::CUSTOM_RUN.into(), name.clone());
     labels.insert(CUSTOM_RUN_LABEL.into(), name.clone());
-    let mut owner = run
-        .controller_owner_ref(&())
-        .ok_or_else(|| "the CustomRun has no uid yet".to_string())?;
+    let mut owner = run.controller_owner_ref(&()).ok_or(NewMacBuildError::NoUid)?;
     // Foreground deletion of the CustomRun waits for the MacBuild (and so for the agent's
     // finalizer); needs `customruns/finalizers: update` under OwnerReferencesPermissionEnforcement.
     owner.block_owner_deletion = Some(true);
@@ -229,6 +227,15 @@ pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild
         spec,
         status: None,
     })
+}
+
+/// Why no MacBuild can be made for a CustomRun.
+#[derive(Debug, thiserror::Error)]
+pub enum NewMacBuildError {
+    #[error("the MacBuild spec is invalid: {0}")]
+    Spec(#[source] serde_json::Error),
+    #[error("the CustomRun has no uid yet")]
+    NoUid,
 }
 
 #[cfg(test)]
@@ -567,7 +574,9 @@ mod tests {
         assert_eq!(labels["tartan.dev/custom-run"], "build-42-mac-build");
         assert_eq!(m.spec.timeout_seconds, 100);
         assert!(!m.spec.cancel_requested);
-        let err = new_macbuild(&run, json!({"image": "img", "steps": "make"})).unwrap_err();
+        let err = new_macbuild(&run, json!({"image": "img", "steps": "make"}))
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("the MacBuild spec is invalid"), "{err}");
     }
 }

@@ -35,7 +35,7 @@ impl Drop for Harness {
 }
 
 async fn harness() -> Harness {
-    let tekton = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/tekton-customrun-crd.yaml");
+    let tekton = tartan_testkit::customrun_crd();
     let emu = tartan_testkit::start(Options::default().crd_file(tekton))
         .await
         .expect("emulator starts");
@@ -66,6 +66,8 @@ impl Harness {
             agent_lease_namespace: None,
             api_timeout: Duration::from_secs(5),
             metrics_address: "127.0.0.1:0".parse().unwrap(),
+            http_max_connections: tartan_serve::DEFAULT_MAX_CONNECTIONS,
+            http_idle_timeout: tartan_serve::DEFAULT_IDLE_TIMEOUT,
             instance: "test".into(),
             leader_elect: false,
             leader_lease_namespace: None,
@@ -602,7 +604,7 @@ async fn a_restart_makes_no_request_for_finished_customruns() {
 
 #[tokio::test]
 async fn missing_macbuild_crd_fails_fast_with_the_fix() {
-    let tekton = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/tekton-customrun-crd.yaml");
+    let tekton = tartan_testkit::customrun_crd();
     let emu = tartan_testkit::start(Options::default().crd_file(tekton))
         .await
         .unwrap();
@@ -982,4 +984,137 @@ async fn a_run_created_with_the_finished_label_runs_once_the_label_is_removed() 
     wait_reason(&h, "born-finished", "Unknown", "Pending").await;
     let mb = h.builds().get("born-finished").await.unwrap();
     assert!(!mb.metadata.labels.unwrap_or_default().contains_key(FINISHED_LABEL));
+}
+
+/// A PipelineRun deleted mid-build and created again under its name (as real Tekton does with a
+/// fixed-name re-run) while the old MacBuild is still held by its agent's finalizer: the new run
+/// waits `Unknown` for the name instead of ending `MacBuildNameTaken`, and gets its own MacBuild
+/// once the old one is gone.
+#[tokio::test]
+async fn a_run_created_again_while_its_old_macbuild_is_being_deleted_waits_for_the_name() {
+    let mut h = harness().await;
+    h.start_controller();
+    h.renew_lease("agent-a", Timestamp::now()).await;
+    let old = h.create_run("rerun", json!({})).await;
+    eventually("MacBuild", || async { h.builds().get_opt("rerun").await.unwrap() }).await;
+    h.builds()
+        .patch(
+            "rerun",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["tartan.dev/vm-cleanup"]}})),
+        )
+        .await
+        .unwrap();
+    h.agent_writes(
+        "rerun",
+        json!({"phase": "Running", "claim": claim(), "conditions": [vm_deleted("False")]}),
+    )
+    .await;
+    wait_reason(&h, "rerun", "Unknown", "Running").await;
+    h.runs().delete("rerun", &Default::default()).await.unwrap();
+    eventually("the old MacBuild being deleted, held by the finalizer", || async {
+        h.builds()
+            .get_opt("rerun")
+            .await
+            .unwrap()
+            .filter(|mb| mb.metadata.deletion_timestamp.is_some())
+            .map(|_| ())
+    })
+    .await;
+    let new = h.create_run("rerun", json!({})).await;
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+    let st = wait_reason(&h, "rerun", "Unknown", "MacBuildNameTerminating").await;
+    let message = st.conditions[0].message.clone().unwrap_or_default();
+    assert!(message.contains("is being deleted"), "{message}");
+    // The agent finishes deleting its VM and releases the old MacBuild.
+    h.builds()
+        .patch(
+            "rerun",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    let mb = eventually("the new run's MacBuild", || async {
+        h.builds()
+            .get_opt("rerun")
+            .await
+            .unwrap()
+            .filter(|mb| mb.metadata.owner_references.as_ref().unwrap()[0].uid == new.metadata.uid.clone().unwrap())
+    })
+    .await;
+    assert!(mb.metadata.deletion_timestamp.is_none());
+    wait_reason(&h, "rerun", "Unknown", "Pending").await;
+}
+
+/// GET `path` on a new connection to `port` (blocking thread; 10 s read bound); the answer, or the
+/// error.
+async fn http_get(port: u16, path: &'static str) -> std::io::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .await
+    .unwrap()
+}
+
+/// 300 idle connections to the controller's `/metrics` port (launchd's 256 soft limit was used up
+/// so on an agent): the server holds at most its cap of them, `/healthz` still answers, and a
+/// client that never finishes its headers is dropped after the (shortened) idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_neither_hold_descriptors_nor_lock_out_healthz() {
+    use std::io::{Read, Write};
+    let mut h = harness().await;
+    // A free port for the controller (the harness binds port 0 and nothing reads it back).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut args = h.args();
+    args.metrics_address = ([127, 0, 0, 1], port).into();
+    args.http_max_connections = 8;
+    args.http_idle_timeout = Duration::from_millis(1500);
+    h.controllers.push(tokio::spawn(tartan_controller::run::run(args)));
+    eventually("the controller's /healthz", || async {
+        http_get(port, "/healthz").await.ok().filter(|a| a.ends_with("ok\n"))
+    })
+    .await;
+
+    let flood = 300;
+    let idle: Vec<_> = (0..flood)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let answer = http_get(port, "/healthz").await.expect("/healthz answers");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    if let Some(held) = tartan_testkit::server_socket_fds(port) {
+        // The listener and at most 8 accepted connections (before the cap: all 300, and the
+        // agent ran out of descriptors at 256).
+        assert!(
+            held <= 8 + 1,
+            "the controller holds {held} descriptors for {flood} idle connections"
+        );
+    }
+    drop(idle);
+
+    let started = std::time::Instant::now();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).is_ok()
+    })
+    .await
+    .unwrap();
+    assert!(closed, "a client stuck in its headers was not dropped within 20 s");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "dropped before the idle timeout"
+    );
 }

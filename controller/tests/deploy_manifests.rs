@@ -150,6 +150,10 @@ fn rbac_is_least_privilege() {
         ("tartan.dev", "macbuilds", "patch"),
         ("tartan.dev", "macbuilds/status", "patch"),
         ("coordination.k8s.io", "leases", "patch"),
+        // The other agents' Leases (runtime/mod.rs: claim waits only for agents that could take
+        // the build).
+        ("coordination.k8s.io", "leases", "list"),
+        ("coordination.k8s.io", "leases", "watch"),
         ("events.k8s.io", "events", "create"),
     ] {
         assert!(allows(agent, g, r, v), "agent needs {v} {g}/{r}");

@@ -1,7 +1,7 @@
 //! `deploy/` installed the usual way, and old MacBuilds against today's CRD:
 //! - `kubectl kustomize deploy/` renders exactly the objects a cluster needs, with the controller
 //!   image `scripts/image` builds (tag = crate version, never `latest`);
-//! - `kubectl apply -k deploy/ --server-side` on a real kube-apiserver (`../shared/kube`, see
+//! - `kubectl apply -k deploy/ --server-side` on a real kube-apiserver (`KUBEBUILDER_ASSETS` or an existing cluster, see
 //!   `tartan_testkit::real`) creates them and the CRD becomes Established;
 //! - every MacBuild fixture of `api/tests/fixtures/` (shapes earlier releases wrote) is accepted
 //!   by that CRD, spec and status, and comes back without a field pruned.
@@ -158,7 +158,7 @@ fn lost(written: &Value, stored: &Value, path: &str, out: &mut Vec<String>) {
 
 #[tokio::test]
 async fn apply_k_creates_every_object_and_old_macbuilds_pass_today_s_crd() {
-    let Some(cluster) = RealCluster::start().expect("the real control plane failed to start") else {
+    let Some(cluster) = RealCluster::start("deploy_real").expect("the real control plane failed to start") else {
         return;
     };
     let deploy = workspace().join("deploy");

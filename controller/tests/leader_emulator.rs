@@ -357,6 +357,8 @@ async fn a_replica_failing_its_start_up_checks_never_takes_the_lease() {
         agent_lease_namespace: None,
         api_timeout: Duration::from_secs(5),
         metrics_address: "127.0.0.1:0".parse().expect("an address"),
+        http_max_connections: tartan_serve::DEFAULT_MAX_CONNECTIONS,
+        http_idle_timeout: tartan_serve::DEFAULT_IDLE_TIMEOUT,
         instance: "ctl-a".into(),
         leader_elect: true,
         leader_lease_namespace: Some(cfg.namespace.clone()),

@@ -38,16 +38,28 @@ enum Command {
         /// Seconds between polls while following.
         #[arg(long, default_value_t = 1.0)]
         poll_seconds: f64,
+        /// Print the logs' bytes as they are. By default terminal escape sequences (colours,
+        /// titles, clipboard writes, …) and control characters other than newline and tab are
+        /// removed, as in the CustomRun's message.
+        #[arg(long)]
+        raw: bool,
+        /// Attempt N's logs (1 is the first; see `describe`) instead of the current attempt's.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        attempt: Option<u32>,
     },
     /// One line per MacBuild: phase, attempt, agent, age, logs location.
     Get {
         /// One CustomRun or MacBuild (default: all in the namespace).
         run: Option<String>,
     },
-    /// A MacBuild's state, attempts, conditions and results.
+    /// A MacBuild's state, attempts, conditions and results, and its timeline (from its Events,
+    /// else its status) with the time between steps.
     Describe {
         /// CustomRun or MacBuild name.
         run: String,
+        /// Only attempt N in the attempts and the timeline.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        attempt: Option<u32>,
     },
 }
 
@@ -68,6 +80,8 @@ async fn main() {
                 follow,
                 step,
                 poll_seconds,
+                raw,
+                attempt,
             } => {
                 if !(poll_seconds.is_finite() && (0.1..=60.0).contains(&poll_seconds)) {
                     anyhow::bail!("--poll-seconds must be 0.1 to 60, not {poll_seconds}");
@@ -77,16 +91,20 @@ async fn main() {
                     follow,
                     step,
                     poll: Duration::from_secs_f64(poll_seconds),
+                    raw,
+                    attempt,
                 };
                 kubectl_tartan::logs(&client, &ns, &opts, out).await
             }
             Command::Get { run } => kubectl_tartan::get(&client, &ns, run.as_deref(), out).await,
-            Command::Describe { run } => kubectl_tartan::describe(&client, &ns, &run, out).await,
+            Command::Describe { run, attempt } => kubectl_tartan::describe(&client, &ns, &run, attempt, out).await,
         }
     }
     .await;
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        // Errors quote what agents and builds wrote (status.logs, names): printed cleaned, as
+        // everything else this command shows.
+        eprintln!("error: {}", tartan_api::text::clean_str(&format!("{e:#}"), 16 << 10));
         std::process::exit(1);
     }
 }
