@@ -39,6 +39,7 @@ fn record(i: u64) -> Record {
         deadline: Some("2026-10-05T03:11:40.304Z".parse().unwrap()),
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! Paths must be absolute: launchd, which starts the agent, expands neither `~` nor `$HOME`.
 
-use crate::host::artifacts::{Destination, check_bucket};
+use crate::host::mounts::within_ignoring_case;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,12 +16,24 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tartan_api::VM_PREFIX;
+use tartan_api::destination::{Destination, check_bucket};
+
+mod resolve;
+mod timing;
+
+use resolve::*;
 
 /// The example config shipped as `agent/examples/agent.toml`: every key with its default.
 const DOCUMENTED_EXAMPLE: &str = include_str!("../examples/agent.toml");
 
 /// macOS's licence and Virtualization.framework allow at most two macOS VMs on one host.
 pub const MAX_SLOTS: u8 = 2;
+
+/// Default of `[logs] max_build_mib`, in bytes: four steps at the 64 MiB per-step cap.
+pub const DEFAULT_BUILD_LOG_BYTES: u64 = 256 << 20;
+
+/// Default of `[disk] min_free_gib`, in bytes: a macOS VM clone needs tens of GiB.
+pub const DEFAULT_DISK_MIN_FREE_BYTES: u64 = 20 << 30;
 
 /// Default of `status_concurrency`.
 pub const DEFAULT_STATUS_CONCURRENCY: usize = 8;
@@ -60,8 +72,12 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// How long step logs are kept.
     pub logs: LogsConfig,
+    /// The free-space floor below which no new build is claimed.
+    pub disk: DiskConfig,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
+    /// Bounds of that server (`metrics_max_connections`, `metrics_idle_timeout`).
+    pub metrics_limits: tartan_serve::Limits,
     /// What a restart does to running builds.
     pub on_restart: OnRestart,
     /// Timing constants.
@@ -116,10 +132,21 @@ pub struct SecretsConfig {
     pub allowed: Vec<String>,
 }
 
+/// Why an entry of `[secrets] allowed` (or `rbac --secret`) cannot name a Secret.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllowedSecretError {
+    #[error("{entry:?} is not namespace/name")]
+    NotNamespaceSlashName { entry: String },
+    #[error("{entry:?}: {ns:?} is not a namespace name")]
+    Namespace { entry: String, ns: String },
+    #[error("{entry:?}: {why}")]
+    SecretName { entry: String, why: String },
+}
+
 /// Checks one `[secrets] allowed` entry: `namespace/name`, both valid names.
-pub fn check_allowed_secret(entry: &str) -> Result<(&str, &str), String> {
+pub fn check_allowed_secret(entry: &str) -> Result<(&str, &str), AllowedSecretError> {
     let Some((ns, name)) = entry.split_once('/') else {
-        return Err(format!("{entry:?} is not namespace/name"));
+        return Err(AllowedSecretError::NotNamespaceSlashName { entry: entry.into() });
     };
     let ns_ok = !ns.is_empty()
         && ns.len() <= 63
@@ -127,9 +154,15 @@ pub fn check_allowed_secret(entry: &str) -> Result<(&str, &str), String> {
         && !ns.starts_with('-')
         && !ns.ends_with('-');
     if !ns_ok {
-        return Err(format!("{entry:?}: {ns:?} is not a namespace name"));
+        return Err(AllowedSecretError::Namespace {
+            entry: entry.into(),
+            ns: ns.into(),
+        });
     }
-    tartan_api::env::check_secret_name(name).map_err(|e| format!("{entry:?}: {e}"))?;
+    tartan_api::env::check_secret_name(name).map_err(|why| AllowedSecretError::SecretName {
+        entry: entry.into(),
+        why,
+    })?;
     Ok((ns, name))
 }
 
@@ -202,6 +235,9 @@ pub struct LogsConfig {
     pub max_age: Duration,
     /// Above this many bytes in all, the oldest VM folders are removed first (5 GiB).
     pub max_total_bytes: u64,
+    /// Step logs of one build together hold at most this many bytes (256 MiB); a step's output
+    /// beyond it is dropped with one note line, as beyond the 64 MiB per-step cap.
+    pub max_build_bytes: u64,
     /// How often the new output of a running build's step logs is shipped to its artifact
     /// destination (5 s; 1 s to 60 s).
     pub ship_interval: Duration,
@@ -212,9 +248,35 @@ impl Default for LogsConfig {
         LogsConfig {
             max_age: Duration::from_secs(7 * 24 * 3600),
             max_total_bytes: 5 << 30,
+            max_build_bytes: DEFAULT_BUILD_LOG_BYTES,
             ship_interval: Duration::from_secs(5),
         }
     }
+}
+
+/// The longest `[logs] max_age` accepted: a year.
+const MAX_LOG_AGE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `[disk]`: the free space the agent keeps on the filesystems of `state_dir` and tart's home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Below this many free bytes on either filesystem the agent claims no new build (20 GiB);
+    /// builds it already runs go on. 0 turns the floor off.
+    pub min_free_bytes: u64,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig {
+            min_free_bytes: DEFAULT_DISK_MIN_FREE_BYTES,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDisk {
+    min_free_gib: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -222,6 +284,7 @@ impl Default for LogsConfig {
 struct RawLogs {
     max_age: Option<HumaneDuration>,
     max_total_mib: Option<u64>,
+    max_build_mib: Option<u64>,
     ship_interval: Option<HumaneDuration>,
 }
 
@@ -322,10 +385,14 @@ struct RawConfig {
     #[serde(default)]
     artifacts: ArtifactsConfig,
     metrics_address: Option<String>,
+    metrics_max_connections: Option<i64>,
+    metrics_idle_timeout: Option<HumaneDuration>,
     #[serde(default)]
     on_restart: OnRestart,
     #[serde(default)]
     logs: RawLogs,
+    #[serde(default)]
+    disk: RawDisk,
     #[serde(default)]
     timing: RawTiming,
     #[serde(default)]
@@ -370,45 +437,25 @@ impl<'de> Deserialize<'de> for HumaneDuration {
 /// Parses `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"`, `"1m30s"`: numbers each followed by `ms`, `s`,
 /// `m`, `h` or `d`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration; write e.g. \"500ms\", \"5s\", \"2m\" or \"1m30s\"");
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = Duration::ZERO;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let part = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
-            "d" => Duration::from_secs(n.checked_mul(24 * 3600).ok_or_else(bad)?),
-            _ => return Err(bad()),
-        };
-        total = total.checked_add(part).ok_or_else(bad)?;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
+    tartan_api::duration::parse_unit_duration(text)
 }
+
+/// An id that cannot name an agent, and what to write instead.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} cannot name an agent: use 1 to 63 characters of a-z, 0-9, '-' and '.', starting and ending with a \
+     letter or digit (it becomes the Lease tartan-agent-<agent_id> and a label value)"
+)]
+pub struct AgentIdError(pub String);
 
 /// Whether `id` can name an agent: a Lease name suffix and a label value, so at most 63
 /// characters of `[a-z0-9.-]`, starting and ending with a letter or digit.
-pub fn check_agent_id(id: &str) -> Result<(), String> {
+pub fn check_agent_id(id: &str) -> Result<(), AgentIdError> {
     let ok_chars = id.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'));
     let ends_ok = id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
     if id.is_empty() || id.len() > 63 || !ok_chars || !ends_ok {
-        return Err(format!(
-            "{id:?} cannot name an agent: use 1 to 63 characters of a-z, 0-9, '-' and '.', starting and ending \
-             with a letter or digit (it becomes the Lease tartan-agent-<agent_id> and a label value)"
-        ));
+        return Err(AgentIdError(id.into()));
     }
     Ok(())
 }
@@ -446,243 +493,36 @@ impl Config {
             path: path.to_path_buf(),
             detail: e.to_string().trim_end().to_string(),
         })?;
-        let invalid = |key: &'static str, detail: String| ConfigError::Invalid {
+        Config::resolve(raw, hostname, home).map_err(|Refusal { key, why }| ConfigError::Invalid {
             path: path.to_path_buf(),
             key,
-            detail,
-        };
-        let absolute = |key: &'static str, p: PathBuf| -> Result<PathBuf, ConfigError> {
-            if p.is_absolute() {
-                Ok(p)
-            } else {
-                Err(invalid(
-                    key,
-                    format!(
-                        "{} is not an absolute path (launchd expands neither ~ nor $HOME)",
-                        p.display()
-                    ),
-                ))
-            }
-        };
+            detail: why,
+        })
+    }
 
-        let agent_id = match raw.agent_id {
-            Some(id) => id,
-            None => agent_id_from_hostname(hostname),
-        };
-        check_agent_id(&agent_id).map_err(|d| invalid("agent_id", d))?;
-
-        let state_dir = match raw.state_dir {
-            Some(p) => absolute("state_dir", p)?,
-            None => match home {
-                Some(home) if home.is_absolute() => home.join("Library/Application Support/Tartan"),
-                _ => {
-                    return Err(invalid(
-                        "state_dir",
-                        "not set and $HOME is unknown; set state_dir to an absolute path".into(),
-                    ));
-                }
-            },
-        };
+    /// The config of `raw`, section by section, in the order the keys are checked.
+    fn resolve(raw: RawConfig, hostname: &str, home: Option<&Path>) -> Result<Config, Refusal> {
+        let agent_id = resolve_agent_id(raw.agent_id, hostname)?;
+        let state_dir = resolve_state_dir(raw.state_dir, home)?;
         let kubeconfig = raw.kubeconfig.map(|p| absolute("kubeconfig", p)).transpose()?;
-        if raw.context.as_deref() == Some("") {
-            return Err(invalid(
-                "context",
-                "is empty; leave it out to use the current context".into(),
-            ));
-        }
-        for ns in &raw.namespaces {
-            if ns.is_empty() {
-                return Err(invalid("namespaces", "contains an empty name".into()));
-            }
-        }
-        let lease_namespace = raw.lease_namespace.unwrap_or_else(|| "default".into());
-        if lease_namespace.is_empty() {
-            return Err(invalid("lease_namespace", "is empty".into()));
-        }
-
-        let slots = match raw.slots.unwrap_or(1) {
-            n @ 1..=2 => n as u8,
-            n if n > i64::from(MAX_SLOTS) => {
-                return Err(invalid(
-                    "slots",
-                    format!("{n} is more than macOS allows: at most {MAX_SLOTS} macOS VMs run on one host"),
-                ));
-            }
-            n => return Err(invalid("slots", format!("{n}: an agent needs 1 or 2 slots"))),
-        };
-
-        let status_concurrency = match raw.status_concurrency.unwrap_or(DEFAULT_STATUS_CONCURRENCY as i64) {
-            n @ 1..=256 => n as usize,
-            n => {
-                return Err(invalid(
-                    "status_concurrency",
-                    format!("{n}: status writes in flight at once must be 1 to 256"),
-                ));
-            }
-        };
-
-        let tart = raw.tart.unwrap_or_else(|| PathBuf::from("tart"));
-        // A bare program name is looked up on PATH; anything with a directory must be absolute.
-        let tart = if tart.components().count() > 1 {
-            absolute("tart", tart)?
-        } else {
-            tart
-        };
-        let tart_home = raw.tart_home.map(|p| absolute("tart_home", p)).transpose()?;
-
-        // The prefix is part of an on-disk contract shared with the watchdog and recovery (which
-        // delete only `mb-` VMs and quarantine unaccounted ones): accept it spelt out, refuse
-        // anything else rather than orphan or touch VMs the other parts do not expect.
-        if let Some(prefix) = raw.vm_prefix
-            && prefix != VM_PREFIX
-        {
-            return Err(invalid(
-                "vm_prefix",
-                format!(
-                    "{prefix:?}: the VM prefix is fixed at {VM_PREFIX:?} (the watchdog and recovery only ever delete \
-                     VMs with it); remove the key, or use a separate tart_home to keep agents apart"
-                ),
-            ));
-        }
-
-        // The agent's own folders: no artifact destination may be inside or around them. Tart's
-        // home is the configured one or tart's default under $HOME (the runtime checks the
-        // resolved folders again for each build).
-        let mut protected: Vec<(&'static str, PathBuf)> = vec![("state_dir", state_dir.clone())];
-        match (&tart_home, home) {
-            (Some(t), _) => protected.push(("tart_home", t.clone())),
-            (None, Some(h)) if h.is_absolute() => protected.push(("tart_home", h.join(".tart"))),
-            (None, _) => {}
-        }
-        if let Some(dest) = &raw.artifacts.destination {
-            match Destination::parse(dest) {
-                Err(e) => {
-                    return Err(invalid(
-                        "artifacts.destination",
-                        format!("{e}; write s3://bucket/prefix/ or file:///absolute/dir/"),
-                    ));
-                }
-                Ok(Destination::File { dir }) => {
-                    if let Some(detail) = overlaps(&dir, &protected, true) {
-                        return Err(invalid("artifacts.destination", detail));
-                    }
-                }
-                Ok(Destination::S3 { .. }) => {}
-            }
-        }
-        for root in &raw.artifacts.allowed_file_roots {
-            let root = absolute("artifacts.allowed_file_roots", root.clone())?;
-            if root.components().any(|c| c == std::path::Component::ParentDir) {
-                return Err(invalid(
-                    "artifacts.allowed_file_roots",
-                    format!("{} contains '..'; write the folder plainly", root.display()),
-                ));
-            }
-            // A root around the state dir is allowed (its other folders are fine); a destination
-            // inside it that also holds the state dir is refused per build.
-            if let Some(detail) = overlaps(&root, &protected, false) {
-                return Err(invalid("artifacts.allowed_file_roots", detail));
-            }
-        }
-        let mounts = check_mounts(raw.mounts, &protected).map_err(|d| invalid("mounts", d))?;
-        let mut allow = Vec::new();
-        for cidr in &raw.softnet_allow {
-            allow.push(
-                cidr.parse::<tartan_tart::Ipv4Cidr>()
-                    .map_err(|e| invalid("softnet_allow", e))?,
-            );
-        }
-        let network = match raw.network {
-            NetworkMode::Softnet => tartan_tart::RunNetwork::Softnet { allow },
-            NetworkMode::Shared if allow.is_empty() => tartan_tart::RunNetwork::Shared,
-            NetworkMode::Shared => {
-                return Err(invalid(
-                    "softnet_allow",
-                    "is set but network is \"shared\"; set network = \"softnet\" (the list only opens Softnet's isolation)"
-                        .into(),
-                ));
-            }
-        };
-
-        for bucket in &raw.artifacts.allowed_buckets {
-            check_bucket(bucket).map_err(|why| {
-                invalid(
-                    "artifacts.allowed_buckets",
-                    format!("{bucket:?} cannot name an S3 bucket: it {why}"),
-                )
-            })?;
-        }
-
-        let d = LogsConfig::default();
-        let logs = LogsConfig {
-            max_age: raw.logs.max_age.map_or(d.max_age, |h| h.0),
-            max_total_bytes: match raw.logs.max_total_mib {
-                None => d.max_total_bytes,
-                Some(mib) => mib.checked_mul(1 << 20).ok_or_else(|| {
-                    invalid(
-                        "logs.max_total_mib",
-                        format!("{mib} MiB is more bytes than fit in 64 bits"),
-                    )
-                })?,
-            },
-            ship_interval: raw.logs.ship_interval.map_or(d.ship_interval, |h| h.0),
-        };
-        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&logs.ship_interval) {
-            return Err(invalid(
-                "logs.ship_interval",
-                format!(
-                    "{:?} must be 1s to 60s (a follower sees a running step's output one interval late)",
-                    logs.ship_interval
-                ),
-            ));
-        }
-
-        let metrics_address = match raw.metrics_address {
-            None => SocketAddr::from(([127, 0, 0, 1], 9464)),
-            Some(a) => a.parse().map_err(|e| {
-                invalid(
-                    "metrics_address",
-                    format!("{a:?} is not an address like 127.0.0.1:9464: {e}"),
-                )
-            })?,
-        };
-
-        let d = Timing::default();
-        let t = raw.timing;
-        let pick = |v: Option<HumaneDuration>, default: Duration| v.map_or(default, |h| h.0);
-        let timing = Timing {
-            lease_renew: pick(t.lease_renew, d.lease_renew),
-            lease_duration: pick(t.lease_duration, d.lease_duration),
-            api_timeout: pick(t.api_timeout, d.api_timeout),
-            retry_min_window: pick(t.retry_min_window, d.retry_min_window),
-            watchdog_grace: pick(t.watchdog_grace, d.watchdog_grace),
-            status_retry_initial: pick(t.status_retry_initial, d.status_retry_initial),
-            status_retry_max: pick(t.status_retry_max, d.status_retry_max),
-            resume_probe: pick(t.resume_probe, d.resume_probe),
-            step_poll: pick(t.step_poll, d.step_poll),
-            compaction_interval: pick(t.compaction_interval, d.compaction_interval),
-            claim_spread: pick(t.claim_spread, d.claim_spread),
-            uncached_claim_delay: pick(t.uncached_claim_delay, d.uncached_claim_delay),
-        };
-        timing.check().map_err(|(key, detail)| invalid(key, detail))?;
-
-        let mut seen = std::collections::BTreeSet::new();
-        for entry in &raw.secrets.allowed {
-            let (ns, _) = check_allowed_secret(entry).map_err(|d| invalid("secrets.allowed", d))?;
-            if !raw.namespaces.is_empty() && !raw.namespaces.iter().any(|n| n == ns) {
-                return Err(invalid(
-                    "secrets.allowed",
-                    format!(
-                        "{entry:?} is in namespace {ns:?}, which this agent does not serve (namespaces); a build \
-                         reads only Secrets of its own namespace"
-                    ),
-                ));
-            }
-            if !seen.insert(entry.as_str()) {
-                return Err(invalid("secrets.allowed", format!("{entry:?} is listed twice")));
-            }
-        }
-
+        let lease_namespace = check_namespaces(raw.context.as_deref(), &raw.namespaces, raw.lease_namespace)?;
+        let slots = resolve_slots(raw.slots)?;
+        let status_concurrency = resolve_status_concurrency(raw.status_concurrency)?;
+        let (tart, tart_home) = resolve_tart(raw.tart, raw.tart_home, raw.vm_prefix)?;
+        let protected = protected_folders(&state_dir, tart_home.as_deref(), home);
+        let artifact_folders = check_artifact_folders(&raw.artifacts, &protected)?;
+        let mounts = check_mounts(raw.mounts, &protected, &artifact_folders)?;
+        let network = resolve_network(raw.network, &raw.softnet_allow)?;
+        check_buckets(&raw.artifacts.allowed_buckets)?;
+        let logs = LogsConfig::resolve(raw.logs)?;
+        let disk = DiskConfig::resolve(raw.disk)?;
+        let (metrics_address, metrics_limits) = resolve_metrics(
+            raw.metrics_address,
+            raw.metrics_max_connections,
+            raw.metrics_idle_timeout,
+        )?;
+        let timing = Timing::resolve(raw.timing)?;
+        check_secrets(&raw.secrets, &raw.namespaces)?;
         Ok(Config {
             agent_id,
             state_dir,
@@ -698,7 +538,9 @@ impl Config {
             tart_home,
             artifacts: raw.artifacts,
             logs,
+            disk,
             metrics_address,
+            metrics_limits,
             on_restart: raw.on_restart,
             timing,
             mounts,
@@ -710,165 +552,6 @@ impl Config {
     /// Whether this agent serves MacBuilds of `namespace`.
     pub fn serves_namespace(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
-    }
-}
-
-/// Why `dir` may not hold artifacts: it is inside one of the `protected` folders (or, with
-/// `around`, one is inside it). Compared as written, component by component.
-fn overlaps(dir: &Path, protected: &[(&'static str, PathBuf)], around: bool) -> Option<String> {
-    protected.iter().find_map(|(key, p)| {
-        if dir.starts_with(p) {
-            Some(format!(
-                "{} is inside {key} {}; a MacBuild may never write into the agent's own folders",
-                dir.display(),
-                p.display()
-            ))
-        } else if around && p.starts_with(dir) {
-            Some(format!(
-                "{} holds {key} {}; a MacBuild may never write around the agent's own folders",
-                dir.display(),
-                p.display()
-            ))
-        } else {
-            None
-        }
-    })
-}
-
-/// Checks `[[mounts]]`: unique names a MacBuild can ask for, host folders that are absolute,
-/// plainly written (no `..`), existing, fit for tart's `--dir` syntax, and neither inside nor
-/// around the agent's own folders (`protected`, as for artifact destinations: checked as written
-/// and resolved). Returns them with their folders resolved.
-fn check_mounts(raw: Vec<RawMount>, protected: &[(&'static str, PathBuf)]) -> Result<Vec<MountConfig>, String> {
-    let mut out: Vec<MountConfig> = Vec::new();
-    for m in raw {
-        tartan_api::crd::check_mount_name(&m.name)?;
-        if out.iter().any(|o| o.name == m.name) {
-            return Err(format!("mount {:?} is declared twice", m.name));
-        }
-        let at = |detail: String| format!("mount {:?}: host_path {}", m.name, detail);
-        let written = m.host_path.clone();
-        if !written.is_absolute() {
-            return Err(at(format!(
-                "{} is not an absolute path (launchd expands neither ~ nor $HOME)",
-                written.display()
-            )));
-        }
-        if written.components().any(|c| c == std::path::Component::ParentDir) {
-            return Err(at(format!(
-                "{} contains '..'; write the folder plainly",
-                written.display()
-            )));
-        }
-        let resolved = std::fs::canonicalize(&written)
-            .map_err(|e| at(format!("{}: {e}; create the folder first", written.display())))?;
-        if !resolved.is_dir() {
-            return Err(at(format!("{} is not a folder", written.display())));
-        }
-        let resolved_protected: Vec<(&'static str, PathBuf)> = protected
-            .iter()
-            .map(|(k, p)| (*k, std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())))
-            .collect();
-        if let Some(detail) =
-            overlaps(&written, protected, true).or_else(|| overlaps(&resolved, &resolved_protected, true))
-        {
-            return Err(at(detail));
-        }
-        let share = tartan_tart::DirShare {
-            name: m.name.clone(),
-            path: resolved.clone(),
-            read_only: m.read_only,
-        };
-        share.render().map_err(|e| at(format!("cannot be shared: {e}")))?;
-        out.push(MountConfig {
-            name: m.name,
-            host_path: resolved,
-            read_only: m.read_only,
-        });
-    }
-    Ok(out)
-}
-
-impl Timing {
-    /// The relations the agent relies on; returns the offending key and why.
-    fn check(&self) -> Result<(), (&'static str, String)> {
-        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
-        if self.lease_renew.is_zero() {
-            return Err(("timing.lease_renew", "must be more than 0".into()));
-        }
-        if self.lease_duration.as_secs() == 0 || self.lease_duration.subsec_nanos() != 0 {
-            return Err((
-                "timing.lease_duration",
-                format!(
-                    "{} must be a whole number of seconds, at least 1 (leaseDurationSeconds)",
-                    secs(self.lease_duration)
-                ),
-            ));
-        }
-        if self.lease_renew >= self.lease_duration {
-            return Err((
-                "timing.lease_renew",
-                format!(
-                    "{} must be shorter than timing.lease_duration ({}), or the Lease expires between renewals",
-                    secs(self.lease_renew),
-                    secs(self.lease_duration)
-                ),
-            ));
-        }
-        if self.api_timeout.is_zero() || self.api_timeout >= self.lease_renew {
-            return Err((
-                "timing.api_timeout",
-                format!(
-                    "{} must be more than 0 and shorter than timing.lease_renew ({})",
-                    secs(self.api_timeout),
-                    secs(self.lease_renew)
-                ),
-            ));
-        }
-        if self.status_retry_initial.is_zero() || self.status_retry_initial > self.status_retry_max {
-            return Err((
-                "timing.status_retry_initial",
-                format!(
-                    "{} must be more than 0 and at most timing.status_retry_max ({})",
-                    secs(self.status_retry_initial),
-                    secs(self.status_retry_max)
-                ),
-            ));
-        }
-        if self.step_poll.is_zero() || self.step_poll > Duration::from_secs(60) {
-            return Err((
-                "timing.step_poll",
-                format!(
-                    "{} must be more than 0 and at most 60s (a finished step is noticed one poll late)",
-                    secs(self.step_poll)
-                ),
-            ));
-        }
-        if self.resume_probe.is_zero() {
-            return Err(("timing.resume_probe", "must be more than 0".into()));
-        }
-        if self.compaction_interval.is_zero() {
-            return Err(("timing.compaction_interval", "must be more than 0".into()));
-        }
-        if self.claim_spread > Duration::from_secs(60) {
-            return Err((
-                "timing.claim_spread",
-                format!(
-                    "{} is more than 60s: every claim would wait up to that long",
-                    secs(self.claim_spread)
-                ),
-            ));
-        }
-        if self.uncached_claim_delay > Duration::from_secs(3600) {
-            return Err((
-                "timing.uncached_claim_delay",
-                format!(
-                    "{} is more than 1h: a build whose image no free host holds would wait that long",
-                    secs(self.uncached_claim_delay)
-                ),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -903,7 +586,9 @@ mod tests {
         assert!(c.artifacts.allowed_file_roots.is_empty() && c.artifacts.allowed_buckets.is_empty());
         assert_eq!(c.logs.max_age, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(c.logs.max_total_bytes, 5 << 30);
+        assert_eq!(c.disk.min_free_bytes, 20 << 30);
         assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.metrics_limits, tartan_serve::Limits::default());
         assert_eq!(c.timing, Timing::default());
         assert_eq!(c.timing.lease_renew, Duration::from_secs(5));
         assert_eq!(c.timing.lease_duration, Duration::from_secs(20));
@@ -925,11 +610,16 @@ mod tests {
             "[logs]",
             "max_age",
             "max_total_mib",
+            "max_build_mib",
+            "[disk]",
+            "min_free_gib",
             "[timing]",
             "network",
             "softnet_allow",
             "[[mounts]]",
             "read_only",
+            "metrics_max_connections",
+            "metrics_idle_timeout",
         ] {
             assert!(Config::documented_example().contains(key), "{key}");
         }
@@ -951,6 +641,8 @@ tart = "/opt/homebrew/bin/tart"
 tart_home = "/Users/ci/.tart"
 vm_prefix = "mb-"
 metrics_address = "0.0.0.0:9100"
+metrics_max_connections = 8
+metrics_idle_timeout = "2s"
 
 [artifacts]
 destination = "s3://ci-artifacts/app/"
@@ -964,6 +656,10 @@ allowed_buckets = ["ci-artifacts", "release.builds"]
 [logs]
 max_age = "2d"
 max_total_mib = 100
+max_build_mib = 32
+
+[disk]
+min_free_gib = 50
 
 [timing]
 lease_renew = "2s"
@@ -997,7 +693,16 @@ uncached_claim_delay = "30s"
         assert_eq!(c.artifacts.allowed_buckets, vec!["ci-artifacts", "release.builds"]);
         assert_eq!(c.logs.max_age, Duration::from_secs(2 * 24 * 3600));
         assert_eq!(c.logs.max_total_bytes, 100 << 20);
+        assert_eq!(c.logs.max_build_bytes, 32 << 20);
+        assert_eq!(c.disk.min_free_bytes, 50 << 30);
         assert_eq!(c.metrics_address.port(), 9100);
+        assert_eq!(
+            c.metrics_limits,
+            tartan_serve::Limits {
+                max_connections: 8,
+                idle_timeout: Duration::from_secs(2)
+            }
+        );
         assert_eq!(c.timing.api_timeout, Duration::from_millis(1500));
         assert_eq!(c.timing.retry_min_window, Duration::from_secs(180));
         assert_eq!(c.timing.status_retry_max, Duration::from_secs(90));
@@ -1045,9 +750,22 @@ uncached_claim_delay = "30s"
             ("tart = \"bin/tart\"", "tart"),
             ("agent_id = \"Mac_Mini\"", "agent_id"),
             ("metrics_address = \"localhost\"", "metrics_address"),
+            ("metrics_max_connections = 0", "metrics_max_connections"),
+            ("[logs]\nmax_build_mib = 0", "logs.max_build_mib"),
+            ("[disk]\nmin_free_gib = 17179869184", "disk.min_free_gib"),
+            ("[disk]\nmin_free_gib = -1", "min_free_gib"),
+            ("metrics_max_connections = 5000", "metrics_max_connections"),
+            ("metrics_idle_timeout = \"10ms\"", "metrics_idle_timeout"),
+            ("metrics_idle_timeout = \"2h\"", "metrics_idle_timeout"),
             ("[artifacts]\ndestination = \"http://x\"", "artifacts.destination"),
             ("[timing]\nlease_renew = \"20s\"", "timing.lease_renew"),
             ("[timing]\nlease_duration = \"1500ms\"", "timing.lease_duration"),
+            // Found by the adversary: a Lease that never expires, and an Instant overflow.
+            (
+                "[timing]\nlease_duration = \"200000000000000d\"",
+                "timing.lease_duration",
+            ),
+            ("[timing]\nlease_duration = \"3601s\"", "timing.lease_duration"),
             ("[timing]\napi_timeout = \"5s\"", "timing.api_timeout"),
             ("[timing]\nstatus_retry_initial = \"1m\"", "timing.status_retry_initial"),
             ("[timing]\ncompaction_interval = \"0s\"", "timing.compaction_interval"),
@@ -1061,6 +779,35 @@ uncached_claim_delay = "30s"
         assert!(err.contains("not a duration") && err.contains("line 2"), "{err}");
         let err = parse("slots = \"two\"").unwrap_err().to_string();
         assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn durations_bounded_by_nothing_else_have_an_upper_bound() {
+        // A mistyped or hostile value is refused at load, never left to overflow a timer's or a
+        // deadline's arithmetic (a huge compaction_interval panicked tokio's interval).
+        for (section, key, max, more) in [
+            ("timing", "retry_min_window", "1d", "is more than 1d"),
+            ("timing", "watchdog_grace", "1h", "is more than 1h"),
+            ("timing", "status_retry_max", "1h", "is more than 1h"),
+            ("timing", "resume_probe", "1h", "is more than 1h"),
+            ("timing", "compaction_interval", "1d", "is more than 1d"),
+            ("logs", "max_age", "365d", "is more than 365d"),
+        ] {
+            let full_key = format!("{section}.{key}");
+            assert!(
+                parse(&format!("[{section}]\n{key} = \"{max}\"")).is_ok(),
+                "{full_key} = {max} is allowed"
+            );
+            for value in [format!("{max}1s"), "200000000000000d".to_string()] {
+                let err = parse(&format!("[{section}]\n{key} = \"{value}\""))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    err.contains(&format!("{full_key}: ")) && err.contains(more),
+                    "{full_key} = {value}: {err}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -1280,6 +1027,71 @@ uncached_claim_delay = "30s"
             "[[mounts]]\nname = \"spm\"\nhost_path = {cache:?}\nmode = \"rw\"\n"
         ));
         assert!(unknown.unwrap_err().to_string().contains("unknown field `mode`"));
+    }
+
+    /// The adversary's setup: a read-write mount inside an allowed root let a build plant links
+    /// the artifact upload followed. Any overlap with an artifact folder, either way, written or
+    /// resolved, read-only too, is refused at load, naming the key.
+    #[test]
+    fn mounts_may_not_overlap_a_folder_artifacts_are_written_to() {
+        let base = tempfile::tempdir().unwrap();
+        let b = base.path().canonicalize().unwrap();
+        let roots = b.join("area/artifacts");
+        let shared = roots.join("shared");
+        let default = b.join("out/default");
+        let apart = b.join("cache");
+        for d in [&shared, &default, &apart, &b.join("state")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::os::unix::fs::symlink(&roots, b.join("roots-link")).unwrap();
+        std::os::unix::fs::symlink(&shared, b.join("shared-link")).unwrap();
+        let head = format!("state_dir = {:?}\ntart_home = {:?}\n", b.join("state"), b.join("tart"));
+        let load = |artifacts: &str, mount: &Path, ro: bool| {
+            parse(&format!(
+                "{head}[[mounts]]\nname = \"m\"\nhost_path = {mount:?}\nread_only = {ro}\n[artifacts]\n{artifacts}"
+            ))
+        };
+        let roots_key = format!("allowed_file_roots = [{roots:?}]\n");
+        let via_link = format!("allowed_file_roots = [{:?}]\n", b.join("roots-link"));
+        let dest_key = format!("destination = \"file://{}/\"\n", default.display());
+        let later = format!("allowed_file_roots = [{:?}]\n", b.join("cache/not-yet/x"));
+        for (artifacts, mount, ro, key, relation) in [
+            (&roots_key, &shared, false, "artifacts.allowed_file_roots", "is inside"),
+            (&roots_key, &shared, true, "artifacts.allowed_file_roots", "is inside"),
+            (&roots_key, &roots, false, "artifacts.allowed_file_roots", "is inside"),
+            (
+                &roots_key,
+                &b.join("area"),
+                false,
+                "artifacts.allowed_file_roots",
+                "holds",
+            ),
+            (
+                &roots_key,
+                &b.join("shared-link"),
+                false,
+                "artifacts.allowed_file_roots",
+                "is inside",
+            ),
+            (&via_link, &shared, false, "artifacts.allowed_file_roots", "is inside"),
+            (&dest_key, &default, false, "artifacts.destination", "is inside"),
+            (&dest_key, &b.join("out"), true, "artifacts.destination", "holds"),
+            (&later, &apart, false, "artifacts.allowed_file_roots", "holds"),
+        ] {
+            let e = load(artifacts, mount, ro).unwrap_err().to_string();
+            assert!(
+                e.contains("mounts: mount \"m\": host_path")
+                    && e.contains(&format!("{relation} {key}"))
+                    && e.contains("may not overlap a folder artifacts are written to"),
+                "{artifacts} {}: {e}",
+                mount.display()
+            );
+        }
+        // Apart is fine, and a sibling sharing a prefix is apart.
+        let c = load(&format!("{roots_key}{dest_key}"), &apart, false).unwrap();
+        assert_eq!(c.mounts.len(), 1);
+        std::fs::create_dir_all(b.join("area/artifacts-cache")).unwrap();
+        assert!(load(&roots_key, &b.join("area/artifacts-cache"), false).is_ok());
     }
 
     #[test]

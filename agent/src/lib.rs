@@ -3,12 +3,15 @@
 pub mod cluster;
 pub mod config;
 pub mod crash;
+pub mod doctor;
 pub mod host;
 pub mod journal;
 pub mod lock;
 pub mod logging;
 pub mod machine;
+pub mod pool;
 pub mod rbac;
+pub mod real_path;
 pub mod record;
 pub mod recovery;
 pub mod runtime;

@@ -14,6 +14,12 @@ use std::path::{Path, PathBuf};
 /// The name of the lock file inside the state directory.
 pub const LOCK_FILE: &str = ".lock";
 
+/// How long [`StateLock::acquire`] waits while the lock is held under this process's own PID.
+/// A child this process forks (a `tart` command, from any thread) holds a copy of every open
+/// file, the lock's included, from its fork until its exec closes it (`O_CLOEXEC`): a lock this
+/// process just released can look held by itself for that moment.
+pub const OWN_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(
@@ -43,6 +49,13 @@ impl StateLock {
     /// [`LockError::Held`] (naming the holder's PID when it has written it) if another process
     /// holds it.
     pub fn acquire(state_dir: &Path) -> Result<StateLock, LockError> {
+        Self::acquire_waiting(state_dir, OWN_PID_WAIT)
+    }
+
+    /// [`StateLock::acquire`], waiting at most `own_pid_wait` (polling) while the holder named in
+    /// the file is this process ([`OWN_PID_WAIT`] says why); a lock held under another PID is
+    /// refused at once.
+    pub fn acquire_waiting(state_dir: &Path, own_pid_wait: std::time::Duration) -> Result<StateLock, LockError> {
         std::fs::create_dir_all(state_dir).map_err(|error| LockError::Io {
             action: "creating the state directory",
             path: state_dir.to_path_buf(),
@@ -60,15 +73,19 @@ impl StateLock {
             .truncate(false)
             .open(&path)
             .map_err(io_err("opening the lock file"))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(LockError::Held {
-                    holder_pid: read_pid(&file),
-                    path,
-                });
+        let give_up = std::time::Instant::now() + own_pid_wait;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {
+                    let holder_pid = read_pid(&file);
+                    if holder_pid != Some(std::process::id()) || std::time::Instant::now() >= give_up {
+                        return Err(LockError::Held { holder_pid, path });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(TryLockError::Error(error)) => return Err(io_err("locking")(error)),
             }
-            Err(TryLockError::Error(error)) => return Err(io_err("locking")(error)),
         }
         // Locked: record who holds it. Truncate first so a shorter PID leaves no stale digits.
         file.set_len(0).map_err(io_err("truncating the lock file"))?;
@@ -119,7 +136,7 @@ mod tests {
             format!("{}\n", std::process::id())
         );
 
-        let err = StateLock::acquire(&state).unwrap_err();
+        let err = StateLock::acquire_waiting(&state, std::time::Duration::ZERO).unwrap_err();
         match &err {
             LockError::Held { path, holder_pid } => {
                 assert_eq!(path, &state.join(LOCK_FILE));
@@ -140,6 +157,26 @@ mod tests {
         drop(first);
         let again = StateLock::acquire(&state).unwrap();
         assert_eq!(again.state_dir(), state);
+    }
+
+    /// Seen in CI-like runs: a test reopened its own state directory while a child another test
+    /// forked still held the lock's open file between its fork and its exec.
+    #[test]
+    fn a_lock_released_while_a_forked_child_still_holds_it_is_taken_once_the_child_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = StateLock::acquire(dir.path()).unwrap();
+        // SAFETY: the child only sleeps and exits (no allocation, no lock of the parent's).
+        let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                nix::unistd::sleep(1);
+                unsafe { libc::_exit(0) }
+            }
+            nix::unistd::ForkResult::Parent { child } => child,
+        };
+        drop(first);
+        let again = StateLock::acquire(dir.path());
+        nix::sys::wait::waitpid(child, None).unwrap();
+        assert!(again.is_ok(), "{again:?}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The attempt machine: one pure transition function for every rule of DESIGN.md "The attempt machine".
+//! The attempt machine: one pure transition function for every rule of an attempt's life (the states
+//! and their order: README.md, "How it works").
 //!
 //! [`step`] takes the attempt as the journal knows it ([`Attempt`]), one [`Event`] and `now`, and
 //! returns either a [`Transition`] or a typed [`Refusal`]. A transition names the record to journal
@@ -15,6 +16,12 @@ use std::fmt;
 use tartan_api::{AttemptState, Outcome, Reason};
 
 use crate::record::{BuildRef, RECORD_VERSION, Record};
+
+mod open;
+mod requested;
+mod retiring;
+
+pub use retiring::continue_retirement;
 
 /// Host-wide knobs of the machine. Defaults are the source document's figures.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +108,16 @@ pub struct Attempt {
     /// for step 0, its `StepStarted` record for a later one). Not journaled on its own: replaying
     /// the journal gives it back, so a resumed step's `timeoutSeconds` counts from its first start.
     pub step_since: Option<Timestamp>,
+    /// The MacBuild generation the attempt started with (its first record that names one);
+    /// `None` for attempts journaled before generations were.
+    pub generation: Option<i64>,
+    /// The attempt got as far as `Booting` (its clone was asked for): before that no VM of it
+    /// exists, and its retirement says so instead of a deletion.
+    pub boot_started: bool,
+    /// The claim moved to another holder while the attempt was open (its status write was
+    /// fenced out): it stops, deletes its VM and frees its slot, and writes nothing more to the
+    /// MacBuild (no status, no finalizer release: the build is the new holder's).
+    pub claim_lost: bool,
 }
 
 impl Attempt {
@@ -126,6 +143,9 @@ impl Attempt {
             last_time: None,
             step: None,
             step_since: None,
+            generation: None,
+            boot_started: false,
+            claim_lost: false,
         }
     }
 
@@ -157,6 +177,15 @@ impl Attempt {
             self.max_attempts_journaled = true;
         }
         self.step = r.step.or(self.step);
+        self.generation = self.generation.or(r.generation);
+        let may_have_cloned = |s: Option<AttemptState>| {
+            matches!(
+                s,
+                Some(AttemptState::Booting | AttemptState::Running | AttemptState::Collecting)
+            )
+        };
+        self.boot_started |= may_have_cloned(Some(r.to)) || may_have_cloned(r.from);
+        self.claim_lost |= r.reason == Some(Reason::ClaimLost);
         if r.to == AttemptState::Running && matches!(r.reason, Some(Reason::GuestReady | Reason::StepStarted)) {
             self.step_since = Some(r.time);
         }
@@ -187,6 +216,7 @@ impl Attempt {
             deadline: t.deadline.or(self.deadline),
             max_attempts: (t.to == AttemptState::Requested).then_some(self.max_attempts),
             step: t.step,
+            generation: self.generation,
             status: None,
         }
     }
@@ -262,7 +292,8 @@ pub enum Event {
         slots: u8,
         timeout: SignedDuration,
     },
-    /// The fenced claim write failed: another agent (`holder`) owns the MacBuild.
+    /// The fenced claim write failed: another agent (`holder`) owns the MacBuild. Sent to an open
+    /// attempt when a status write of it was fenced out (its claim moved on meanwhile).
     ClaimLost { holder: String },
     /// The admission's actions are done (deadline file written): clone and start the VM.
     Boot,
@@ -314,6 +345,11 @@ pub enum Event {
     WatchdogRemovedVm,
     /// Recovery found the attempt open at agent start and killed `killed` tart processes.
     AgentRestarted { killed: u32 },
+    /// The MacBuild's spec is not the one the attempt started with (`change` says how: the
+    /// generations, or a step index past the end of the steps), so the attempt is not resumed:
+    /// it is interrupted and its VM deleted. `at_start` as for `CancelRequested` (found by
+    /// recovery), `None` when the resumed executor found it.
+    SpecChanged { change: String, at_start: Option<u32> },
     /// The agent's own task driving the attempt failed (a panic, with its message): the attempt
     /// is interrupted as if the agent had restarted, and its VM deleted.
     AgentFault { message: String },
@@ -384,6 +420,7 @@ event_kinds! {
     DeadlinePassed,
     WatchdogRemovedVm,
     AgentRestarted,
+    SpecChanged,
     AgentFault,
     VmDeleted,
     DeleteFailed,
@@ -650,570 +687,74 @@ pub fn request(a: &Attempt, retry_of: Option<&NextAttempt>, now: Timestamp) -> T
 }
 
 /// The one transition function. Pure: `now` is an argument, I/O comes back as [`Action`]s.
+///
+/// A dispatcher over the source state; each rule is a named function of the state's module
+/// (`requested`, `open`, `retiring`).
 pub fn step(a: &Attempt, event: Event, now: Timestamp, cfg: &Config) -> Result<Transition, Refusal> {
     use AttemptState as S;
-    let state = a.state;
-    let kind = event.kind();
-    let not_allowed = Refusal::NotAllowed { state, event: kind };
-    let vm = a.vm.clone();
-    let t = |to: S, reason: Option<Reason>, detail: String, actions: Vec<Action>| Transition {
-        from: Some(state),
-        to,
-        reason,
-        outcome: None,
-        // Details carry tart's and the guest's words into the journal, the status and events.
-        detail: tartan_api::text::clean_str(&detail, DETAIL_MAX),
-        slot: None,
-        deadline: None,
-        step: None,
-        at: now,
-        actions,
+    let r = Rule {
+        a,
+        state: a.state,
+        kind: event.kind(),
+        now,
+        cfg,
     };
-    // An open attempt (a VM may exist, the outcome is not fixed yet).
-    let running = matches!(state, S::Admitted | S::Booting | S::Running | S::Collecting);
-
-    match (state, event) {
-        (S::Requested, Event::Admit { slot, slots, timeout }) => {
-            if !(1..=2).contains(&slots) || slot >= slots {
-                return Err(Refusal::BadSlot {
-                    state,
-                    event: kind,
-                    slot,
-                    slots,
-                });
-            }
-            let deadline = match a.deadline {
-                // A retry keeps the original deadline and needs enough of it left.
-                Some(deadline) => {
-                    let left = now.duration_until(deadline);
-                    if left < cfg.retry_min_remaining {
-                        return Err(Refusal::RetryWindowClosed {
-                            state,
-                            event: kind,
-                            attempt: a.number,
-                            deadline,
-                            left,
-                            needed: cfg.retry_min_remaining,
-                        });
-                    }
-                    deadline
-                }
-                None => now.checked_add(timeout).unwrap_or(Timestamp::MAX),
-            };
-            let mut tr = t(
-                S::Admitted,
-                Some(Reason::SlotFree),
-                format!("slot {}/{slots}, deadline {deadline}", slot + 1),
-                vec![Action::WriteDeadlineFile { vm, deadline }],
-            );
-            tr.actions.extend(deliver(a));
-            tr.slot = Some(slot);
-            tr.deadline = Some(deadline);
-            Ok(tr)
-        }
-        // A loser clones nothing and holds no slot: the attempt ends at once, without an
-        // outcome (the winner's outcome is the build's) and without a status write (it would
-        // be fenced out anyway).
-        (S::Requested, Event::ClaimLost { holder }) => Ok(t(
-            S::Retired,
-            Some(Reason::ClaimLost),
-            format!("claim lost to {holder}; nothing cloned"),
-            vec![],
-        )),
-        (S::Requested, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) => {
-            let reason = withdrawal_reason(&ev);
-            let mut tr = t(
-                S::Retired,
-                Some(reason),
-                format!("{} before admission; nothing cloned", withdrawal_text(a, reason)),
-                finish(a),
-            );
-            tr.outcome = Some(Outcome::Cancelled);
-            Ok(tr)
-        }
-        // A retry whose window closed while it waited for a slot.
-        (S::Requested, Event::DeadlinePassed { .. }) => {
-            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
-            let left = now.duration_until(deadline);
-            if left >= cfg.retry_min_remaining {
-                return Err(Refusal::DeadlineNotReached {
-                    state,
-                    event: kind,
-                    deadline,
-                });
-            }
-            let mut tr = t(
-                S::Retired,
-                Some(Reason::DeadlinePassed),
-                format!(
-                    "not admitted: {}s left before the deadline {deadline}, a retry needs {}s",
-                    left.as_secs().max(0),
-                    cfg.retry_min_remaining.as_secs()
-                ),
-                finish(a),
-            );
-            tr.outcome = Some(Outcome::Failed);
-            Ok(tr)
-        }
-        (S::Admitted, Event::Boot) => Ok(t(
-            S::Booting,
-            None,
-            format!("cloning and starting {vm}"),
-            vec![
-                Action::CloneVm { vm: vm.clone() },
-                Action::SetVm { vm: vm.clone() },
-                Action::StartVm { vm: vm.clone() },
-                Action::ProbeReady { vm },
-            ],
-        )),
-        (S::Booting, Event::GuestReady { after }) => {
-            let mut actions = deliver(a);
-            actions.push(Action::RunStep {
-                vm,
-                index: 0,
-                since: now,
-            });
-            Ok(t(
-                S::Running,
-                Some(Reason::GuestReady),
-                format!("tart exec ready after {}", secs2(after)),
-                actions,
-            ))
-        }
-        (
-            S::Running,
-            Event::StepStarting {
-                index,
-                of,
-                name,
-                previous,
-            },
-        ) => {
-            let current = a.current_step();
-            if index != current + 1 {
-                return Err(Refusal::StepNotNext {
-                    state,
-                    event: kind,
-                    index,
-                    current,
-                });
-            }
-            let mut tr = t(
-                S::Running,
-                Some(Reason::StepStarted),
-                format!("step {previous} exited 0; starting {name} ({}/{of})", index + 1),
-                vec![Action::RunStep { vm, index, since: now }],
-            );
-            tr.step = Some(index);
-            Ok(tr)
-        }
-        (S::Booting | S::Running | S::Collecting, Event::Detach) => Ok(t(
-            state,
-            Some(Reason::Detached),
-            format!(
-                "agent stopping; {} runs on in {vm} and is resumed at the next start",
-                doing(a)
-            ),
-            vec![],
-        )),
-        // Stopped between the admission and the boot: the boot follows the deadline file.
-        (
-            S::Admitted,
-            Event::Resume {
-                after,
-                clone_again: true,
-            },
-        ) => {
-            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
-            Ok(t(
-                state,
-                Some(Reason::Resumed),
-                format!(
-                    "{vm} was not booted yet when the agent stopped; booting it {} after the agent started",
-                    secs2(after)
-                ),
-                vec![Action::WriteDeadlineFile { vm, deadline }],
-            ))
-        }
-        (
-            S::Booting,
-            Event::Resume {
-                after,
-                clone_again: true,
-            },
-        ) => Ok(t(
-            state,
-            Some(Reason::Resumed),
-            format!(
-                "{vm} was not cloned yet when the agent stopped; cloning and starting it again {} after the agent started",
-                secs2(after)
-            ),
-            vec![
-                Action::CloneVm { vm: vm.clone() },
-                Action::SetVm { vm: vm.clone() },
-                Action::StartVm { vm: vm.clone() },
-                Action::ProbeReady { vm },
-            ],
-        )),
-        (
-            S::Booting | S::Running | S::Collecting,
-            Event::Resume {
-                after,
-                clone_again: false,
-            },
-        ) => {
-            let actions = match state {
-                S::Booting => vec![Action::ProbeReady { vm: vm.clone() }],
-                S::Running => vec![Action::RunStep {
-                    vm: vm.clone(),
-                    index: a.current_step(),
-                    // A journal always has the record that entered `Running`; `now` only
-                    // guards a damaged one (the step then gets its full time again).
-                    since: a.step_since.unwrap_or(now),
-                }],
-                _ => vec![
-                    Action::CollectResults { vm: vm.clone() },
-                    Action::UploadArtifacts { vm: vm.clone() },
-                ],
-            };
-            // A boot is resumed without asking the guest: its own readiness probe waits for it.
-            let answering = if state == S::Booting {
-                ""
-            } else {
-                " and its guest answering"
-            };
-            Ok(t(
-                state,
-                Some(Reason::Resumed),
-                format!(
-                    "{vm} running{answering} {} after the agent started; following {} again",
-                    secs2(after),
-                    doing(a)
-                ),
-                actions,
-            ))
-        }
-        (S::Running, Event::StepsSucceeded { steps }) => {
-            let mut actions = deliver(a);
-            actions.extend([
-                Action::CollectResults { vm: vm.clone() },
-                Action::UploadArtifacts { vm },
-            ]);
-            Ok(t(S::Collecting, None, format!("{steps} step(s) succeeded"), actions))
-        }
-        (S::Admitted | S::Booting | S::Running, Event::EnvRefused { reason, error }) => {
-            Ok(retire(a, t, reason, Outcome::Failed, error, DeleteContext::Normal))
-        }
-        (S::Admitted | S::Booting, Event::VmStartFailed { error }) => Ok(retire(
-            a,
-            t,
-            Reason::VMStartFailed,
-            Outcome::Failed,
-            format!("VM did not start: {error}"),
-            DeleteContext::Normal,
-        )),
-        (
-            S::Running,
-            Event::StepFailed {
-                step,
-                exit_code,
-                output,
-            },
-        ) => {
-            let what = if exit_code < 0 {
-                format!("step {step} could not be run")
-            } else {
-                format!("step {step} exited {exit_code}")
-            };
-            let detail = match output.as_str() {
-                "" => what,
-                why if exit_code < 0 => format!("{what}: {why}"),
-                last => format!("{what}; its output ends:\n{last}"),
-            };
-            Ok(retire(
-                a,
-                t,
-                Reason::StepFailed,
-                Outcome::Failed,
-                detail,
-                DeleteContext::Normal,
-            ))
-        }
-        (S::Admitted | S::Booting, Event::MountRefused { error }) => Ok(retire(
-            a,
-            t,
-            Reason::MountNotDeclared,
-            Outcome::Failed,
-            error,
-            DeleteContext::Normal,
-        )),
-        (
-            S::Running,
-            Event::StepTimedOut {
-                step,
-                timeout_seconds,
-                killed,
-                output,
-            },
-        ) => {
-            let what = format!("step {step} ran longer than its timeoutSeconds ({timeout_seconds}s); {killed}");
-            let detail = match output.as_str() {
-                "" => what,
-                last => format!("{what}; its output ends:\n{last}"),
-            };
-            Ok(retire(
-                a,
-                t,
-                Reason::StepTimedOut,
-                Outcome::Failed,
-                detail,
-                DeleteContext::Normal,
-            ))
-        }
-        (S::Collecting, Event::TestsPassed { passed, total }) => Ok(retire(
-            a,
-            t,
-            Reason::TestsPassed,
-            Outcome::Succeeded,
-            format!("{passed}/{total} tests passed"),
-            DeleteContext::Normal,
-        )),
-        (S::Collecting, Event::TestsFailed { failed, total }) => Ok(retire(
-            a,
-            t,
-            Reason::TestsFailed,
-            Outcome::Failed,
-            format!("{failed}/{total} tests failed"),
-            DeleteContext::Normal,
-        )),
-        (S::Collecting, Event::TestReportUnusable { error }) => Ok(retire(
-            a,
-            t,
-            Reason::TestsFailed,
-            Outcome::Failed,
-            format!("test report unusable, so the build is not counted as passed: {error}"),
-            DeleteContext::Normal,
-        )),
-        (S::Collecting, Event::ArtifactUploadFailed { error }) => Ok(retire(
-            a,
-            t,
-            Reason::ArtifactUploadFailed,
-            Outcome::Failed,
-            format!("artifact upload failed after retries: {error}"),
-            DeleteContext::Normal,
-        )),
-        // Cancel or deletion in any open phase: Cancelled, never retried.
-        (_, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) if running => {
-            let reason = withdrawal_reason(&ev);
-            let detail = with_start(withdrawal_text(a, reason), state, at_start(&ev));
-            Ok(retire(a, t, reason, Outcome::Cancelled, detail, context(at_start(&ev))))
-        }
-        // Once the outcome is fixed a cancel cannot change it; it is recorded so that no retry
-        // follows (also after a restart), once.
-        (S::Retiring | S::Quarantined, ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. })) => {
-            if a.withdrawn.is_some() {
-                return Err(Refusal::OutcomeFixed {
-                    state,
-                    event: kind,
-                    outcome: a.outcome,
-                });
-            }
-            let reason = withdrawal_reason(&ev);
-            Ok(t(
-                state,
-                Some(reason),
-                format!(
-                    "{}; outcome {} already recorded and kept; no retry",
-                    withdrawal_text(a, reason),
-                    show(&a.outcome)
-                ),
-                vec![continue_retirement(a, cfg, at_start(&ev))],
-            ))
-        }
-        (_, Event::DeadlinePassed { at_start: killed }) if running => {
-            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
-            if now < deadline {
-                return Err(Refusal::DeadlineNotReached {
-                    state,
-                    event: kind,
-                    deadline,
-                });
-            }
-            let detail = with_start(format!("host execution deadline {deadline} passed"), state, killed);
-            Ok(retire(
-                a,
-                t,
-                Reason::DeadlinePassed,
-                Outcome::Failed,
-                detail,
-                context(killed),
-            ))
-        }
-        // The watchdog already deleted the VM: record the failure without touching the VM, then
-        // only confirm it is gone.
-        (S::Booting | S::Running | S::Collecting, Event::WatchdogRemovedVm) => {
-            let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
-            if now < deadline {
-                return Err(Refusal::DeadlineNotReached {
-                    state,
-                    event: kind,
-                    deadline,
-                });
-            }
-            let mut actions = deliver(a);
-            actions.push(Action::ConfirmVmGone { vm });
-            let mut tr = t(
-                S::Retiring,
-                Some(Reason::WatchdogDeadline),
-                format!("{} gone after the deadline {deadline}: deleted by the watchdog", a.vm),
-                actions,
-            );
-            tr.outcome = Some(Outcome::Failed);
-            Ok(tr)
-        }
-        (_, Event::AgentFault { message }) if running => Ok(retire(
-            a,
-            t,
-            Reason::AgentFault,
-            Outcome::Interrupted,
-            format!("the agent's task for this attempt failed: {message}"),
-            DeleteContext::Normal,
-        )),
-        (_, Event::AgentRestarted { killed }) if running => {
-            let detail = with_start(String::new(), state, Some(killed));
-            Ok(retire(
-                a,
-                t,
-                Reason::AgentRestarted,
-                Outcome::Interrupted,
-                detail,
-                DeleteContext::AgentStart,
-            ))
-        }
-        (S::Retiring | S::Quarantined, Event::DeadlinePassed { .. } | Event::WatchdogRemovedVm) => {
-            Err(Refusal::OutcomeFixed {
-                state,
-                event: kind,
-                outcome: a.outcome,
-            })
-        }
-        (S::Retiring, Event::VmDeleted { how }) => {
-            let detail = match how {
-                Deleted::Stopped { took } => format!("stopped and deleted in {}", secs2(took)),
-                Deleted::AtAgentStart => "deleted (or already absent) at agent start".to_string(),
-                Deleted::ByWatchdog => "already deleted by the watchdog".to_string(),
-                Deleted::OnRetry => "deleted on retry".to_string(),
-            };
-            Ok(retired(
-                a,
-                t(S::Retired, Some(Reason::VMDeleted), detail, vec![]),
-                now,
-                cfg,
-            ))
-        }
-        (S::Retiring, Event::DeleteFailed { context, error }) => {
-            let when = match context {
-                DeleteContext::AgentStart => " at agent start",
-                DeleteContext::Watchdog => " after the watchdog",
-                DeleteContext::Normal | DeleteContext::Retry => "",
-            };
-            let mut actions = deliver(a);
-            actions.push(Action::RetryDeleteLater {
-                vm,
-                after: cfg.quarantine_retry,
-            });
-            Ok(t(
-                S::Quarantined,
-                Some(Reason::DeleteFailed),
-                format!("could not delete{when}, slot quarantined: {error}"),
-                actions,
-            ))
-        }
-        (S::Quarantined, Event::VmDeleted { how }) => {
-            let how = match how {
-                Deleted::Stopped { .. } | Deleted::OnRetry => "deleted on retry",
-                Deleted::AtAgentStart => "deleted at agent start",
-                Deleted::ByWatchdog => "deleted by the watchdog",
-            };
-            let detail = format!("clone directory gone ({how}); slot released");
-            Ok(retired(
-                a,
-                t(S::Retired, Some(Reason::Resolved), detail, vec![]),
-                now,
-                cfg,
-            ))
-        }
-        _ => Err(not_allowed),
+    match a.state {
+        S::Requested => requested::from_requested(&r, event),
+        S::Admitted => open::from_admitted(&r, event),
+        S::Booting => open::from_booting(&r, event),
+        S::Running => open::from_running(&r, event),
+        S::Collecting => open::from_collecting(&r, event),
+        S::Retiring => retiring::from_retiring(&r, event),
+        S::Quarantined => retiring::from_quarantined(&r, event),
+        S::Retired => Err(r.not_allowed()),
     }
 }
 
-/// The deletion still owed by an attempt in `Retiring`/`Quarantined` whose transition stays there
-/// (a withdrawal recorded after the outcome was fixed): a withdrawal never stops the deletion, so
-/// every record in those states carries the action that leads on to `Retired`.
-pub fn continue_retirement(a: &Attempt, cfg: &Config, at_start: Option<u32>) -> Action {
-    let vm = a.vm.clone();
-    match (a.state, a.outcome_reason) {
-        // The watchdog took the VM: only confirm it is gone, never touch it.
-        (AttemptState::Retiring, Some(Reason::WatchdogDeadline)) => Action::ConfirmVmGone { vm },
-        (AttemptState::Retiring, _) => Action::StopAndDeleteVm {
-            vm,
-            context: context(at_start),
-        },
-        _ => Action::RetryDeleteLater {
-            vm,
-            after: cfg.quarantine_retry,
-        },
-    }
+/// What every rule reads: the attempt, the event's kind (for refusals), the time of the decision
+/// and the host's knobs.
+struct Rule<'a> {
+    a: &'a Attempt,
+    state: AttemptState,
+    kind: EventKind,
+    now: Timestamp,
+    cfg: &'a Config,
 }
 
-/// Enter `Retiring` with a fixed outcome and start the VM's deletion.
-fn retire(
-    a: &Attempt,
-    t: impl Fn(AttemptState, Option<Reason>, String, Vec<Action>) -> Transition,
-    reason: Reason,
-    outcome: Outcome,
-    detail: String,
-    context: DeleteContext,
-) -> Transition {
-    let mut actions = deliver(a);
-    actions.push(Action::StopAndDeleteVm {
-        vm: a.vm.clone(),
-        context,
-    });
-    let mut tr = t(AttemptState::Retiring, Some(reason), detail, actions);
-    tr.outcome = Some(outcome);
-    tr
-}
+impl Rule<'_> {
+    /// A transition out of the attempt's state; the rules that fix an outcome, a slot, a
+    /// deadline or a step set them on it.
+    fn t(&self, to: AttemptState, reason: Option<Reason>, detail: String, actions: Vec<Action>) -> Transition {
+        Transition {
+            from: Some(self.state),
+            to,
+            reason,
+            outcome: None,
+            // Details carry tart's and the guest's words into the journal, the status and events.
+            detail: tartan_api::text::clean_str(&detail, DETAIL_MAX),
+            slot: None,
+            deadline: None,
+            step: None,
+            at: self.now,
+            actions,
+        }
+    }
 
-/// Complete a transition into `Retired`: the slot frees, then either the next attempt is
-/// admitted or the build is finished (status, then finalizer).
-fn retired(a: &Attempt, mut tr: Transition, now: Timestamp, cfg: &Config) -> Transition {
-    tr.actions.push(Action::RemoveDeadlineFile { vm: a.vm.clone() });
-    if let Some(slot) = a.slot {
-        tr.actions.push(Action::ReleaseSlot { slot });
-    }
-    match decide_retry(a, now, cfg) {
-        Ok(next) => {
-            tr.actions.extend(deliver(a));
-            tr.actions.push(Action::AdmitNextAttempt {
-                attempt: next.attempt,
-                deadline: next.deadline,
-            });
-        }
-        Err(why) => {
-            // Say why an interrupted build ends here; other outcomes end by nature.
-            if a.outcome == Some(Outcome::Interrupted) {
-                tr.detail = format!("{}; no retry: {why}", tr.detail);
-            }
-            tr.actions.extend(finish(a));
+    fn not_allowed(&self) -> Refusal {
+        Refusal::NotAllowed {
+            state: self.state,
+            event: self.kind,
         }
     }
-    tr
+
+    fn vm(&self) -> String {
+        self.a.vm.clone()
+    }
 }
 
 /// Terminal status, then the finalizer (skipped when the MacBuild is gone).
 fn finish(a: &Attempt) -> Vec<Action> {
-    if a.build_gone {
+    if a.build_gone || a.claim_lost {
         vec![]
     } else {
         vec![Action::DeliverStatus, Action::RemoveFinalizer]
@@ -1221,7 +762,7 @@ fn finish(a: &Attempt) -> Vec<Action> {
 }
 
 fn deliver(a: &Attempt) -> Vec<Action> {
-    if a.build_gone {
+    if a.build_gone || a.claim_lost {
         vec![]
     } else {
         vec![Action::DeliverStatus]

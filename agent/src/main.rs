@@ -9,6 +9,7 @@
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
+mod cli_doctor;
 mod cli_journal;
 mod cli_run;
 mod cli_watchdog;
@@ -42,6 +43,10 @@ enum Command {
     /// Delete VMs past their host execution deadline plus a grace, from the deadline files alone
     /// (never the journal or the agent's lock).
     Watchdog(cli_watchdog::WatchdogArgs),
+    /// Check this Mac as the agent will use it (tart, disk, journal, watchdog folder, mounts,
+    /// LaunchAgents, the API server, the clock, the Lease): one line per check with its fix; exits
+    /// 1 if any fails.
+    Doctor(cli_doctor::DoctorArgs),
     /// Print one agent's ServiceAccount, Roles and bindings as YAML (for `kubectl apply -f -`): it
     /// may renew only its own Lease.
     Rbac(tartan_agent::rbac::RbacArgs),
@@ -56,6 +61,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::ServiceStatus(args) => tartan_agent::service::status(args),
         Command::Watchdog(args) => cli_watchdog::run(args),
         Command::Rbac(args) => tartan_agent::rbac::run(args),
+        Command::Doctor(args) => cli_doctor::run(args),
     }
 }
 

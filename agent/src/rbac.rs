@@ -14,13 +14,15 @@
 //!   of them and needs only the namespaced Role (the binding then only grants reading);
 //! - in each served namespace: patch MacBuilds (finalizer and agent label, `cluster/claim.rs`),
 //!   patch `macbuilds/status` (claim and delivery), create `events.k8s.io` Events (`cluster/events.rs`);
-//! - in the Lease namespace: create Leases; get and patch its own Lease (`cluster/lease.rs`);
+//! - in the Lease namespace: create Leases; get and patch its own Lease (`cluster/lease.rs`); list
+//!   and watch all Leases, read-only (`runtime/mod.rs`: whether another agent could take a build,
+//!   `cluster/placement.rs`);
 //! - only for the Secrets the operator allows (`--secret NS/NAME`, or `[secrets] allowed` of the
 //!   agent config given with `--config`): `get` on exactly those names (`resourceNames`) in their
 //!   namespace (`host/env.rs` reads them at attempt start for `spec.env`).
 //!
 //! Never: create or delete MacBuilds, anything on CustomRuns, list, watch or read any other
-//! Secret, other agents' Leases.
+//! Secret, write (or get by name) other agents' Leases.
 
 use std::fmt::Write as _;
 
@@ -127,6 +129,10 @@ fn lease_rules(agent_id: &str) -> String {
   resources: [\"leases\"]
   resourceNames: [\"{}\"]
   verbs: [\"get\", \"patch\"]
+# Every agent's Lease, read-only: what other agents could take a build (their claim waits).
+- apiGroups: [\"coordination.k8s.io\"]
+  resources: [\"leases\"]
+  verbs: [\"list\", \"watch\"]
 ",
         lease_name(agent_id)
     )
@@ -318,6 +324,7 @@ mod tests {
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                  "resourceNames": ["tartan-agent-mac-mini-07"], "verbs": ["get", "patch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},
             ])
         );
         let rb = find(&d, "RoleBinding", "tartan-agent-mac-mini-07", Some("ci"));
@@ -348,8 +355,9 @@ mod tests {
         }
         let role = find(&d, "Role", "tartan-agent-m1", Some("tartan-system"));
         let rules = role["rules"].as_array().unwrap();
-        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(rules.len(), 3, "{rules:?}");
         assert_eq!(rules[1]["resourceNames"], json!(["tartan-agent-m1"]));
+        assert_eq!(rules[2]["verbs"], json!(["list", "watch"]));
         find(&d, "RoleBinding", "tartan-agent-m1", Some("tartan-system"));
     }
 

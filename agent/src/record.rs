@@ -80,6 +80,11 @@ pub struct Record {
     /// the spec's steps) this record starts: recovery re-attaches to it and never starts it twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// The MacBuild's `metadata.generation` the attempt runs (its spec as of this generation):
+    /// recovery resumes an attempt only while the MacBuild still has the generation its records
+    /// name. Absent in journals written before it was recorded, and for unknown VMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
     /// For terminal records: the MacBuild status to submit (again, if it did not arrive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -150,6 +155,7 @@ mod tests {
             deadline: None,
             max_attempts: None,
             step: None,
+            generation: None,
             status: None,
         }
     }
@@ -210,5 +216,32 @@ mod tests {
         let back: Record = serde_json::from_value(json).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.attempt_id().unwrap(), "build-42-mac-build#1");
+    }
+
+    /// Journals written before the generation was recorded still replay (the field is absent,
+    /// read as unknown); a record that has it keeps it, and an attempt keeps the first it saw.
+    #[test]
+    fn the_generation_is_optional_in_the_record_and_the_first_one_is_the_attempts() {
+        let mut r = record(1, None, AttemptState::Requested, Reason::SlotFree, "");
+        let old = serde_json::to_value(&r).unwrap();
+        assert!(old.get("generation").is_none());
+        let back: Record = serde_json::from_value(old).unwrap();
+        assert_eq!(back.generation, None);
+        r.generation = Some(3);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["generation"], 3);
+        let back: Record = serde_json::from_value(json).unwrap();
+        assert_eq!(back.generation, Some(3));
+        let mut a = crate::machine::Attempt::from_record(&back, 1).unwrap();
+        let mut later = record(
+            2,
+            Some(AttemptState::Requested),
+            AttemptState::Admitted,
+            Reason::SlotFree,
+            "",
+        );
+        later.generation = Some(4);
+        a.observe(&later);
+        assert_eq!(a.generation, Some(3));
     }
 }

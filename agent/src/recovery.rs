@@ -1,4 +1,4 @@
-//! Recovery at agent start (DESIGN.md "Recovery at agent start"), as one pure planner.
+//! Recovery at agent start (docs/resume.md), as one pure planner.
 //!
 //! [`plan`] reads the replayed journal, tart's VM list and what the cluster says about each
 //! MacBuild, and returns ordered [`RecoveryAction`]s. It decides nothing the attempt machine
@@ -64,6 +64,8 @@ pub struct BuildView {
     pub timeout_seconds: u32,
     /// Our finalizer is still on the object.
     pub has_finalizer: bool,
+    /// `metadata.generation`: an attempt is resumed only on the generation it started with.
+    pub generation: Option<i64>,
 }
 
 /// The MacBuilds that exist. A build absent here is gone (its uid is not found).
@@ -100,6 +102,7 @@ impl ClusterView {
                     max_attempts: Some(a.max_attempts),
                     timeout_seconds: 0,
                     has_finalizer: false,
+                    generation: a.generation,
                 })
                 .collect(),
             assumed: true,
@@ -209,6 +212,9 @@ pub enum Ending {
     OwnerDeleted,
     /// Past the host execution deadline with the VM still there.
     DeadlinePassed,
+    /// The MacBuild's spec changed while the agent was down (generation `then` when the attempt
+    /// started, `now` at agent start): the attempt is not resumed, it is interrupted.
+    SpecChanged { then: i64, now: i64 },
 }
 
 impl Ending {
@@ -219,6 +225,10 @@ impl Ending {
             Ending::CancelRequested => Event::CancelRequested { at_start: Some(killed) },
             Ending::OwnerDeleted => Event::OwnerDeleted { at_start: Some(killed) },
             Ending::DeadlinePassed => Event::DeadlinePassed { at_start: Some(killed) },
+            Ending::SpecChanged { then, now } => Event::SpecChanged {
+                change: format!("generation {then} when the attempt started, {now} now"),
+                at_start: Some(killed),
+            },
         }
     }
 }
@@ -361,6 +371,7 @@ impl RecoveryAction {
             deadline: None,
             max_attempts: None,
             step: None,
+            generation: None,
             status: None,
         })
     }
@@ -465,10 +476,58 @@ pub fn plan(
     let attempts = &rp.attempts;
     // Never touch (or even account for) a VM without our prefix.
     let ours: Vec<&ObservedVm> = vms.iter().filter(|v| v.name.starts_with(VM_PREFIX)).collect();
-    let present = |vm: &str| ours.iter().any(|v| v.name == vm);
     let mut out = Vec::new();
 
     // 1. Unknown VMs: resolve the gone ones, quarantine new ones into the lowest free slot.
+    plan_unknown_vms(&rp, &ours, cfg, &mut out);
+
+    // 2. Open attempts, each from its last recorded transition.
+    for a in attempts {
+        let b = cluster.get(&a.build);
+        let withdrawal = withdrawal(b);
+        let key = a.key();
+        match a.state {
+            AttemptState::Requested => {
+                // A retry's claim still names the previous attempt until its claim write.
+                let claim_mine = b.and_then(|b| b.claim.as_ref()).is_some_and(|c| {
+                    is_mine(c, me, a.number) || (c.holder == me.0 && c.attempt.checked_add(1) == Some(a.number))
+                });
+                out.push(requested(a, b, withdrawal, claim_mine, now, cfg));
+            }
+            AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {
+                out.push(open_with_vm(a, &ours, cluster, me, now, cfg));
+            }
+            AttemptState::Retiring | AttemptState::Quarantined => {
+                // The outcome is kept; a withdrawal is recorded once so that no retry follows.
+                // Its transition carries the deletion still owed (the machine never lets a
+                // withdrawal stop it), so nothing else is planned for the attempt then.
+                if let (Some(w), None) = (withdrawal, a.withdrawn) {
+                    let event = match w {
+                        Ending::OwnerDeleted => Event::OwnerDeleted { at_start: Some(0) },
+                        _ => Event::CancelRequested { at_start: Some(0) },
+                    };
+                    out.push(RecoveryAction::Step { attempt: key, event });
+                    continue;
+                }
+                out.push(RecoveryAction::finishing(
+                    key,
+                    machine::continue_retirement(a, cfg, Some(0)),
+                ));
+            }
+            AttemptState::Retired => {}
+        }
+    }
+
+    // 3. Finished builds: the last attempt of each build, if it is Retired.
+    plan_finished_builds(attempts, cluster, me, now, cfg, &mut out);
+    out
+}
+
+/// Step 1 of [`plan`]: unknown VMs journaled earlier that are gone are resolved; VMs with our
+/// prefix that no attempt accounts for are quarantined into the lowest free slot.
+fn plan_unknown_vms(rp: &Replay, ours: &[&ObservedVm], cfg: &Config, out: &mut Vec<RecoveryAction>) {
+    let attempts = &rp.attempts;
+    let present = |vm: &str| ours.iter().any(|v| v.name == vm);
     let mut holders = attempt_holders(attempts);
     for u in &rp.unknown {
         if present(&u.vm) {
@@ -497,98 +556,95 @@ pub fn plan(
             slot,
         });
     }
+}
 
-    // 2. Open attempts, each from its last recorded transition.
-    for a in attempts {
-        let b = cluster.get(&a.build);
-        let withdrawal = withdrawal(b);
-        let key = a.key();
-        match a.state {
-            AttemptState::Requested => {
-                // A retry's claim still names the previous attempt until its claim write.
-                let claim_mine = b.and_then(|b| b.claim.as_ref()).is_some_and(|c| {
-                    is_mine(c, me, a.number) || (c.holder == me.0 && c.attempt.checked_add(1) == Some(a.number))
-                });
-                out.push(requested(a, b, withdrawal, claim_mine, now, cfg));
-            }
-            AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {
-                let overdue = a.deadline.filter(|d| now >= *d);
-                let vm_existed = a.state != AttemptState::Admitted;
-                let watchdog = overdue.is_some_and(|d| {
-                    vm_existed && !present(&a.vm) && now >= d.checked_add(cfg.watchdog_grace).unwrap_or(Timestamp::MAX)
-                });
-                let claim_mine = b
-                    .and_then(|b| b.claim.as_ref())
-                    .is_some_and(|c| is_mine(c, me, a.number));
-                let vm_running = ours.iter().any(|v| v.name == a.vm && v.running);
-                // Admitted, or a boot whose clone never finished (stopped mid-pull): nothing
-                // exists to lose, and the boot is made (again) within the same attempt.
-                let clone_again = matches!(a.state, AttemptState::Admitted | AttemptState::Booting) && !present(&a.vm);
-                // Resume only on the cluster's word that the build is still ours and wanted, and
-                // only what got as far as a running VM, or has no VM yet.
-                let resumable = cfg.resume_after_restart
-                    && !cluster.assumed
-                    && ((vm_existed && vm_running) || clone_again)
-                    && claim_mine
-                    && withdrawal.is_none()
-                    && overdue.is_none();
-                if resumable {
-                    out.push(RecoveryAction::Resume {
-                        attempt: key,
-                        found: a.state,
-                        vm: a.vm.clone(),
-                        clone_again,
-                    });
-                    continue;
-                }
-                // Past the deadline it is the reason even with a cancel waiting, as in the
-                // executor: both are seen only now, the time was up first, and the watchdog may
-                // have deleted the VM since. An owner deleted while the agent was down is
-                // recorded Cancelled (no pipeline is told), and a MacBuild that is gone is told
-                // nothing: their withdrawals are recorded as they were.
-                let deadline_first = overdue.is_some() && b.is_some() && withdrawal != Some(Ending::OwnerDeleted);
-                let then = match withdrawal {
-                    Some(w) if !deadline_first => w,
-                    // The VM is gone past deadline + grace: the watchdog took it; do not touch it.
-                    _ if watchdog => {
-                        out.push(RecoveryAction::Step {
-                            attempt: key,
-                            event: Event::WatchdogRemovedVm,
-                        });
-                        continue;
-                    }
-                    _ if overdue.is_some() => Ending::DeadlinePassed,
-                    _ => Ending::AgentRestarted,
-                };
-                out.push(RecoveryAction::KillVmProcesses {
-                    attempt: key,
-                    found: a.state,
-                    vm: a.vm.clone(),
-                    then,
-                });
-            }
-            AttemptState::Retiring | AttemptState::Quarantined => {
-                // The outcome is kept; a withdrawal is recorded once so that no retry follows.
-                // Its transition carries the deletion still owed (the machine never lets a
-                // withdrawal stop it), so nothing else is planned for the attempt then.
-                if let (Some(w), None) = (withdrawal, a.withdrawn) {
-                    let event = match w {
-                        Ending::OwnerDeleted => Event::OwnerDeleted { at_start: Some(0) },
-                        _ => Event::CancelRequested { at_start: Some(0) },
-                    };
-                    out.push(RecoveryAction::Step { attempt: key, event });
-                    continue;
-                }
-                out.push(RecoveryAction::finishing(
-                    key,
-                    machine::continue_retirement(a, cfg, Some(0)),
-                ));
-            }
-            AttemptState::Retired => {}
-        }
+/// Step 2 of [`plan`] for an attempt that may have a VM (Admitted to Collecting): resume it, or
+/// kill its VM's processes and end it, or record that the watchdog removed its VM.
+fn open_with_vm(
+    a: &Attempt,
+    ours: &[&ObservedVm],
+    cluster: &ClusterView,
+    me: &AgentId,
+    now: Timestamp,
+    cfg: &Config,
+) -> RecoveryAction {
+    let b = cluster.get(&a.build);
+    let withdrawal = withdrawal(b);
+    let key = a.key();
+    let present = |vm: &str| ours.iter().any(|v| v.name == vm);
+    let overdue = a.deadline.filter(|d| now >= *d);
+    let vm_existed = a.state != AttemptState::Admitted;
+    let watchdog = overdue.is_some_and(|d| {
+        vm_existed && !present(&a.vm) && now >= d.checked_add(cfg.watchdog_grace).unwrap_or(Timestamp::MAX)
+    });
+    let claim_mine = b
+        .and_then(|b| b.claim.as_ref())
+        .is_some_and(|c| is_mine(c, me, a.number));
+    let vm_running = ours.iter().any(|v| v.name == a.vm && v.running);
+    // The spec the attempt runs is the one of the generation it started with: one
+    // changed meanwhile (a step removed, say) is not followed from the old step's
+    // index. A journal from before generations were recorded cannot tell; the
+    // executor then refuses a step index past the end of the steps.
+    let spec_changed = match (a.generation, b.and_then(|b| b.generation)) {
+        (Some(then), Some(now)) if then != now => Some(Ending::SpecChanged { then, now }),
+        _ => None,
+    };
+    // Admitted, or a boot whose clone never finished (stopped mid-pull): nothing
+    // exists to lose, and the boot is made (again) within the same attempt.
+    let clone_again = matches!(a.state, AttemptState::Admitted | AttemptState::Booting) && !present(&a.vm);
+    // Resume only on the cluster's word that the build is still ours and wanted, and
+    // only what got as far as a running VM, or has no VM yet.
+    let resumable = cfg.resume_after_restart
+        && !cluster.assumed
+        && ((vm_existed && vm_running) || clone_again)
+        && claim_mine
+        && withdrawal.is_none()
+        && overdue.is_none()
+        && spec_changed.is_none();
+    if resumable {
+        return RecoveryAction::Resume {
+            attempt: key,
+            found: a.state,
+            vm: a.vm.clone(),
+            clone_again,
+        };
     }
+    // Past the deadline it is the reason even with a cancel waiting, as in the
+    // executor: both are seen only now, the time was up first, and the watchdog may
+    // have deleted the VM since. An owner deleted while the agent was down is
+    // recorded Cancelled (no pipeline is told), and a MacBuild that is gone is told
+    // nothing: their withdrawals are recorded as they were.
+    let deadline_first = overdue.is_some() && b.is_some() && withdrawal != Some(Ending::OwnerDeleted);
+    let then = match withdrawal {
+        Some(w) if !deadline_first => w,
+        // The VM is gone past deadline + grace: the watchdog took it; do not touch it.
+        _ if watchdog => {
+            return RecoveryAction::Step {
+                attempt: key,
+                event: Event::WatchdogRemovedVm,
+            };
+        }
+        _ if overdue.is_some() => Ending::DeadlinePassed,
+        _ => spec_changed.unwrap_or(Ending::AgentRestarted),
+    };
+    RecoveryAction::KillVmProcesses {
+        attempt: key,
+        found: a.state,
+        vm: a.vm.clone(),
+        then,
+    }
+}
 
-    // 3. Finished builds: the last attempt of each build, if it is Retired.
+/// Step 3 of [`plan`]: for each build whose last attempt is Retired and still ours, redeliver a
+/// status the cluster has not seen, admit a retry the journal owes, or remove the finalizer.
+fn plan_finished_builds(
+    attempts: &[Attempt],
+    cluster: &ClusterView,
+    me: &AgentId,
+    now: Timestamp,
+    cfg: &Config,
+    out: &mut Vec<RecoveryAction>,
+) {
     let mut last: BTreeMap<&str, u32> = BTreeMap::new();
     for a in attempts {
         let n = last.entry(a.build.uid.as_str()).or_insert(a.number);
@@ -627,7 +683,6 @@ pub fn plan(
             None => {}
         }
     }
-    out
 }
 
 /// What to do with an attempt in `Requested` at agent start (nothing was cloned for it).

@@ -419,37 +419,13 @@ pub fn uninstall(args: UninstallArgs) -> anyhow::Result<()> {
 /// `tartan-agent service-status`: what `launchctl print` says of each job. Fails unless both run.
 pub fn status(_args: StatusArgs) -> anyhow::Result<()> {
     require_launchd("service-status", false)?;
-    let host = Host::from_env()?;
-    let dir = host.launch_agents_dir();
-    let mut launchctl = host.launchctl();
     let mut problems = Vec::new();
-    for label in [AGENT_LABEL, WATCHDOG_LABEL] {
-        let plist = dir.join(format!("{label}.plist"));
-        let file = if plist.exists() { "present" } else { "missing" };
-        match launchctl.print(label)? {
-            Status::NotLoaded => {
-                println!(
-                    "{label}: not loaded in {} (plist {} {file})",
-                    launchctl.domain(),
-                    plist.display()
-                );
-                problems.push(format!("{label} is not loaded"));
-            }
-            Status::Loaded(p) => {
-                let state = match &p.state {
-                    Field::Missing => "unknown (no `state = ` line in `launchctl print`)".to_owned(),
-                    other => other.to_string(),
-                };
-                println!(
-                    "{label}: state {state}, pid {}, last exit code {} (plist {} {file})",
-                    p.pid,
-                    p.last_exit_code,
-                    plist.display()
-                );
-                match &p.state {
-                    Field::Value(s) if s == "running" => {}
-                    _ => problems.push(format!("{label} is not running (state {state})")),
-                }
+    for (label, state) in launch_agents()? {
+        match state {
+            Ok(line) => println!("{label}: {line}"),
+            Err((line, problem)) => {
+                println!("{label}: {line}");
+                problems.push(problem);
             }
         }
     }
@@ -461,6 +437,68 @@ pub fn status(_args: StatusArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A LaunchAgent's label and its state line: `Err` when it is not loaded or not running.
+pub type LaunchAgentState = (String, Result<String, String>);
+
+/// What launchd says of each LaunchAgent, for `tartan-agent doctor`: `None` where there is no
+/// launchd (off macOS, unless the test override is set), else per label its state, `Err` when it
+/// is not loaded or not running.
+pub fn launch_agent_states() -> Option<anyhow::Result<Vec<LaunchAgentState>>> {
+    require_launchd("doctor", false).ok()?;
+    Some(launch_agents().map(|states| {
+        states
+            .into_iter()
+            .map(|(label, state)| (label.to_string(), state.map_err(|(line, _)| line)))
+            .collect()
+    }))
+}
+
+/// A LaunchAgent's line, or that line and the problem in a few words.
+type AgentLine = Result<String, (String, String)>;
+
+/// Each LaunchAgent's line (state, pid, last exit code, its plist), and for one not loaded or not
+/// running that line and the problem in a few words.
+fn launch_agents() -> anyhow::Result<Vec<(&'static str, AgentLine)>> {
+    let host = Host::from_env()?;
+    let dir = host.launch_agents_dir();
+    // Only queries (`print`), answered in milliseconds: a launchctl that hangs fails in seconds.
+    let runner = ProcessRunner::new(&host.launchctl).with_timeout(std::time::Duration::from_secs(5));
+    let mut launchctl = Launchctl::new(runner, host.uid);
+    let mut out = Vec::new();
+    for label in [AGENT_LABEL, WATCHDOG_LABEL] {
+        let plist = dir.join(format!("{label}.plist"));
+        let file = if plist.exists() { "present" } else { "missing" };
+        let state = match launchctl.print(label)? {
+            Status::NotLoaded => Err((
+                format!(
+                    "not loaded in {} (plist {} {file})",
+                    launchctl.domain(),
+                    plist.display()
+                ),
+                format!("{label} is not loaded"),
+            )),
+            Status::Loaded(p) => {
+                let state = match &p.state {
+                    Field::Missing => "unknown (no `state = ` line in `launchctl print`)".to_owned(),
+                    other => other.to_string(),
+                };
+                let line = format!(
+                    "state {state}, pid {}, last exit code {} (plist {} {file})",
+                    p.pid,
+                    p.last_exit_code,
+                    plist.display()
+                );
+                match &p.state {
+                    Field::Value(s) if s == "running" => Ok(line),
+                    _ => Err((line, format!("{label} is not running (state {state})"))),
+                }
+            }
+        };
+        out.push((label, state));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

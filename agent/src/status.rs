@@ -316,6 +316,7 @@ mod tests {
             deadline: None,
             max_attempts: None,
             step: None,
+            generation: None,
             status: None,
         }
     }

@@ -6,11 +6,11 @@ mod host_common;
 use host_common::{IMAGE, Rig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use tart_double::{Fault, Faults};
 use tartan_agent::host::guest_job::{
     FollowConfig, Job, JobEnd, JobError, JobState, parse_poll, parse_start, poll_argv, run_or_attach, sidecar_path,
     start_argv,
 };
-use tartan_tart::double::{Fault, Faults};
 use tartan_tart::{RunOptions, RunningVm, log_cap_note};
 
 fn cfg() -> FollowConfig {
@@ -832,4 +832,146 @@ async fn a_masked_follower_after_an_unmasked_one_replaces_what_it_logged() {
     let end = step.run(&masked).await.unwrap();
     assert_eq!(end.exit_code, 0);
     assert_eq!(String::from_utf8(step.host_log()).unwrap(), "first ***\nthen ***\n");
+}
+
+/// Issue 25: a poll's raw output (the step's output before masking) went through a scratch file
+/// beside the host log (`<step>.log.poll`, 0644) for the length of each `tart exec`, and stayed
+/// there when the follower was dropped. It is kept in memory now: while polls hang (and are
+/// killed) no such file ever exists, no file holds the value, and the host log is not
+/// world-readable. A scratch file an older agent left is removed by the next follower.
+#[tokio::test]
+async fn raw_poll_output_never_touches_the_host_disk() {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-scratch").await;
+    let secret = "RAW-secret-value-77";
+    let step = Step::new(
+        &rig,
+        "mb-scratch",
+        0,
+        "raw",
+        sh(&format!(
+            "echo 'one {secret}'; while [ ! -f go ]; do sleep 0.02; done; echo 'two {secret}'"
+        )),
+    );
+    // An older agent's step log, world-readable (made 0640 when followed), and its scratch file
+    // beside it, world-readable, with the value.
+    std::fs::write(&step.log, "").unwrap();
+    std::fs::set_permissions(&step.log, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let legacy = step.log.with_extension("log.poll");
+    std::fs::write(&legacy, format!("tartan-job running size 9 bytes 9\n{secret}")).unwrap();
+    std::fs::set_permissions(&legacy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let quick = FollowConfig {
+        exec_timeout: Duration::from_millis(500),
+        unresponsive_limit: Duration::from_secs(2),
+        mask: tartan_agent::host::env::Masker::new([secret.as_bytes()]),
+        ..cfg()
+    };
+    let dir = step.log.parent().unwrap().to_path_buf();
+    let scratch_seen = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".poll"))
+    };
+    let follower = step.run(&quick);
+    tokio::pin!(follower);
+    let log = step.log.clone();
+    let logged = wait_for("the first line", Duration::from_secs(30), || {
+        std::fs::read(&log).is_ok_and(|b| b == b"one ***\n")
+    });
+    tokio::select! {
+        r = &mut follower => panic!("the follower ended early: {r:?}"),
+        () = logged => {}
+    }
+    assert!(!legacy.exists(), "the older agent's scratch file is removed");
+    // Polls hang now, each killed after 500 ms, until the follower gives up after 2 s: all the
+    // while, no scratch file beside the log.
+    let mut hang = Faults::default();
+    hang.vms.insert(
+        "mb-scratch".into(),
+        Fault {
+            exec_hangs: Some(true),
+            ..Fault::default()
+        },
+    );
+    rig.set_faults(&hang);
+    let mut samples = 0;
+    let ended = loop {
+        tokio::select! {
+            r = &mut follower => break r,
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        samples += 1;
+        assert!(!scratch_seen(), "a poll scratch file exists (sample {samples})");
+    };
+    assert!(matches!(ended, Err(JobError::Unresponsive { .. })), "{ended:?}");
+    assert!(samples > 50, "{samples}");
+    // A new follower sees the step through; nothing on the host holds the value.
+    rig.set_faults(&Faults::default());
+    std::fs::write(rig.vm_dir("mb-scratch").join("go"), "").unwrap();
+    let end = step.run(&quick).await.unwrap();
+    assert_eq!(end.exit_code, 0);
+    assert_eq!(step.host_log(), b"one ***\ntwo ***\n");
+    let mut found = Vec::new();
+    let mut stack = vec![rig.state.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read(&p)
+                .unwrap()
+                .windows(secret.len())
+                .any(|w| w == secret.as_bytes())
+            {
+                found.push(p);
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:?}");
+    let mode = std::fs::metadata(&step.log).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o007, 0, "the host log is not world-readable: {mode:o}");
+}
+
+/// Issue 25: at the per-step log cap a value straddling the cap was logged unmasked (41 of its
+/// 42 bytes). Through the real poll script: the follower reads past the cap just far enough,
+/// logs `***` and the cap note, for each place of the value around the cap and in tiny reads.
+#[tokio::test]
+async fn a_secret_straddling_the_log_cap_is_masked_on_the_host() {
+    let rig = Rig::new();
+    let _run = vm(&rig, "mb-capmask").await;
+    let secret = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnop";
+    assert_eq!(secret.len(), 42);
+    let masker = tartan_agent::host::env::Masker::new([secret.as_bytes()]);
+    for (index, before) in [59usize, 60, 99, 100].into_iter().enumerate() {
+        for chunk in [7u64, 1 << 20] {
+            // `before` dots, the value, more output: with a cap of 100, 41 (59), 40, 1 or none
+            // (100) of its bytes come before the cap.
+            let script = format!(
+                "printf '%s' '{}{secret}'; printf 'after\\n%.0s' 1 2 3",
+                ".".repeat(before)
+            );
+            let step = Step::new(
+                &rig,
+                "mb-capmask",
+                index * 2 + usize::from(chunk > 7),
+                "cap",
+                sh(&script),
+            );
+            let capped = FollowConfig {
+                log_cap: 100,
+                chunk_bytes: chunk,
+                mask: masker.clone(),
+                ..cfg()
+            };
+            let end = step.run(&capped).await.unwrap();
+            assert!(end.truncated, "{end:?}");
+            let host = String::from_utf8(step.host_log()).unwrap();
+            let shown = if before < 100 { "***" } else { "" };
+            let want = format!("{}{shown}{}", ".".repeat(before.min(100)), log_cap_note(100));
+            assert_eq!(host, want, "value after {before} bytes, chunk {chunk}");
+            assert!(!host.contains("ABCD") && !host.contains("mnop"), "{host}");
+        }
+    }
 }

@@ -13,8 +13,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tartan_agent::host::env::{SecretAccess, SecretData, SecretReadError, SecretSource};
-use tartan_agent::host::{AttemptExecutor, cancel_pair, drive};
-use tartan_agent::machine::{Attempt, Config};
+use tartan_agent::host::{AttemptExecutor, Performed, cancel_pair, drive};
+use tartan_agent::machine::{Action, Attempt, Config, Event};
 use tartan_api::{AttemptState as S, EnvVar, Outcome, Reason};
 
 const LIMIT: Duration = Duration::from_secs(90);
@@ -23,9 +23,9 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// cut by a poll.
 const SECRET: &str = "tok-'q'\"dq\"$(touch pwned)`touch pwned2`\nsecond-line-of-the-token";
 
-/// Secrets in memory; records which ones were read.
+/// Secrets in memory (a test may rotate one); records which ones were read.
 struct Secrets {
-    data: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+    data: Mutex<BTreeMap<String, BTreeMap<String, Vec<u8>>>>,
     reads: Mutex<Vec<String>>,
 }
 
@@ -36,17 +36,17 @@ impl SecretSource for Secrets {
         name: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<SecretData, SecretReadError>> + Send + 'a>> {
         self.reads.lock().unwrap().push(format!("{namespace}/{name}"));
-        let found = self.data.get(name).cloned();
+        let found = self.data.lock().unwrap().get(name).cloned();
         Box::pin(async move { Ok(found) })
     }
 }
 
 fn access(allowed: &[&str]) -> (SecretAccess, Arc<Secrets>) {
     let source = Arc::new(Secrets {
-        data: BTreeMap::from([(
+        data: Mutex::new(BTreeMap::from([(
             "registry".to_string(),
             BTreeMap::from([("token".to_string(), SECRET.as_bytes().to_vec())]),
-        )]),
+        )])),
         reads: Mutex::new(Vec::new()),
     });
     let access = SecretAccess {
@@ -255,4 +255,323 @@ async fn a_secret_not_allowed_or_missing_fails_the_build_before_anything_is_clon
             );
         }
     }
+}
+
+/// Issue 25: a Secret rotated while the agent was stopped. The step an earlier agent process
+/// started has the old value (the env file it sourced); the agent that re-attaches reads the new
+/// one. The old value, which the step goes on printing, is masked too: in the host log, the
+/// failure tail and every file of the state directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_rotated_while_the_agent_was_stopped_stays_masked_in_the_running_step() {
+    let rig = Rig::new();
+    let (secrets, source) = access(&["ci/registry"]);
+    let mut spec = spec(vec![step(
+        "build",
+        r#"echo "first $TOKEN"; while [ ! -f go ]; do sleep 0.05; done; i=0; while [ $i -lt 33 ]; do echo "line $i $TOKEN"; i=$((i+1)); done; exit 3"#,
+    )]);
+    spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
+    let (a, mut first) = executor(&rig, "rotated", spec.clone(), secrets.clone());
+    let vm = a.vm.clone();
+    let deadline = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(600);
+    for action in [
+        Action::WriteDeadlineFile {
+            vm: vm.clone(),
+            deadline,
+        },
+        Action::CloneVm { vm: vm.clone() },
+        Action::SetVm { vm: vm.clone() },
+        Action::StartVm { vm: vm.clone() },
+    ] {
+        assert_eq!(first.perform(&action).await, Performed::Done, "{action:?}");
+    }
+    assert!(matches!(
+        first.perform(&Action::ProbeReady { vm: vm.clone() }).await,
+        Performed::Event(Event::GuestReady { .. })
+    ));
+    let run_step = Action::RunStep {
+        vm: vm.clone(),
+        index: 0,
+        since: k8s_openapi::jiff::Timestamp::now(),
+    };
+    let log = rig.state.path().join("logs").join(&vm).join("build.log");
+    {
+        // The first agent process follows the step until its first line is logged, then stops.
+        let running = first.perform(&run_step);
+        tokio::pin!(running);
+        let deadline = std::time::Instant::now() + LIMIT;
+        loop {
+            tokio::select! {
+                r = &mut running => panic!("the step ended before the agent stopped: {r:?}"),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            if std::fs::read_to_string(&log).is_ok_and(|t| t.contains("first")) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the first line was never logged");
+        }
+    }
+    // Rotated while no agent ran.
+    let rotated = "rotated-token-value-2";
+    source
+        .data
+        .lock()
+        .unwrap()
+        .get_mut("registry")
+        .unwrap()
+        .insert("token".into(), rotated.as_bytes().to_vec());
+    std::fs::write(rig.vm_dir(&vm).join("go"), "").unwrap();
+    // The restarted agent's executor re-attaches to the running step.
+    let (_, mut second) = executor(&rig, "rotated", spec, secrets);
+    let ended = tokio::time::timeout(LIMIT, second.perform(&run_step)).await.unwrap();
+    let Performed::Event(Event::StepFailed { exit_code, output, .. }) = ended else {
+        panic!("{ended:?}");
+    };
+    assert_eq!(exit_code, 3);
+    assert!(output.ends_with("line 32 ***"), "{output}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let want: String = std::iter::once("first ***\n".to_string())
+        .chain((0..33).map(|i| format!("line {i} ***\n")))
+        .collect();
+    assert_eq!(text, want);
+    let old_lines = ["tok-'q'\"dq\"$(touch pwned)`touch pwned2`", "second-line-of-the-token"];
+    for needle in old_lines.iter().chain([&rotated]) {
+        assert!(!output.contains(needle), "{output}");
+        assert_eq!(
+            files_containing(rig.state.path(), needle.as_bytes()),
+            Vec::<String>::new()
+        );
+    }
+    let deleted = first
+        .perform(&Action::StopAndDeleteVm {
+            vm: vm.clone(),
+            context: tartan_agent::machine::DeleteContext::Normal,
+        })
+        .await;
+    assert!(
+        matches!(deleted, Performed::Event(Event::VmDeleted { .. })),
+        "{deleted:?}"
+    );
+}
+
+/// Issue 25: an older agent's poll scratch file (a poll's raw output, unmasked, 0644) stayed in
+/// the log folder after the attempt was retired without being followed again. Every retirement
+/// removes the scratch files (`*.log.poll`, `*.log.stop`) of the attempt's log folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_attempt_leaves_no_scratch_files() {
+    let rig = Rig::new();
+    let (secrets, _) = access(&["ci/registry"]);
+    let mut spec = spec(vec![step("build", "echo built")]);
+    spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
+    let (mut a, mut exec) = executor(&rig, "scratch", spec, secrets);
+    let logs = rig.state.path().join("logs").join(&a.vm);
+    std::fs::create_dir_all(&logs).unwrap();
+    let left = ["old-step.log.poll", "old-step.log.stop"];
+    for name in left {
+        std::fs::write(logs.join(name), format!("tartan-job running size 9 bytes 9\n{SECRET}")).unwrap();
+    }
+    let journal = MemJournal::new();
+    let mut hooks = journal.clone();
+    let end = tokio::time::timeout(
+        LIMIT,
+        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut hooks),
+    )
+    .await
+    .expect("attempt finished in time")
+    .unwrap();
+    assert_eq!(end, S::Retired);
+    assert_eq!(a.outcome, Some(Outcome::Succeeded));
+    for name in left {
+        assert!(!logs.join(name).exists(), "{name} is left");
+    }
+    assert_eq!(std::fs::read_to_string(logs.join("build.log")).unwrap(), "built\n");
+    assert_eq!(
+        files_containing(rig.state.path(), b"second-line-of-the-token"),
+        Vec::<String>::new()
+    );
+}
+
+/// Found by an adversary: what the guest hands over after the steps passed no masker. A test
+/// report's error quoted a line of the value in clear (into the journal, the status and the
+/// pipeline), and an artifact holding the value was published as it was. Now the error is
+/// masked, and the artifact is refused and removed from the host, naming it, never the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_report_error_is_masked_and_an_artifact_holding_a_secret_is_not_published() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let line = "second-line-of-the-token";
+    let mut report = spec(vec![step(
+        "test",
+        r#"mkdir -p out && printf '<testsuite tests="%s"/>' "second${TOKEN#*second}" > out/junit.xml"#,
+    )]);
+    report.test_report = Some("out/junit.xml".into());
+    let mut artifact = spec(vec![step(
+        "build",
+        r#"mkdir -p out && printf 'PK\003\004 %s trailer' "$TOKEN" > out/App.ipa && printf plain > out/notes.txt"#,
+    )]);
+    artifact.artifacts = Some(tartan_api::Artifacts {
+        paths: vec!["out/notes.txt".into(), "out/App.ipa".into()],
+        destination: format!("file://{}/", dest.path().display()),
+    });
+    for (name, mut spec, reason, says) in [
+        (
+            "report",
+            report,
+            Reason::TestsFailed,
+            "test report out/junit.xml: attribute tests=\"***\" of <testsuite> is not a whole number",
+        ),
+        (
+            "artifact",
+            artifact,
+            Reason::ArtifactUploadFailed,
+            "artifact out/App.ipa holds the value of a Secret of spec.env (at byte 5); it is not published",
+        ),
+    ] {
+        let (secrets, _) = access(&["ci/registry"]);
+        spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
+        let (mut a, mut exec) = executor(&rig, name, spec, secrets);
+        let mut journal = MemJournal::new();
+        let end = tokio::time::timeout(
+            LIMIT,
+            drive(&mut exec, &mut a, admit(600), &Config::default(), &mut journal),
+        )
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
+        assert_eq!(end, S::Retired);
+        let records = journal.records.lock().unwrap().clone();
+        let retiring = records.iter().find(|r| r.to == S::Retiring).unwrap();
+        assert_eq!(retiring.reason, Some(reason), "{name}: {}", retiring.detail);
+        assert!(retiring.detail.contains(says), "{name}: {}", retiring.detail);
+        for r in &records {
+            let text = format!("{r} {r:?}");
+            assert!(!text.contains(line), "{name}: the journal holds the secret: {text}");
+        }
+    }
+    // Nothing of the value at the destination (the file without it was published) nor on the
+    // host.
+    assert_eq!(files_containing(dest.path(), line.as_bytes()), Vec::<String>::new());
+    assert_eq!(files_containing(dest.path(), b"plain").len(), 1);
+    assert_eq!(
+        files_containing(rig.state.path(), line.as_bytes()),
+        Vec::<String>::new()
+    );
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
+/// An agent restarted after the steps has not read the Secrets: its executor reads them again
+/// before it takes anything from the guest, so an artifact holding a value is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_past_the_steps_an_artifact_holding_a_secret_is_still_refused() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let (secrets, source) = access(&["ci/registry"]);
+    let mut spec = spec(vec![step(
+        "build",
+        r#"mkdir -p out && printf '%s' "$TOKEN" > out/App.ipa"#,
+    )]);
+    spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
+    spec.artifacts = Some(tartan_api::Artifacts {
+        paths: vec!["out/App.ipa".into()],
+        destination: format!("file://{}/", dest.path().display()),
+    });
+    let (a, mut first) = executor(&rig, "restarted", spec.clone(), secrets.clone());
+    let vm = a.vm.clone();
+    let deadline = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(600);
+    for action in [
+        Action::WriteDeadlineFile {
+            vm: vm.clone(),
+            deadline,
+        },
+        Action::CloneVm { vm: vm.clone() },
+        Action::SetVm { vm: vm.clone() },
+        Action::StartVm { vm: vm.clone() },
+    ] {
+        assert_eq!(first.perform(&action).await, Performed::Done, "{action:?}");
+    }
+    assert!(matches!(
+        first.perform(&Action::ProbeReady { vm: vm.clone() }).await,
+        Performed::Event(Event::GuestReady { .. })
+    ));
+    let run_step = Action::RunStep {
+        vm: vm.clone(),
+        index: 0,
+        since: k8s_openapi::jiff::Timestamp::now(),
+    };
+    let ran = tokio::time::timeout(LIMIT, first.perform(&run_step)).await.unwrap();
+    assert!(matches!(ran, Performed::Event(Event::StepsSucceeded { .. })), "{ran:?}");
+    assert_eq!(source.reads.lock().unwrap().len(), 1);
+    // The restarted agent's executor uploads.
+    let (_, mut second) = executor(&rig, "restarted", spec, secrets);
+    let uploaded = tokio::time::timeout(LIMIT, second.perform(&Action::UploadArtifacts { vm: vm.clone() }))
+        .await
+        .unwrap();
+    let Performed::Event(Event::ArtifactUploadFailed { error }) = uploaded else {
+        panic!("{uploaded:?}");
+    };
+    assert!(
+        error.contains("artifact out/App.ipa holds the value of a Secret"),
+        "{error}"
+    );
+    assert_eq!(source.reads.lock().unwrap().len(), 2, "read again");
+    assert_eq!(files_containing(dest.path(), b"second-line").len(), 0);
+    let deleted = first
+        .perform(&Action::StopAndDeleteVm {
+            vm: vm.clone(),
+            context: tartan_agent::machine::DeleteContext::Normal,
+        })
+        .await;
+    assert!(
+        matches!(deleted, Performed::Event(Event::VmDeleted { .. })),
+        "{deleted:?}"
+    );
+}
+
+/// Adversary finding: docs/env-and-secrets.md says "Nothing unmasked touches the host disk", but
+/// the test report (and each artifact) is copied out of the guest unmasked into
+/// `<state>/tmp/<vm>/` and only then counted (or scanned for values) and removed: while it is
+/// counted, a file of the state directory holds the value in clear (a test report quoting the
+/// environment in a failure message is common). A watcher scanning the state directory while
+/// the attempt runs sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary finding, open: the report is copied to the host before it is counted (docs/env-and-secrets.md says so)"]
+async fn a_test_report_quoting_a_secret_never_lands_on_the_host_disk_in_clear() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let rig = Rig::new();
+    let line = "second-line-of-the-token";
+    // A large report (counting it takes a while) whose one failure quotes the value.
+    let mut spec = spec(vec![step(
+        "test",
+        r#"mkdir -p out && { printf '<testsuite><testcase name="leak"><failure message="%s"/></testcase>' "second${TOKEN#*second}"; yes '<testcase name="t"/>' | head -n 300000; printf '</testsuite>'; } > out/junit.xml"#,
+    )]);
+    spec.test_report = Some("out/junit.xml".into());
+    let (secrets, _) = access(&["ci/registry"]);
+    spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
+    let (mut a, mut exec) = executor(&rig, "report-on-disk", spec, secrets);
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, state) = (stop.clone(), rig.state.path().to_path_buf());
+        std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                seen.extend(files_containing(&state, line.as_bytes()));
+            }
+            seen
+        })
+    };
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(
+        LIMIT,
+        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut journal),
+    )
+    .await
+    .expect("attempt finished in time")
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let seen = watcher.join().unwrap();
+    assert_eq!(end, S::Retired);
+    assert_eq!(
+        seen,
+        BTreeSet::new(),
+        "these files of the state directory held the Secret value in clear while the attempt ran"
+    );
 }

@@ -6,10 +6,10 @@ mod host_common;
 use host_common::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tartan_agent::host::{AttemptExecutor, CancelHandle, DriveError, Withdrawal, cancel_pair, drive};
+use tart_double::{Fault, Faults};
+use tartan_agent::host::{AttemptExecutor, CancelHandle, DriveError, ExecutorConfig, Withdrawal, cancel_pair, drive};
 use tartan_agent::machine::{Attempt, Config};
 use tartan_api::{Artifacts, AttemptState as S, Outcome, Reason, Step};
-use tartan_tart::double::{Fault, Faults};
 use tartan_testkit::wait_for;
 
 const LIMIT: Duration = Duration::from_secs(90);
@@ -600,11 +600,12 @@ async fn a_clone_hanging_past_the_deadline_is_killed_and_recorded_as_deadline_pa
     assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancellation_during_boot_kills_tart_run_at_once() {
+/// Attempt `name` held in a 60 s boot, then withdrawn for `why` (checked to kill `tart run` at
+/// once): the rig, the journal and the VM's name, for the caller's assertions.
+async fn withdrawn_during_boot(name: &str, why: Withdrawal) -> (Rig, MemJournal, String) {
     let rig = Rig::new();
     let (cancel, signal) = cancel_pair();
-    let (a, exec) = attempt(&rig, "cancel-boot", spec(vec![step("build", "true")]), signal);
+    let (a, exec) = attempt(&rig, name, spec(vec![step("build", "true")]), signal);
     let vm = a.vm.clone();
     rig.set_faults(&vm_fault(
         &vm,
@@ -620,7 +621,13 @@ async fn cancellation_during_boot_kills_tart_run_at_once() {
         tartan_tart::run_pid(&home, &vm).ok().flatten()
     })
     .await;
-    let _exec = cancel_and_measure("boot", &cancel, Withdrawal::OwnerDeleted, &[run], task).await;
+    let _exec = cancel_and_measure("boot", &cancel, why, &[run], task).await;
+    (rig, journal, vm)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_during_boot_kills_tart_run_at_once() {
+    let (rig, journal, vm) = withdrawn_during_boot("cancel-boot", Withdrawal::OwnerDeleted).await;
     let lines = journal.lines();
     assert!(
         lines[2].ends_with("Booting -> Retiring (OwnerDeleted) owner deleted outcome=Cancelled"),
@@ -902,4 +909,252 @@ async fn a_destination_the_agent_config_refuses_fails_the_build_before_anything_
         );
         assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
     }
+}
+
+/// A resumed attempt whose journal started a step the MacBuild no longer has (an admin patch
+/// removed steps while the agent was stopped): never `StepsSucceeded` (that ended a build `True`
+/// with "0/0 tests passed"), but `SpecChanged`, which interrupts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_index_past_the_end_of_the_steps_is_never_a_success() {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use tartan_agent::host::Performed;
+    use tartan_agent::machine::{Action, Event};
+    let rig = Rig::new();
+    let (_cancel, signal) = cancel_pair();
+    let (a, mut exec) = attempt(&rig, "spec-shrunk", spec(vec![step("build", "echo built")]), signal);
+    let vm = a.vm.clone();
+    let deadline = Timestamp::now() + SignedDuration::from_secs(600);
+    for action in [
+        Action::WriteDeadlineFile {
+            vm: vm.clone(),
+            deadline,
+        },
+        Action::CloneVm { vm: vm.clone() },
+        Action::SetVm { vm: vm.clone() },
+        Action::StartVm { vm: vm.clone() },
+    ] {
+        assert_eq!(exec.perform(&action).await, Performed::Done, "{action:?}");
+    }
+    assert!(matches!(
+        exec.perform(&Action::ProbeReady { vm: vm.clone() }).await,
+        Performed::Event(Event::GuestReady { .. })
+    ));
+    let past_the_end = tokio::time::timeout(
+        LIMIT,
+        exec.perform(&Action::RunStep {
+            vm: vm.clone(),
+            index: 1,
+            since: Timestamp::now(),
+        }),
+    )
+    .await
+    .unwrap();
+    match past_the_end {
+        Performed::Event(Event::SpecChanged { change, at_start: None }) => assert_eq!(
+            change,
+            "the journal started step 2 of the attempt, the MacBuild now has 1 step(s) in all"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let deleted = exec
+        .perform(&Action::StopAndDeleteVm {
+            vm: vm.clone(),
+            context: tartan_agent::machine::DeleteContext::Normal,
+        })
+        .await;
+    assert!(
+        matches!(deleted, Performed::Event(Event::VmDeleted { .. })),
+        "{deleted:?}"
+    );
+}
+
+/// A holder whose claim moved (a status write of its attempt fenced out) stops the attempt at
+/// once, deletes its own VM and frees the slot, with no outcome of its own (the new holder's is
+/// the build's). Before the fix nothing withdrew it and it ran its copy of the build to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_moved_to_another_holder_stops_the_attempt_and_deletes_its_vm() {
+    let (rig, journal, _) = withdrawn_during_boot("fenced-boot", Withdrawal::ClaimMoved).await;
+    let lines = journal.lines();
+    assert!(
+        lines[2].ends_with(
+            "Booting -> Retiring (ClaimLost) claim moved to another holder (a status write of this attempt was fenced \
+             out); this attempt stops and deletes its VM"
+        ),
+        "{lines:#?}"
+    );
+    assert_eq!(journal.states().last(), Some(&S::Retired));
+    assert!(journal.records.lock().unwrap().iter().all(|r| r.outcome.is_none()));
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
+/// Drives attempt `name` of `spec` with `cfg` to its end within 30 s (once a hostile guest file
+/// held it until its deadline) and returns the journal's Collecting -> Retiring line.
+async fn collecting_ends(rig: &Rig, name: &str, spec: tartan_api::MacBuildSpec, cfg: ExecutorConfig) -> String {
+    let within = Duration::from_secs(30);
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt_with(rig, name, spec, signal, cfg);
+    let mut journal = MemJournal::new();
+    let started = Instant::now();
+    let end = tokio::time::timeout(within, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .unwrap_or_else(|_| panic!("{name}: still not over after {within:?} (held in Collecting?)"))
+        .unwrap();
+    assert_eq!(end, S::Retired, "{name}");
+    eprintln!("{name}: over in {:?}", started.elapsed());
+    journal
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("Collecting -> Retiring"))
+        .unwrap_or_else(|| panic!("{name}: no Collecting -> Retiring in {:#?}", journal.lines()))
+}
+
+/// Once a JUnit report that is a FIFO or /dev/zero held the build in Collecting until its
+/// deadline while the agent pumped zeros, and the message never named the file. Now only a
+/// regular file within the cap is read, at once refused otherwise, naming it and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_report_that_is_no_regular_file_or_too_big_fails_at_once_naming_it() {
+    let rig = Rig::new();
+    let cap = rig.config().report_cap;
+    let too_big = format!("out/junit.xml is 68719476736 bytes, more than the {cap}-byte limit");
+    for (name, script, why) in [
+        ("fifo", "mkfifo out/junit.xml", "out/junit.xml is not a regular file"),
+        (
+            "zero",
+            "ln -s /dev/zero out/junit.xml",
+            "out/junit.xml is not a regular file",
+        ),
+        (
+            "device",
+            "ln -s /dev/null out/junit.xml",
+            "out/junit.xml is not a regular file",
+        ),
+        ("folder", "mkdir out/junit.xml", "out/junit.xml is not a regular file"),
+        // 64 GiB that take no room: measured from the metadata, never read.
+        (
+            "sparse",
+            "dd if=/dev/zero of=out/junit.xml bs=1 count=0 seek=68719476736 2>/dev/null",
+            too_big.as_str(),
+        ),
+        ("missing", "true", "out/junit.xml does not exist"),
+    ] {
+        let mut spec = spec(vec![step("test", &format!("mkdir -p out && {script}"))]);
+        spec.test_report = Some("out/junit.xml".into());
+        let line = collecting_ends(&rig, name, spec, rig.config()).await;
+        assert!(
+            line.contains("(TestsFailed)")
+                && line.contains("test report out/junit.xml could not be read from the guest: ")
+                && line.contains(why),
+            "{name}: {line}"
+        );
+    }
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
+/// The same for artifacts: a FIFO, /dev/zero, a folder and a file over the cap each fail the
+/// upload at once, naming the file; nothing is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_artifact_that_is_no_regular_file_or_too_big_fails_at_once_naming_it() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let mut cfg = rig.config();
+    cfg.artifact_cap = 1 << 20;
+    for (name, script, why) in [
+        ("fifo", "mkfifo out/App.ipa", "out/App.ipa is not a regular file"),
+        (
+            "zero",
+            "ln -s /dev/zero out/App.ipa",
+            "out/App.ipa is not a regular file",
+        ),
+        ("folder", "mkdir out/App.ipa", "out/App.ipa is not a regular file"),
+        (
+            "big",
+            "dd if=/dev/zero of=out/App.ipa bs=1 count=0 seek=1048577 2>/dev/null",
+            "out/App.ipa is 1048577 bytes, more than the 1048576-byte limit",
+        ),
+    ] {
+        let mut spec = spec(vec![step("build", &format!("mkdir -p out && {script}"))]);
+        spec.artifacts = Some(Artifacts {
+            paths: vec!["out/App.ipa".into()],
+            destination: format!("file://{}/", dest.path().display()),
+        });
+        let line = collecting_ends(&rig, name, spec, cfg.clone()).await;
+        assert!(
+            line.contains("artifact out/App.ipa could not be read from the guest: ") && line.contains(why),
+            "{name}: {line}"
+        );
+    }
+    // Only the step logs went there.
+    for vm in std::fs::read_dir(dest.path()).unwrap() {
+        let names: Vec<_> = std::fs::read_dir(vm.unwrap().path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec!["logs"], "nothing but the logs published");
+    }
+    assert!(rig.vms().is_empty(), "VMs left: {:?}", rig.vms());
+}
+
+/// The adversary's run, whole: a build that can write where its artifacts go (here the guest is
+/// the host, as with a read-write mount inside an allowed root) replaces its attempt folder with
+/// a link to the state dir's `deadlines/` and names an artifact after another build's deadline
+/// file. Once the upload wrote through the link (the watchdog then deleted the other build's VM)
+/// and the build reported success; now the upload fails naming the link and nothing lands there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_folder_replaced_by_a_link_is_never_written_through() {
+    let rig = Rig::new();
+    let dest = tempfile::tempdir().unwrap();
+    let dest_dir = std::fs::canonicalize(dest.path()).unwrap();
+    let deadlines = rig.state.path().join("deadlines");
+    std::fs::create_dir_all(&deadlines).unwrap();
+    let other = deadlines.join("mb-other.json");
+    std::fs::write(&other, b"the other build's deadline").unwrap();
+    let (_cancel, signal) = cancel_pair();
+    // The VM name is known once the attempt exists; the step needs it, so make the attempt
+    // twice: the first only tells the name the second (same build, same attempt) gets.
+    let vm = attempt(&rig, "links", spec(vec![]), signal.clone()).0.vm;
+    let plant = format!(
+        "printf forged > mb-other.json && rm -rf {d}/{vm} && ln -s {deadlines} {d}/{vm}",
+        d = dest_dir.display(),
+        deadlines = deadlines.display()
+    );
+    let mut spec = spec(vec![step("build", &plant)]);
+    spec.artifacts = Some(Artifacts {
+        paths: vec!["mb-other.json".into()],
+        destination: format!("file://{}/", dest_dir.display()),
+    });
+    let (mut a, mut exec) = attempt(&rig, "links", spec, signal);
+    assert_eq!(a.vm, vm);
+    let mut journal = MemJournal::new();
+    tokio::time::timeout(LIMIT, drive(&mut exec, &mut a, admit(600), &machine(), &mut journal))
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
+    let line = journal
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("Collecting -> Retiring"))
+        .unwrap();
+    assert!(
+        line.contains("(ArtifactUploadFailed)")
+            && line.contains(&format!("{} is a symbolic link", dest_dir.join(&vm).display())),
+        "{line}"
+    );
+    assert_eq!(std::fs::read(&other).unwrap(), b"the other build's deadline");
+    let left: Vec<_> = std::fs::read_dir(&deadlines)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["mb-other.json"], "only the other build's file is there");
+    assert!(rig.vms().is_empty());
+}
+
+/// A guest path that looks like an option is still a file name: once `cat -n` read the exec's
+/// (empty) input instead of the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_report_named_like_an_option_is_read_as_a_file() {
+    let rig = Rig::new();
+    let mut spec = spec(vec![step("test", &format!("printf '%s' '{JUNIT}' > ./-n"))]);
+    spec.test_report = Some("-n".into());
+    let line = collecting_ends(&rig, "dash", spec, rig.config()).await;
+    assert!(line.contains("(TestsPassed) 2/2 tests passed"), "{line}");
 }

@@ -331,3 +331,34 @@ async fn a_cancelled_build_gets_its_logs_finished() {
     assert_eq!(parts, "before the cancel\n");
     assert_eq!(whole.as_deref(), Some("before the cancel\n"));
 }
+
+/// Three steps of 3000 bytes each under a per-step cap of 4096 and a build budget of 5000: the
+/// first logs all, the second what is left (2000) and the note, the third only the note. Before
+/// the budget each step had its own cap only (4 × 66 MiB passed a 64 MiB total).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builds_step_logs_stay_within_its_log_budget() {
+    let rig = Rig::new();
+    let mut cfg = rig.config();
+    cfg.step_log_cap = 4096;
+    cfg.build_log_budget = 5000;
+    let print = "head -c 3000 /dev/zero | tr '\\0' x";
+    let steps = vec![step("one", print), step("two", print), step("three", print)];
+    let (_cancel, signal) = cancel_pair();
+    let (mut a, mut exec) = attempt_with(&rig, "budget", spec(steps), signal, cfg);
+    let vm = a.vm.clone();
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(
+        Duration::from_secs(90),
+        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut journal),
+    )
+    .await
+    .expect("the build ended")
+    .unwrap();
+    assert_eq!(end, S::Retired, "{:#?}", journal.lines());
+    let logs = rig.state.path().join("logs").join(&vm);
+    let read = |name: &str| std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap();
+    let note = |cap: u64| tartan_tart::log_cap_note(cap);
+    assert_eq!(read("one"), "x".repeat(3000));
+    assert_eq!(read("two"), "x".repeat(2000) + &note(2000));
+    assert_eq!(read("three"), note(0));
+}

@@ -6,12 +6,12 @@ mod host_common;
 
 use host_common::*;
 use std::time::Duration;
+use tart_double::run_flags::runs_of;
 use tartan_agent::config::MountConfig;
 use tartan_agent::host::{AttemptExecutor, cancel_pair, drive};
 use tartan_agent::machine::Config;
 use tartan_api::crd::MountRequest;
 use tartan_api::{AttemptState as S, Outcome, Reason};
-use tartan_tart::double::run_flags::runs_of;
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -115,4 +115,7 @@ async fn an_undeclared_mount_fails_the_build_before_anything_is_cloned() {
     );
     assert!(rig.vms().is_empty(), "nothing was cloned");
     assert!(runs_of(rig.home.path(), &a.vm).is_empty(), "tart run never ran");
+    // Its retirement (the VMDeleted condition's message) says there was no VM.
+    let retired = journal.records.lock().unwrap()[2].clone();
+    assert_eq!(retired.detail, "no VM was cloned for attempt 1: nothing to delete");
 }

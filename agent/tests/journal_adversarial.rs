@@ -32,6 +32,7 @@ fn record(detail: String) -> Record {
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
 }

@@ -28,6 +28,7 @@ fn record(from: Option<AttemptState>, to: AttemptState, reason: Reason, detail: 
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
 }

@@ -28,6 +28,7 @@ fn record(detail: &str) -> Record {
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
 }

@@ -1037,6 +1037,7 @@ async fn each_transition_becomes_an_event_on_the_macbuild() {
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     };
     events.transition(&record(

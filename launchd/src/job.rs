@@ -28,6 +28,10 @@ pub struct LaunchAgent {
     /// Minimum seconds between two spawns (launchd's default: 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttle_interval: Option<u32>,
+    /// Soft resource limits launchd sets before starting the job (setrlimit(2)); launchd's own
+    /// soft limit on open files is 256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_resource_limits: Option<ResourceLimits>,
     /// When unset (false), launchd kills every process left in the job's process group when the
     /// job dies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,6 +67,15 @@ pub struct KeepAliveConditions {
     /// `true`: restart after the job was killed by a crash signal (SIGSEGV, SIGILL, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crashed: Option<bool>,
+}
+
+/// `SoftResourceLimits` / `HardResourceLimits`: the limits Tartan sets (others keep launchd's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ResourceLimits {
+    /// `RLIMIT_NOFILE`: how many file descriptors the job may hold open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number_of_files: Option<u64>,
 }
 
 /// `ProcessType`: how much launchd throttles the job's CPU and I/O.
@@ -138,6 +151,7 @@ mod tests {
             process_type: None,
             exit_time_out: None,
             throttle_interval: None,
+            soft_resource_limits: None,
             abandon_process_group: None,
             limit_load_to_session_type: None,
             working_directory: None,
@@ -157,6 +171,7 @@ mod tests {
             "KeepAlive",
             "ProcessType",
             "ExitTimeOut",
+            "SoftResourceLimits",
             "AbandonProcessGroup",
             "EnvironmentVariables",
         ] {

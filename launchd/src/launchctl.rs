@@ -5,6 +5,7 @@
 //! only three top-level lines and reports anything it does not recognise as such.
 
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -54,23 +55,82 @@ pub trait Runner {
 #[derive(Debug, Clone)]
 pub struct ProcessRunner {
     program: PathBuf,
+    timeout: Duration,
 }
+
+/// How long one `launchctl` command may take before it is killed: launchd answers in
+/// milliseconds, and a `bootout` waits for the job's exit (its `ExitTimeOut`, 20 s by default).
+pub const LAUNCHCTL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of each of a command's stdout and stderr that is read.
+const OUTPUT_CAP: u64 = 1 << 20;
 
 impl ProcessRunner {
     pub fn new(program: impl Into<PathBuf>) -> Self {
         ProcessRunner {
             program: program.into(),
+            timeout: LAUNCHCTL_TIMEOUT,
         }
+    }
+
+    /// This runner with another time limit per command.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        ProcessRunner { timeout, ..self }
     }
 }
 
 impl Runner for ProcessRunner {
+    /// Runs the command in a process group of its own; one that has not exited within the time
+    /// limit is killed with its group and reported as `TimedOut`.
     fn run(&mut self, args: &[String]) -> std::io::Result<Output> {
-        let out = Command::new(&self.program).args(args).output()?;
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(&self.program)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut text = Vec::new();
+                if let Some(pipe) = pipe {
+                    // launchd's answers are a few KiB; more is read no further (the writer then
+                    // blocks, and the time limit ends it).
+                    let _ = pipe.take(OUTPUT_CAP).read_to_end(&mut text);
+                }
+                String::from_utf8_lossy(&text).into_owned()
+            })
+        };
+        let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+        let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+        let give_up = Instant::now() + self.timeout;
+        // The child leads its own group (process_group(0)): its group id is its pid.
+        let group = nix::unistd::Pid::from_raw(child.id() as i32);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                // What it left behind in its group would hold the output pipes open: it goes too.
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                break status;
+            }
+            if Instant::now() >= give_up {
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                let _ = child.wait();
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{} {} did not finish within {:?}; it was killed",
+                        self.program.display(),
+                        args.join(" "),
+                        self.timeout
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         Ok(Output {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: status.code(),
+            stdout: stdout.join().unwrap_or_default(),
+            stderr: stderr.join().unwrap_or_default(),
         })
     }
 
@@ -372,6 +432,42 @@ fn parse_last_exit(value: &str) -> Option<LastExit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by an adversary (round 4): the limit covered only the child's exit; a process it
+    /// left in its group holding stdout kept the read, and so `run`, waiting until it exited.
+    #[test]
+    fn a_child_that_exits_leaving_its_stdout_open_is_still_bounded_by_the_time_limit() {
+        let mut runner = ProcessRunner::new("/bin/sh").with_timeout(Duration::from_secs(1));
+        let started = Instant::now();
+        let out = runner.run(&["-c".to_string(), "sleep 15 & echo started".to_string()]);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "run took {took:?} with a 1 s limit (result {out:?})"
+        );
+        assert_eq!(out.unwrap().stdout, "started\n");
+    }
+
+    /// Found by an adversary: `launchctl` ran without a time limit, so one that never answered
+    /// hung `tartan-agent doctor` (and `service-status`) for good.
+    #[test]
+    fn a_command_that_never_finishes_is_killed_with_its_group_at_the_time_limit() {
+        let started = Instant::now();
+        let mut runner = ProcessRunner::new("/bin/sh").with_timeout(Duration::from_millis(300));
+        // A child of its own keeps the output pipe open: killed with the group, not waited for.
+        let err = runner
+            .run(&["-c".into(), "sleep 30 & exec sleep 30".into()])
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        let ok = runner
+            .run(&["-c".into(), "echo out; echo err >&2; exit 3".into()])
+            .unwrap();
+        assert_eq!(
+            (ok.code, ok.stdout.as_str(), ok.stderr.as_str()),
+            (Some(3), "out\n", "err\n")
+        );
+    }
 
     /// Shaped like `launchctl print gui/501/<label>` on macOS 14/15, abridged.
     const RUNNING: &str = "gui/501/dev.tartan.agent = {

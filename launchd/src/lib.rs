@@ -15,7 +15,7 @@ pub mod job;
 pub mod launchctl;
 pub mod tartan;
 
-pub use job::{KeepAlive, KeepAliveConditions, LaunchAgent, ProcessType};
+pub use job::{KeepAlive, KeepAliveConditions, LaunchAgent, ProcessType, ResourceLimits};
 pub use tartan::{AGENT_LABEL, Layout, WATCHDOG_LABEL};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! Tartan's two LaunchAgents, generated from where things live on the Mac (DESIGN.md, "launchd").
+//! Tartan's two LaunchAgents, generated from where things live on the Mac (docs/install-on-mac.md).
 //!
 //! Both run in the logged-in user's GUI domain (`gui/<uid>`), because tart needs it.
 
@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::Error;
-use crate::job::{KeepAlive, LaunchAgent, ProcessType};
+use crate::job::{KeepAlive, LaunchAgent, ProcessType, ResourceLimits};
 
 /// Label (and file stem) of the build agent: `tartan-agent run --config FILE`.
 pub const AGENT_LABEL: &str = "dev.tartan.agent";
@@ -22,6 +22,12 @@ pub const PATH: &str = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin
 pub const AGENT_EXIT_TIMEOUT_SECS: u32 = 60;
 /// The watchdog only has to finish one `tart delete`.
 pub const WATCHDOG_EXIT_TIMEOUT_SECS: u32 = 30;
+
+/// The soft limit on open files launchd sets for both jobs. launchd's default, 256, is what 300
+/// idle connections to the agent's `/metrics` once exhausted, and then a build failed writing its
+/// deadline file. The agent also raises its soft limit toward the hard one at start; this makes the
+/// floor hold even where that fails.
+pub const SOFT_NUMBER_OF_FILES: u64 = 8192;
 
 /// Where the binary, its config, its state and its logs live. Every path must be absolute.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +131,9 @@ fn common(label: &str, layout: &Layout, program_arguments: Vec<String>) -> Resul
         process_type: None,
         exit_time_out: None,
         throttle_interval: None,
+        soft_resource_limits: Some(ResourceLimits {
+            number_of_files: Some(SOFT_NUMBER_OF_FILES),
+        }),
         // AbandonProcessGroup stays unset (false) on purpose: when the job dies, launchd kills every
         // process still in its process group — the agent's `tart exec` children, and its `tart run`
         // children under `on_restart = "restart"`. Under "resume" `tart run` is started in its own
@@ -185,6 +194,10 @@ mod tests {
         assert_eq!(job.keep_alive, Some(KeepAlive::Always(true)));
         assert_eq!(job.process_type, Some(ProcessType::Interactive));
         assert_eq!(job.exit_time_out, Some(60));
+        assert_eq!(
+            job.soft_resource_limits.as_ref().and_then(|l| l.number_of_files),
+            Some(8192)
+        );
         assert_eq!(job.abandon_process_group, None);
         assert_eq!(job.limit_load_to_session_type.as_deref(), Some("Aqua"));
         assert!(
@@ -218,6 +231,10 @@ mod tests {
         assert!(job.run_at_load);
         assert_eq!(job.keep_alive, Some(KeepAlive::Always(true)));
         assert_eq!(job.process_type, Some(ProcessType::Background));
+        assert_eq!(
+            job.soft_resource_limits.as_ref().and_then(|l| l.number_of_files),
+            Some(8192)
+        );
         assert_eq!(job.abandon_process_group, None);
         assert_eq!(job.limit_load_to_session_type.as_deref(), Some("Aqua"));
         assert_eq!(

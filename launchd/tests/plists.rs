@@ -45,6 +45,7 @@ fn plists_round_trip_through_the_plist_crate() {
                 "ProcessType",
                 "ProgramArguments",
                 "RunAtLoad",
+                "SoftResourceLimits",
                 "StandardErrorPath",
                 "StandardOutPath",
             ],
@@ -53,6 +54,13 @@ fn plists_round_trip_through_the_plist_crate() {
         );
         assert_eq!(dict["KeepAlive"].as_boolean(), Some(true));
         assert_eq!(dict["RunAtLoad"].as_boolean(), Some(true));
+        let limits = dict["SoftResourceLimits"].as_dictionary().unwrap();
+        assert_eq!(
+            limits["NumberOfFiles"].as_signed_integer(),
+            Some(8192),
+            "{}: launchd's default of 256 open files is too few",
+            job.label
+        );
     }
 }
 
@@ -106,11 +114,13 @@ fn expected_json(job: &LaunchAgent) -> String {
     format!(
         "{{\"EnvironmentVariables\": {{\"PATH\": {path}}}, \"ExitTimeOut\": {exit}, \"KeepAlive\": true, \
          \"Label\": {label}, \"LimitLoadToSessionType\": \"Aqua\", \"ProcessType\": \"{process_type}\", \
-         \"ProgramArguments\": [{args}], \"RunAtLoad\": true, \"StandardErrorPath\": {err}, \
+         \"ProgramArguments\": [{args}], \"RunAtLoad\": true, \
+         \"SoftResourceLimits\": {{\"NumberOfFiles\": {files}}}, \"StandardErrorPath\": {err}, \
          \"StandardOutPath\": {out}}}",
         path = json_str(tartan::PATH),
         exit = job.exit_time_out.unwrap(),
         label = json_str(&job.label),
+        files = tartan::SOFT_NUMBER_OF_FILES,
         err = json_str(job.standard_error_path.as_deref().unwrap()),
         out = json_str(job.standard_out_path.as_deref().unwrap()),
     )

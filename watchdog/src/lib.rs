@@ -16,13 +16,12 @@
 //! `tartan-agent watchdog --state-dir DIR [--grace 60s] [--tart PATH]` runs [`run()`].
 
 pub mod deadline;
-pub mod duration;
 pub mod plan;
 pub mod reap;
 pub mod record;
 pub mod run;
 pub mod scan;
 
-pub use duration::{parse_duration, parse_std_duration};
 pub use record::{Action, Line, RECORD_FILE, read_lines};
 pub use run::{Config, DEFAULT_GRACE, Error, run, terminated};
+pub use tartan_api::duration::{parse_duration, parse_std_duration};

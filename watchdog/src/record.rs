@@ -34,6 +34,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, for counting them (`tartan_agent_watchdog_actions_total`).
+    pub const ALL: [Action; 5] = [
+        Action::Deleted,
+        Action::AlreadyAbsent,
+        Action::DeleteFailed,
+        Action::DeadlineFileRemoveFailed,
+        Action::BadDeadlineFile,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Deleted => "deleted",

@@ -351,23 +351,59 @@ pub async fn claim(
     holder: &str,
     attempt: u32,
 ) -> Result<ClaimOutcome, ClaimError> {
-    let build = build_of(mb);
     let ns = mb.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<MacBuild> = Api::namespaced(client.clone(), &ns);
-    let name = name(mb);
-    let err = |action: &'static str, detail: String| ClaimError {
-        action,
-        build: build.clone(),
-        detail,
+    let call = ClaimCall {
+        api: Api::namespaced(client.clone(), &ns),
+        api_timeout,
+        build: build_of(mb),
+        name: name(mb),
     };
-    let wanted = claim_for(mb, holder, attempt);
-    let lost = |reason: String| Ok(ClaimOutcome::Lost { reason });
-    // After a 409/422 on `write`: the MacBuild as it is now (`None`: deleted).
-    let reread = async |action: &'static str, write: &str, e: &CallError| {
-        timed(api_timeout, api.get_opt(&name))
+    let (current, wanted) = match write_claim(&call, mb, holder, attempt).await? {
+        ClaimWrite::Ours { current, wanted } => (current, wanted),
+        ClaimWrite::Lost(reason) => return Ok(ClaimOutcome::Lost { reason }),
+    };
+    add_finalizer(&call, *current, wanted).await
+}
+
+/// What the calls of one [`claim`] share: the API, its timeout, and the build's names.
+struct ClaimCall {
+    api: Api<MacBuild>,
+    api_timeout: Duration,
+    build: String,
+    name: String,
+}
+
+impl ClaimCall {
+    fn err(&self, action: &'static str, detail: String) -> ClaimError {
+        ClaimError {
+            action,
+            build: self.build.clone(),
+            detail,
+        }
+    }
+
+    /// After a 409/422 on `write`: the MacBuild as it is now (`None`: deleted).
+    async fn reread(&self, action: &'static str, write: &str, e: &CallError) -> Result<Option<MacBuild>, ClaimError> {
+        timed(self.api_timeout, self.api.get_opt(&self.name))
             .await
-            .map_err(|read| err(action, format!("{write} got {e}, and reading it again failed: {read}")))
-    };
+            .map_err(|read| self.err(action, format!("{write} got {e}, and reading it again failed: {read}")))
+    }
+}
+
+/// How step 1 of [`claim`] ended: our claim is on `current`, or the build is lost.
+enum ClaimWrite {
+    Ours { current: Box<MacBuild>, wanted: Claim },
+    Lost(String),
+}
+
+/// Step 1 of [`claim`]: write the claim (or confirm the one `mb` shows), resolving conflicts.
+async fn write_claim(call: &ClaimCall, mb: &MacBuild, holder: &str, attempt: u32) -> Result<ClaimWrite, ClaimError> {
+    let (api, api_timeout, build) = (&call.api, call.api_timeout, &call.build);
+    let name = call.name.clone();
+    let err = |action: &'static str, detail: String| call.err(action, detail);
+    let lost = |reason: String| Ok(ClaimWrite::Lost(reason));
+    let reread = async |action: &'static str, write: &str, e: &CallError| call.reread(action, write, e).await;
+    let wanted = claim_for(mb, holder, attempt);
 
     // Step 1: the claim, unless `mb` shows it already. A first claim whose test failed only
     // because something else wrote the build (a label, a status message) is made again on the
@@ -380,7 +416,7 @@ pub async fn claim(
     // then a wait for a slot or a pause), and showing our claim and finalizer it would win with no
     // write at all, though an operator may have handed the build on to another agent since.
     let mut fresh_read = false;
-    let mut current = loop {
+    let current = loop {
         if is_ours(&read, &wanted) && !fresh_read {
             let confirmed = timed(api_timeout, api.get_opt(&name)).await.map_err(|e| {
                 err(
@@ -471,6 +507,20 @@ pub async fn claim(
             Err(e) => return Err(err("claiming", e.to_string())),
         }
     };
+    Ok(ClaimWrite::Ours {
+        current: Box::new(current),
+        wanted,
+    })
+}
+
+/// Step 2 of [`claim`]: the finalizer and agent label on `current`, fenced on the
+/// resourceVersion and our claim `wanted`.
+async fn add_finalizer(call: &ClaimCall, mut current: MacBuild, wanted: Claim) -> Result<ClaimOutcome, ClaimError> {
+    let (api, api_timeout) = (&call.api, call.api_timeout);
+    let name = call.name.clone();
+    let err = |action: &'static str, detail: String| call.err(action, detail);
+    let lost = |reason: String| Ok(ClaimOutcome::Lost { reason });
+    let reread = async |action: &'static str, write: &str, e: &CallError| call.reread(action, write, e).await;
 
     // Step 2: finalizer and label, fenced on the resourceVersion and our claim.
     for _ in 0..3 {

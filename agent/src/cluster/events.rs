@@ -11,6 +11,7 @@
 //! e.g. the second attempt's `VMDeleted` line.
 
 use super::timed;
+use crate::host::disk::Pressure;
 use crate::record::{BuildRef, Record};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -50,6 +51,25 @@ pub fn event_for(record: &Record) -> Option<(ObjectReference, Event)> {
             secondary: None,
         },
     ))
+}
+
+/// The Event on a build this agent leaves waiting because its disk is below the floor
+/// (`[disk] min_free_gib`): a Warning `DiskPressure`, sent once per build and pressure.
+pub fn disk_pressure_event(build: &BuildRef, agent_id: &str, pressure: &Pressure) -> (ObjectReference, Event) {
+    let note = format!(
+        "agent {agent_id} claims no new build: {}; another agent may claim it, or this one once space is freed",
+        pressure.describe()
+    );
+    (
+        reference(build),
+        Event {
+            type_: EventType::Warning,
+            reason: "DiskPressure".into(),
+            note: Some(truncate(&note, 1024)),
+            action: "Waiting".into(),
+            secondary: None,
+        },
+    )
 }
 
 fn reference(build: &BuildRef) -> ObjectReference {
@@ -110,6 +130,13 @@ impl Events {
         Events { queue }
     }
 
+    /// Queues [`disk_pressure_event`] for `build`; never waits.
+    pub fn disk_pressure(&self, build: &BuildRef, agent_id: &str, pressure: &Pressure) {
+        if let Err(e) = self.queue.try_send(disk_pressure_event(build, agent_id, pressure)) {
+            tracing::warn!("DiskPressure event for MacBuild {build} dropped: {e}");
+        }
+    }
+
     /// Queues the event of `record`; never waits.
     pub fn transition(&self, record: &Record) {
         let Some(item) = event_for(record) else { return };
@@ -145,6 +172,7 @@ mod tests {
             deadline: None,
             max_attempts: None,
             step: None,
+            generation: None,
             status: None,
         }
     }
@@ -183,5 +211,28 @@ mod tests {
         r.build = None;
         assert!(event_for(&r).is_none());
         assert_eq!(truncate("héllo", 2), "h");
+    }
+
+    #[test]
+    fn a_build_left_waiting_for_disk_space_gets_a_warning_naming_the_agent_and_the_space() {
+        let build = record().build.unwrap();
+        let pressure = Pressure {
+            min_free: 20 << 30,
+            below: vec![(
+                crate::host::disk::Filesystem::TartHome,
+                "/Users/ci/.tart".into(),
+                5 << 30,
+            )],
+        };
+        let (r, e) = disk_pressure_event(&build, "mac-mini-07", &pressure);
+        assert_eq!((r.name.as_deref(), r.uid.as_deref()), (Some("b"), Some("uid-1")));
+        assert_eq!(
+            (e.type_, e.reason.as_str(), e.action.as_str()),
+            (EventType::Warning, "DiskPressure", "Waiting")
+        );
+        let note = e.note.unwrap();
+        for needle in ["mac-mini-07", "tart_home /Users/ci/.tart has 5.0 GiB free", "20.0 GiB"] {
+            assert!(note.contains(needle), "{needle:?} not in {note}");
+        }
     }
 }

@@ -19,9 +19,9 @@
 //! stopped because renewals fail** — an expired Lease proves nothing about the VM, and the
 //! controller handles an unreachable host on its side (HostUnreachable, timeout + grace).
 
-use super::placement::IMAGES_ANNOTATION;
 use super::{CallError, patch_params, timed};
 use crate::config::Config;
+use crate::host::disk::DISK_PRESSURE_ANNOTATION;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -109,7 +109,7 @@ impl LeaseState {
 
     /// When the agent stops claiming unless a renewal succeeds first.
     pub fn expires_at(&self) -> Option<Instant> {
-        self.last_renewed.map(|t| t + self.duration)
+        self.last_renewed.and_then(|t| t.checked_add(self.duration))
     }
 
     /// Whether the agent may claim new MacBuilds at `now` (and now on the wall clock): see
@@ -153,15 +153,29 @@ pub fn holder_of(lease: &Lease, agent_id: &str) -> Holder {
     }
 }
 
-/// The Lease to create when none exists; `images` is the value of
-/// [`IMAGES_ANNOTATION`](super::placement::IMAGES_ANNOTATION), once the host's images are listed.
-pub fn new_lease(cfg: &LeaseConfig, now: Timestamp, images: Option<&str>) -> Lease {
+/// What the agent publishes on its Lease besides the renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published<'a> {
+    /// Its images once listed, and what [`placement`](super::placement) reads from other agents'
+    /// Leases; each key replaces the Lease's value (others are left as they are).
+    pub annotations: &'a BTreeMap<String, String>,
+    /// The value of [`DISK_PRESSURE_ANNOTATION`] while the disk is below the floor; `None`
+    /// removes the annotation.
+    pub disk_pressure: Option<&'a str>,
+}
+
+/// The Lease to create when none exists, with the annotations of `published`.
+pub fn new_lease(cfg: &LeaseConfig, now: Timestamp, published: Published<'_>) -> Lease {
+    let mut annotations = published.annotations.clone();
+    if let Some(pressure) = published.disk_pressure {
+        annotations.insert(DISK_PRESSURE_ANNOTATION.to_string(), pressure.to_string());
+    }
     Lease {
         metadata: ObjectMeta {
             name: Some(cfg.name()),
             namespace: Some(cfg.namespace.clone()),
             labels: Some(BTreeMap::from([(AGENT_LABEL.to_string(), cfg.agent_id.clone())])),
-            annotations: images.map(|i| BTreeMap::from([(IMAGES_ANNOTATION.to_string(), i.to_string())])),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -176,14 +190,16 @@ pub fn new_lease(cfg: &LeaseConfig, now: Timestamp, images: Option<&str>) -> Lea
 }
 
 /// The renewal: a merge patch fenced by `resource_version` (stale → 409). `taking_over` (the Lease
-/// had no holder) also sets `acquireTime` and counts a transition. `images`, once listed, replaces
-/// the [`IMAGES_ANNOTATION`](super::placement::IMAGES_ANNOTATION), so it is as fresh as the renewal.
+/// had no holder) also sets `acquireTime` and counts a transition. Each of `published`'s
+/// annotations replaces the Lease's value of that key (others are left as they are), so they are as
+/// fresh as the renewal; [`DISK_PRESSURE_ANNOTATION`] is set while the disk is below the floor and
+/// removed (`null`) otherwise.
 pub fn renew_patch(
     cfg: &LeaseConfig,
     resource_version: &str,
     now: Timestamp,
     taking_over: Option<&Lease>,
-    images: Option<&str>,
+    published: Published<'_>,
 ) -> serde_json::Value {
     let mut spec = json!({
         "holderIdentity": cfg.agent_id,
@@ -202,9 +218,8 @@ pub fn renew_patch(
         },
         "spec": spec,
     });
-    if let Some(images) = images {
-        patch["metadata"]["annotations"] = json!({IMAGES_ANNOTATION: images});
-    }
+    patch["metadata"]["annotations"] = json!(published.annotations);
+    patch["metadata"]["annotations"][DISK_PRESSURE_ANNOTATION] = json!(published.disk_pressure);
     patch
 }
 
@@ -224,19 +239,21 @@ pub struct LeaseKeeper {
 impl LeaseKeeper {
     /// Starts creating/renewing the Lease on the current tokio runtime.
     pub fn spawn(client: kube::Client, cfg: LeaseConfig) -> LeaseKeeper {
-        let (_, images) = watch::channel(None);
-        LeaseKeeper::spawn_publishing(client, cfg, images)
+        let (_, annotations) = watch::channel(BTreeMap::new());
+        let (_, disk_pressure) = watch::channel(None);
+        LeaseKeeper::spawn_publishing(client, cfg, annotations, disk_pressure)
     }
 
-    /// [`LeaseKeeper::spawn`], publishing the latest value of `images` (the annotation's value;
-    /// `None` until the host's images are listed) with every renewal.
+    /// [`LeaseKeeper::spawn`], publishing with every renewal the latest value of `annotations`
+    /// and of `disk_pressure` (`None` while the disk is above the floor).
     pub fn spawn_publishing(
         client: kube::Client,
         cfg: LeaseConfig,
-        images: watch::Receiver<Option<String>>,
+        annotations: watch::Receiver<BTreeMap<String, String>>,
+        disk_pressure: watch::Receiver<Option<String>>,
     ) -> LeaseKeeper {
         let (tx, state) = watch::channel(LeaseState::new(cfg.duration));
-        let task = tokio::spawn(run(client, cfg, tx, images));
+        let task = tokio::spawn(run(client, cfg, tx, annotations, disk_pressure));
         LeaseKeeper { state, task }
     }
 
@@ -260,7 +277,8 @@ async fn run(
     client: kube::Client,
     cfg: LeaseConfig,
     tx: watch::Sender<LeaseState>,
-    images: watch::Receiver<Option<String>>,
+    annotations: watch::Receiver<BTreeMap<String, String>>,
+    disk_pressure: watch::Receiver<Option<String>>,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let where_ = format!("Lease {}/{}", cfg.namespace, cfg.name());
@@ -269,12 +287,13 @@ async fn run(
         let started = Instant::now();
         let started_wall = Timestamp::now();
         // The whole round (at most a few requests) fits in one period.
-        let published = images.borrow().clone();
-        let round = tokio::time::timeout(
-            cfg.renew_every,
-            round(&api, &cfg, &mut known, &tx, published.as_deref()),
-        )
-        .await;
+        let annotations = annotations.borrow().clone();
+        let disk_pressure = disk_pressure.borrow().clone();
+        let published = Published {
+            annotations: &annotations,
+            disk_pressure: disk_pressure.as_deref(),
+        };
+        let round = tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &mut known, &tx, published)).await;
         match round {
             Ok(Ok(())) => {
                 let was_failing = tx.borrow().last_error.is_some() || tx.borrow().held_by_other.is_some();
@@ -336,7 +355,7 @@ async fn round(
     cfg: &LeaseConfig,
     known: &mut Option<Lease>,
     tx: &watch::Sender<LeaseState>,
-    images: Option<&str>,
+    published: Published<'_>,
 ) -> Result<(), RoundError> {
     let name = cfg.name();
     let failed = |what: &str, e: CallError| RoundError::Failed(format!("{what}: {e}"));
@@ -348,7 +367,7 @@ async fn round(
                 Ok(None) => {
                     match timed(
                         cfg.api_timeout,
-                        api.create(&PostParams::default(), &new_lease(cfg, Timestamp::now(), images)),
+                        api.create(&PostParams::default(), &new_lease(cfg, Timestamp::now(), published)),
                     )
                     .await
                     {
@@ -374,7 +393,7 @@ async fn round(
                 "the API returned the Lease without a resourceVersion".into(),
             ));
         };
-        let patch = renew_patch(cfg, rv, Timestamp::now(), taking_over, images);
+        let patch = renew_patch(cfg, rv, Timestamp::now(), taking_over, published);
         match timed(
             cfg.api_timeout,
             api.patch(&name, &patch_params(), &Patch::Merge(&patch)),
@@ -403,6 +422,18 @@ async fn round(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::placement::IMAGES_ANNOTATION;
+
+    fn images(value: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([(IMAGES_ANNOTATION.to_string(), value.to_string())])
+    }
+
+    fn publish(annotations: &BTreeMap<String, String>) -> Published<'_> {
+        Published {
+            annotations,
+            disk_pressure: None,
+        }
+    }
 
     fn cfg() -> LeaseConfig {
         LeaseConfig {
@@ -418,13 +449,26 @@ mod tests {
     fn name_and_new_lease_follow_the_controllers_convention() {
         assert_eq!(lease_name("mac-mini-07"), "tartan-agent-mac-mini-07");
         let now: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
-        let lease = new_lease(&cfg(), now, None);
+        let none = BTreeMap::new();
+        let lease = new_lease(&cfg(), now, publish(&none));
         assert_eq!(lease.metadata.name.as_deref(), Some("tartan-agent-mac-mini-07"));
         assert_eq!(lease.metadata.annotations, None);
-        let listed = new_lease(&cfg(), now, Some(r#"["ghcr.io/x/y:16"]"#));
+        let listed = new_lease(&cfg(), now, publish(&images(r#"["ghcr.io/x/y:16"]"#)));
+        assert_eq!(listed.metadata.annotations.unwrap(), images(r#"["ghcr.io/x/y:16"]"#));
+        let pressed = new_lease(
+            &cfg(),
+            now,
+            Published {
+                annotations: &none,
+                disk_pressure: Some(r#"{"minFreeBytes":1}"#),
+            },
+        );
         assert_eq!(
-            listed.metadata.annotations.unwrap()[IMAGES_ANNOTATION],
-            r#"["ghcr.io/x/y:16"]"#
+            pressed.metadata.annotations.unwrap(),
+            BTreeMap::from([(
+                DISK_PRESSURE_ANNOTATION.to_string(),
+                r#"{"minFreeBytes":1}"#.to_string()
+            )])
         );
         assert_eq!(lease.metadata.labels.as_ref().unwrap()[AGENT_LABEL], "mac-mini-07");
         let spec = lease.spec.unwrap();
@@ -437,13 +481,28 @@ mod tests {
     #[test]
     fn renew_patch_carries_the_resource_version_and_micro_time() {
         let now: Timestamp = "2026-10-05T02:54:20.123456Z".parse().unwrap();
-        let p = renew_patch(&cfg(), "4711", now, None, None);
-        assert!(
-            p["metadata"].get("annotations").is_none(),
-            "not listed yet: the annotation is left as it is"
+        let none = BTreeMap::new();
+        let p = renew_patch(&cfg(), "4711", now, None, publish(&none));
+        assert_eq!(
+            p["metadata"]["annotations"],
+            json!({DISK_PRESSURE_ANNOTATION: null}),
+            "images not listed yet: left as they are; no disk pressure: the annotation is removed"
         );
-        let with = renew_patch(&cfg(), "4711", now, None, Some("[]"));
-        assert_eq!(with["metadata"]["annotations"][IMAGES_ANNOTATION], "[]");
+        let listed = images("[]");
+        let with = renew_patch(
+            &cfg(),
+            "4711",
+            now,
+            None,
+            Published {
+                annotations: &listed,
+                disk_pressure: Some("{}"),
+            },
+        );
+        assert_eq!(
+            with["metadata"]["annotations"],
+            json!({IMAGES_ANNOTATION: "[]", DISK_PRESSURE_ANNOTATION: "{}"})
+        );
         assert_eq!(p["metadata"]["resourceVersion"], "4711");
         assert_eq!(p["metadata"]["labels"][AGENT_LABEL], "mac-mini-07");
         assert_eq!(p["spec"]["holderIdentity"], "mac-mini-07");
@@ -451,18 +510,18 @@ mod tests {
         assert_eq!(p["spec"]["renewTime"], "2026-10-05T02:54:20.123456Z");
         assert!(p["spec"].get("acquireTime").is_none());
 
-        let mut released = new_lease(&cfg(), now, None);
+        let mut released = new_lease(&cfg(), now, publish(&none));
         let spec = released.spec.as_mut().unwrap();
         spec.holder_identity = None;
         spec.lease_transitions = Some(3);
-        let p = renew_patch(&cfg(), "4712", now, Some(&released), None);
+        let p = renew_patch(&cfg(), "4712", now, Some(&released), publish(&none));
         assert_eq!(p["spec"]["acquireTime"], "2026-10-05T02:54:20.123456Z");
         assert_eq!(p["spec"]["leaseTransitions"], 4);
     }
 
     #[test]
     fn holder_is_us_nobody_or_someone_else() {
-        let mut lease = new_lease(&cfg(), Timestamp::UNIX_EPOCH, None);
+        let mut lease = new_lease(&cfg(), Timestamp::UNIX_EPOCH, publish(&BTreeMap::new()));
         assert_eq!(holder_of(&lease, "mac-mini-07"), Holder::Us);
         assert_eq!(holder_of(&lease, "other"), Holder::Other("mac-mini-07".into()));
         lease.spec.as_mut().unwrap().holder_identity = Some(String::new());

@@ -17,8 +17,8 @@
 //! (10 ms at 50 agents and 500 ms: ten losers per build when the watch lags 100 ms). With
 //! `spread × ln(S·u) / ln S` (u the score in [0, 1), S = [`SPACED_FOR`], 0 below u = 1/S) the
 //! i-th and (i+1)-th claimants lie `spread × ln((i+1)/i) / ln S` apart whatever k is: the first
-//! two 62 ms at 500 ms, at 2 free agents as at 200. The price: a lone free agent waits
-//! 0.8 × spread on average instead of half.
+//! two 62 ms at 500 ms, at 2 free agents as at 200. The price: an agent with one free rival waits
+//! 0.8 × spread on average instead of half (with none it does not wait: below).
 //!
 //! # Claim where the image already is
 //!
@@ -28,9 +28,27 @@
 //! is never stranded. What the host holds comes from `tart list` (OCI cache entries, and local VMs
 //! that are not build VMs); the agent also publishes it, bounded, as the annotation
 //! [`IMAGES_ANNOTATION`] on its Lease.
+//!
+//! # No wait when nobody else could take the build
+//!
+//! Both waits only pay off against another agent that could take the build. Each agent publishes
+//! on its Lease, besides its images, its host labels ([`HOST_LABELS_ANNOTATION`]), the namespaces
+//! it serves ([`NAMESPACES_ANNOTATION`]) and its free slots ([`FREE_SLOTS_ANNOTATION`], as of its
+//! last renewal), and watches the others' Leases. [`claim_wait`] keeps the spread only while
+//! another live agent eligible for the build (its selector and namespace match) with a slot free
+//! competes in the same window, and the uncached delay only while an eligible agent, free or busy,
+//! holds the image: a lone Mac, or one whose peers are expired, excluded, or busy without the
+//! image, claims at once. What a Lease does not say (an older agent, an annotation too large)
+//! counts as "could take it", and before the first list of the Leases, or after the watch failed,
+//! every wait is as above. So it is in a fleet of more than [`MAX_WATCHED_PEERS`] other live
+//! agents: every renewal is an event for every agent watching, and there some other agent almost
+//! always could take the build; such an agent lists the Leases again every minute.
 
-use std::collections::BTreeSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+use tartan_api::MacBuild;
 use tartan_tart::types::VmListEntry;
 
 /// The Lease annotation listing the images this host holds (a JSON array of strings).
@@ -40,6 +58,16 @@ pub const IMAGES_ANNOTATION: &str = "tartan.dev/images";
 pub const MAX_PUBLISHED_IMAGES: usize = 32;
 /// …in at most this many bytes of annotation value.
 pub const MAX_PUBLISHED_BYTES: usize = 4096;
+
+/// The Lease annotation with this host's labels (`host_labels`; a JSON object of strings).
+pub const HOST_LABELS_ANNOTATION: &str = "tartan.dev/host-labels";
+/// The Lease annotation with the namespaces this agent serves (a JSON array; empty: all).
+pub const NAMESPACES_ANNOTATION: &str = "tartan.dev/namespaces";
+/// The Lease annotation with this agent's free slots at its last renewal (a decimal number).
+pub const FREE_SLOTS_ANNOTATION: &str = "tartan.dev/free-slots";
+/// The Lease annotation with the images this agent has a ready warm VM of (a JSON array; absent:
+/// none, as for an agent without a pool).
+pub const WARM_ANNOTATION: &str = "tartan.dev/warm-images";
 
 /// The two waits before a first claim (config `timing.claim_spread` and
 /// `timing.uncached_claim_delay`).
@@ -85,6 +113,222 @@ pub fn claim_delay(uid: &str, agent: &str, holds_image: bool, timing: &ClaimTimi
     } else {
         ranked.saturating_add(timing.uncached)
     }
+}
+
+/// What another agent's Lease says about it. `None` fields: not published (an older agent, a
+/// value over [`MAX_PUBLISHED_BYTES`] or unreadable), which [`claim_wait`] reads as "could".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// `spec.holderIdentity`: the agent id.
+    pub agent: String,
+    /// `spec.renewTime` (else `acquireTime`).
+    pub renewed: Option<Timestamp>,
+    /// `spec.leaseDurationSeconds`.
+    pub duration: Option<Duration>,
+    pub images: Option<BTreeSet<String>>,
+    pub host_labels: Option<BTreeMap<String, String>>,
+    /// Empty: every namespace.
+    pub namespaces: Option<Vec<String>>,
+    pub free_slots: Option<u32>,
+    /// Images it has a ready warm VM of (`None`: none published).
+    pub warm: Option<BTreeSet<String>>,
+}
+
+/// The published annotation `key` of `lease`, parsed; `None` when absent, over
+/// [`MAX_PUBLISHED_BYTES`] (another agent's value is read only that far) or not of type `T`.
+fn annotation<T: serde::de::DeserializeOwned>(lease: &Lease, key: &str) -> Option<T> {
+    let value = lease.metadata.annotations.as_ref()?.get(key)?;
+    if value.len() > MAX_PUBLISHED_BYTES {
+        return None;
+    }
+    serde_json::from_str(value).ok()
+}
+
+/// What `lease` says about its agent; `None` for a Lease nobody holds.
+pub fn peer_of(lease: &Lease) -> Option<Peer> {
+    let spec = lease.spec.as_ref()?;
+    let agent = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    Some(Peer {
+        agent,
+        renewed: spec.renew_time.as_ref().or(spec.acquire_time.as_ref()).map(|t| t.0),
+        duration: spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs),
+        images: annotation::<Vec<String>>(lease, IMAGES_ANNOTATION).map(|v| v.into_iter().collect()),
+        host_labels: annotation(lease, HOST_LABELS_ANNOTATION),
+        namespaces: annotation(lease, NAMESPACES_ANNOTATION),
+        free_slots: annotation(lease, FREE_SLOTS_ANNOTATION),
+        warm: annotation::<Vec<String>>(lease, WARM_ANNOTATION).map(|v| v.into_iter().collect()),
+    })
+}
+
+impl Peer {
+    /// Whether its Lease is live at `now` (renewed less than its duration ago; a Lease without
+    /// a duration counts 20 s, the agent's default).
+    pub fn live_at(&self, now: Timestamp) -> bool {
+        let duration = self.duration.unwrap_or(Duration::from_secs(20));
+        self.renewed.is_some_and(|at| {
+            k8s_openapi::jiff::SignedDuration::try_from(duration)
+                .ok()
+                .and_then(|d| at.checked_add(d).ok())
+                .is_none_or(|end| now < end)
+        })
+    }
+
+    /// Whether it may ever claim `mb`, by what its Lease says: live, serving the namespace,
+    /// matching `spec.hostSelector`. Unpublished facts count as matching.
+    pub fn eligible_for(&self, mb: &MacBuild, now: Timestamp) -> bool {
+        let ns = mb.metadata.namespace.as_deref().unwrap_or_default();
+        let serves = self
+            .namespaces
+            .as_ref()
+            .is_none_or(|served| served.is_empty() || served.iter().any(|n| n == ns));
+        let selected = self
+            .host_labels
+            .as_ref()
+            .is_none_or(|labels| mb.spec.host_selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        self.live_at(now) && serves && selected
+    }
+
+    /// Whether a slot was free at its last renewal (not published: may be).
+    pub fn free(&self) -> bool {
+        self.free_slots != Some(0)
+    }
+
+    /// Whether it may hold `image` (an unpublished list: may; a warm VM of it: does).
+    pub fn may_hold(&self, image: &str) -> bool {
+        holds_image(image, self.images.as_ref()) || self.warm_for(image)
+    }
+
+    /// Whether it published a ready warm VM of `image` (an unpublished list: none).
+    pub fn warm_for(&self, image: &str) -> bool {
+        self.warm
+            .as_ref()
+            .is_some_and(|warm| warm.contains(&normalize_image(image)))
+    }
+}
+
+/// What this host has of a build's image, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// A ready warm VM of it: the build starts without clone or boot.
+    Warm,
+    /// The image in tart's cache: a clone, no pull.
+    Cached,
+    /// Neither: the image must be pulled first.
+    Uncached,
+}
+
+/// Above this many other live agents an agent stops watching the Leases (every renewal is an
+/// event for every agent: N² events) and claims as if every other agent could take each build:
+/// in such a fleet one almost always can.
+pub const MAX_WATCHED_PEERS: usize = 8;
+
+/// Whether `peers` (the Leases of the Lease namespace) hold more than [`MAX_WATCHED_PEERS`] live
+/// agents besides `me`, judged at [`liveness_reference`] of them and `wall`.
+pub fn too_many_peers(peers: &[Peer], me: &str, wall: Timestamp) -> bool {
+    let at = liveness_reference(peers, wall);
+    peers.iter().filter(|p| p.agent != me && p.live_at(at)).count() > MAX_WATCHED_PEERS
+}
+
+/// The moment the Leases in `peers` (this agent's own included) are judged live at: the newest
+/// renewal among them, but never after `wall` (a peer whose clock runs ahead). The watch that
+/// delivers them may lag (an API server under load, a slow Mac): judged against the wall clock,
+/// every peer would look expired after the Lease duration of lag and every agent would claim at
+/// once. The agent's own renewals come through the same watch, so the newest renewal lags alike
+/// and a peer counts as expired only when it fell behind the others.
+pub fn liveness_reference(peers: &[Peer], wall: Timestamp) -> Timestamp {
+    peers
+        .iter()
+        .filter_map(|p| p.renewed)
+        .max()
+        .map_or(wall, |newest| newest.min(wall))
+}
+
+/// How long agent `me` (holding the image or not: `holds`) waits before its first claim on `mb`,
+/// given the agents' Leases (`peers`, its own may be among them; `None`: not known, then
+/// [`claim_delay`] as before), judged live at `now` ([`liveness_reference`]).
+///
+/// Only other agents eligible for `mb` ([`Peer::eligible_for`]) count. The uncached delay is added
+/// only when one of them may hold the image, free or busy: a busy holder is still waited for, as a
+/// pull takes minutes and its slot may free within the delay (with only free holders counted, the
+/// image-aware fleet bench put 6 % of its builds on agents without the image). The rendezvous
+/// spread applies only when an eligible agent with a free slot competes in this agent's window:
+/// any when this agent lacks the image, one that may hold it when this agent holds it (the others
+/// wait the uncached delay on top of their spread). Otherwise the wait is zero.
+pub fn claim_wait(
+    mb: &MacBuild,
+    me: &str,
+    holds: bool,
+    peers: Option<&[Peer]>,
+    now: Timestamp,
+    timing: &ClaimTiming,
+) -> Duration {
+    let holding = if holds { Holding::Cached } else { Holding::Uncached };
+    claim_wait_holding(mb, me, holding, peers, now, timing)
+}
+
+/// [`claim_wait`] with the warm pool: a host with a ready warm VM of the image claims at once
+/// (its start takes no clone and no boot); a host that holds the image cached waits at least the
+/// whole spread while an eligible peer published a warm VM of it, so the warm one wins; the rest
+/// is as [`claim_wait`]. No wait grows past today's bounds (`spread`, `spread + uncached`): should
+/// the warm peer not claim, the build is claimed as before.
+pub fn claim_wait_holding(
+    mb: &MacBuild,
+    me: &str,
+    holding: Holding,
+    peers: Option<&[Peer]>,
+    now: Timestamp,
+    timing: &ClaimTiming,
+) -> Duration {
+    if holding == Holding::Warm {
+        return Duration::ZERO;
+    }
+    let holds = holding == Holding::Cached;
+    let uid = mb.metadata.uid.as_deref().unwrap_or_default();
+    let Some(peers) = peers else {
+        return claim_delay(uid, me, holds, timing);
+    };
+    let image = &mb.spec.image;
+    let eligible: Vec<&Peer> = peers
+        .iter()
+        .filter(|p| p.agent != me && p.eligible_for(mb, now))
+        .collect();
+    let contested = eligible.iter().any(|p| p.free() && (!holds || p.may_hold(image)));
+    let ranked = if holds && eligible.iter().any(|p| p.warm_for(image)) {
+        timing.spread
+    } else if contested {
+        claim_delay(uid, me, true, timing)
+    } else {
+        Duration::ZERO
+    };
+    if !holds && eligible.iter().any(|p| p.may_hold(image)) {
+        ranked.saturating_add(timing.uncached)
+    } else {
+        ranked
+    }
+}
+
+/// The annotations this agent publishes on its Lease besides its images: host labels and
+/// namespaces (each left out when over [`MAX_PUBLISHED_BYTES`]: then read as "any") and the free
+/// slots.
+pub fn published_facts(
+    host_labels: &BTreeMap<String, String>,
+    namespaces: &[String],
+    free_slots: u32,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let labels = serde_json::to_string(host_labels).unwrap_or_default();
+    if !labels.is_empty() && labels.len() <= MAX_PUBLISHED_BYTES {
+        out.insert(HOST_LABELS_ANNOTATION.to_string(), labels);
+    }
+    let namespaces = serde_json::to_string(namespaces).unwrap_or_default();
+    if !namespaces.is_empty() && namespaces.len() <= MAX_PUBLISHED_BYTES {
+        out.insert(NAMESPACES_ANNOTATION.to_string(), namespaces);
+    }
+    out.insert(FREE_SLOTS_ANNOTATION.to_string(), free_slots.to_string());
+    out
 }
 
 /// `image` as `tart list` names it: a registry reference without tag or digest means `:latest`
@@ -288,6 +532,227 @@ mod tests {
         }
     }
 
+    const IMG: &str = "ghcr.io/x/y:16";
+
+    fn build(uid: &str, selector: &[(&str, &str)]) -> MacBuild {
+        let mut mb = MacBuild::new(
+            "b",
+            tartan_api::MacBuildSpec {
+                host_selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                ..tartan_api::MacBuildSpec::new(IMG, vec![tartan_api::Step::new("s", vec!["true".into()])])
+            },
+        );
+        mb.metadata.namespace = Some("ci".into());
+        mb.metadata.uid = Some(uid.into());
+        mb
+    }
+
+    fn now() -> Timestamp {
+        "2026-10-05T03:00:00Z".parse().unwrap()
+    }
+
+    /// A current agent's Lease, renewed 2 s ago with 20 s, free, serving every namespace,
+    /// `xcode=16`, holding `IMG` or not.
+    fn peer(agent: &str, holds: bool) -> Peer {
+        Peer {
+            agent: agent.into(),
+            renewed: Some(now() - k8s_openapi::jiff::SignedDuration::from_secs(2)),
+            duration: Some(Duration::from_secs(20)),
+            images: Some(if holds {
+                [IMG.to_string()].into()
+            } else {
+                BTreeSet::new()
+            }),
+            host_labels: Some([("xcode".to_string(), "16".to_string())].into()),
+            namespaces: Some(vec![]),
+            free_slots: Some(2),
+            warm: None,
+        }
+    }
+
+    fn with(mut p: Peer, f: impl FnOnce(&mut Peer)) -> Peer {
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn a_claim_waits_only_for_another_agent_that_could_take_the_build_now() {
+        let t = timing(500, 5000);
+        let uid = "0b6e0001-7d1c-4d3e-9a7b-000000000001";
+        let mb = build(uid, &[("xcode", "16")]);
+        let spread = claim_delay(uid, "me", true, &t);
+        assert!(spread > Duration::ZERO, "the table needs a non-zero rank: {spread:?}");
+        let uncached = spread + t.uncached;
+        let expired = |p| {
+            with(p, |p| {
+                p.renewed = Some(now() - k8s_openapi::jiff::SignedDuration::from_secs(20))
+            })
+        };
+        let full = |p| with(p, |p| p.free_slots = Some(0));
+        let excluded = |p| {
+            with(p, |p| {
+                p.host_labels = Some([("xcode".to_string(), "15".to_string())].into())
+            })
+        };
+        let elsewhere = |p| with(p, |p| p.namespaces = Some(vec!["other".into()]));
+        let older = |p: Peer| Peer {
+            agent: p.agent,
+            renewed: p.renewed,
+            duration: p.duration,
+            ..Peer::default()
+        };
+        let many =
+            |holders: usize| -> Vec<Peer> { (0..49).map(|i| peer(&format!("mac-{i:02}"), i < holders)).collect() };
+        #[rustfmt::skip]
+        let table: Vec<(&str, Vec<Peer>, Duration, Duration)> = vec![
+            // (case, other agents' Leases, wait holding the image, wait without it)
+            ("alone", vec![], Duration::ZERO, Duration::ZERO),
+            ("only its own Lease", vec![peer("me", true)], Duration::ZERO, Duration::ZERO),
+            ("the other holds it but is full: waited for, without a spread", vec![full(peer("b", true))], Duration::ZERO, t.uncached),
+            ("the other is full without it", vec![full(peer("b", false))], Duration::ZERO, Duration::ZERO),
+            ("the other holds it but expired", vec![expired(peer("b", true))], Duration::ZERO, Duration::ZERO),
+            ("the other holds it but its labels do not match", vec![excluded(peer("b", true))], Duration::ZERO, Duration::ZERO),
+            ("the other holds it but serves other namespaces", vec![elsewhere(peer("b", true))], Duration::ZERO, Duration::ZERO),
+            ("the other is free and holds it", vec![peer("b", true)], spread, uncached),
+            ("the other is free without it", vec![peer("b", false)], Duration::ZERO, spread),
+            ("an older agent publishing nothing: may take it", vec![older(peer("b", false))], spread, uncached),
+            ("49 others, 3 holding it", many(3), spread, uncached),
+            ("49 others, none holding it", many(0), Duration::ZERO, spread),
+            ("49 others, the 3 holding it full", {
+                let mut v = many(3);
+                for p in &mut v[..3] { p.free_slots = Some(0); }
+                v
+            }, Duration::ZERO, uncached),
+            ("49 others, all full or expired", many(49).into_iter().enumerate()
+                .map(|(i, p)| if i % 2 == 0 { full(p) } else { expired(p) }).collect(), Duration::ZERO, t.uncached),
+            ("49 others without it, all full or expired", many(0).into_iter().enumerate()
+                .map(|(i, p)| if i % 2 == 0 { full(p) } else { expired(p) }).collect(), Duration::ZERO, Duration::ZERO),
+        ];
+        for (case, peers, cached_wait, uncached_wait) in table {
+            assert_eq!(
+                claim_wait(&mb, "me", true, Some(&peers), now(), &t),
+                cached_wait,
+                "{case}, holding the image"
+            );
+            assert_eq!(
+                claim_wait(&mb, "me", false, Some(&peers), now(), &t),
+                uncached_wait,
+                "{case}, without the image"
+            );
+        }
+        // Before the Leases are listed (or while their watch fails): the waits as before.
+        for holds in [true, false] {
+            assert_eq!(
+                claim_wait(&mb, "me", holds, None, now(), &t),
+                claim_delay(uid, "me", holds, &t)
+            );
+        }
+        // A build without a selector excludes nobody by labels.
+        let open = build(uid, &[]);
+        assert_eq!(
+            claim_wait(&open, "me", false, Some(&[excluded(peer("b", true))]), now(), &t),
+            uncached
+        );
+    }
+
+    #[test]
+    fn leases_are_judged_live_against_the_newest_renewal_the_watch_delivered() {
+        let t = timing(500, 5000);
+        let uid = "0b6e0001-7d1c-4d3e-9a7b-000000000001";
+        let mb = build(uid, &[("xcode", "16")]);
+        let secs = k8s_openapi::jiff::SignedDuration::from_secs;
+        let at = |p: Peer, ago: i64| with(p, |p| p.renewed = Some(now() - secs(ago)));
+        // The watch lags 30 s: this agent's own Lease and a free holder's were renewed 30-31 s
+        // before the wall clock says. Judged at the wall clock both look expired (claim at once,
+        // with every other agent); judged at the newest renewal the holder is live.
+        let lagging = [at(peer("me", false), 30), at(peer("b", true), 31)];
+        let reference = liveness_reference(&lagging, now());
+        assert_eq!(reference, now() - secs(30));
+        assert_eq!(
+            claim_wait(&mb, "me", false, Some(&lagging), reference, &t),
+            claim_delay(uid, "me", true, &t) + t.uncached
+        );
+        assert_eq!(claim_wait(&mb, "me", false, Some(&lagging), now(), &t), Duration::ZERO);
+        // A peer that fell behind the others by its duration is expired.
+        let dead = [at(peer("me", false), 30), at(peer("b", true), 50)];
+        let reference = liveness_reference(&dead, now());
+        assert_eq!(claim_wait(&mb, "me", false, Some(&dead), reference, &t), Duration::ZERO);
+        // A peer whose clock runs ahead does not move the reference past the wall clock.
+        assert_eq!(liveness_reference(&[at(peer("b", true), -60)], now()), now());
+        assert_eq!(liveness_reference(&[], now()), now());
+    }
+
+    #[test]
+    fn past_the_watched_fleet_size_the_leases_are_not_watched() {
+        let secs = k8s_openapi::jiff::SignedDuration::from_secs;
+        let fleet = |live: usize, dead: usize| -> Vec<Peer> {
+            let mut v = vec![peer("me", true)];
+            v.extend((0..live).map(|i| peer(&format!("live-{i}"), true)));
+            v.extend((0..dead).map(|i| with(peer(&format!("dead-{i}"), true), |p| p.renewed = Some(now() - secs(60)))));
+            v
+        };
+        assert!(!too_many_peers(&fleet(0, 0), "me", now()));
+        assert!(
+            !too_many_peers(&fleet(MAX_WATCHED_PEERS, 40), "me", now()),
+            "expired Leases do not count"
+        );
+        assert!(too_many_peers(&fleet(MAX_WATCHED_PEERS + 1, 0), "me", now()));
+    }
+
+    #[test]
+    fn what_an_agent_publishes_reads_back_from_its_lease() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let labels: BTreeMap<String, String> = [("xcode".to_string(), "16".to_string())].into();
+        let mut annotations = published_facts(&labels, &["ci".to_string()], 1);
+        annotations.insert(IMAGES_ANNOTATION.into(), published(&[IMG.to_string()]));
+        let mut lease = Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("mac-b".into()),
+                renew_time: Some(MicroTime(now())),
+                lease_duration_seconds: Some(20),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(
+            peer_of(&lease),
+            Some(Peer {
+                agent: "mac-b".into(),
+                renewed: Some(now()),
+                duration: Some(Duration::from_secs(20)),
+                images: Some([IMG.to_string()].into()),
+                host_labels: Some(labels.clone()),
+                namespaces: Some(vec!["ci".into()]),
+                free_slots: Some(1),
+                warm: None,
+            })
+        );
+        let p = peer_of(&lease).unwrap();
+        assert!(p.live_at(now() + k8s_openapi::jiff::SignedDuration::from_secs(19)));
+        assert!(!p.live_at(now() + k8s_openapi::jiff::SignedDuration::from_secs(20)));
+        // Unreadable or oversized values are not published facts; a Lease nobody holds is no agent.
+        let a = lease.metadata.annotations.as_mut().unwrap();
+        a.insert(FREE_SLOTS_ANNOTATION.into(), "many".into());
+        a.insert(
+            HOST_LABELS_ANNOTATION.into(),
+            format!(r#"{{"k":"{}"}}"#, "v".repeat(MAX_PUBLISHED_BYTES)),
+        );
+        let p = peer_of(&lease).unwrap();
+        assert_eq!((p.free_slots, p.host_labels), (None, None));
+        lease.spec.as_mut().unwrap().holder_identity = None;
+        assert_eq!(peer_of(&lease), None);
+        // Labels too large to publish are left out (read as "any"), the free slots always go.
+        let huge: BTreeMap<String, String> = [("k".to_string(), "v".repeat(MAX_PUBLISHED_BYTES))].into();
+        let facts = published_facts(&huge, &[], 0);
+        assert!(!facts.contains_key(HOST_LABELS_ANNOTATION));
+        assert_eq!(facts[NAMESPACES_ANNOTATION], "[]");
+        assert_eq!(facts[FREE_SLOTS_ANNOTATION], "0");
+    }
+
     #[test]
     fn images_are_named_as_tart_lists_them() {
         assert_eq!(
@@ -340,6 +805,63 @@ mod tests {
                 "ghcr.io/x/old:1"
             ]
         );
+    }
+
+    #[test]
+    fn a_warm_host_claims_at_once_and_a_cached_one_leaves_it_the_whole_spread() {
+        let t = timing(500, 30_000);
+        let mb = build("u-warm", &[]);
+        let wait = |holding, peers: &[Peer]| claim_wait_holding(&mb, "me", holding, Some(peers), now(), &t);
+        // Warm, with a list of images that no longer names it (it is bounded): still a holder.
+        let warm = Peer {
+            warm: Some([IMG.to_string()].into()),
+            ..peer("b", false)
+        };
+        for peers in [vec![], vec![peer("b", true)], vec![warm.clone()]] {
+            assert_eq!(wait(Holding::Warm, &peers), Duration::ZERO, "{peers:?}");
+        }
+        assert_eq!(
+            claim_wait_holding(&mb, "me", Holding::Warm, None, now(), &t),
+            Duration::ZERO
+        );
+        assert_eq!(wait(Holding::Cached, std::slice::from_ref(&warm)), t.spread);
+        let against_a_holder = claim_wait(&mb, "me", false, Some(&[peer("b", true)]), now(), &t);
+        assert_eq!(wait(Holding::Uncached, std::slice::from_ref(&warm)), against_a_holder);
+        // A warm VM of another image, or a warm peer that expired, changes nothing.
+        let other = Peer {
+            warm: Some(["ghcr.io/x/other:1".to_string()].into()),
+            ..peer("b", false)
+        };
+        let gone = Peer {
+            renewed: Some(now() - k8s_openapi::jiff::SignedDuration::from_secs(60)),
+            ..warm.clone()
+        };
+        for (holding, holds) in [(Holding::Cached, true), (Holding::Uncached, false)] {
+            let before = claim_wait(&mb, "me", holds, Some(&[peer("b", false)]), now(), &t);
+            assert_eq!(wait(holding, std::slice::from_ref(&other)), before);
+            assert_eq!(wait(holding, std::slice::from_ref(&gone)), Duration::ZERO);
+        }
+        // Never beyond today's bounds, whoever is warm.
+        for peers in [vec![warm.clone(), peer("c", true)], vec![warm.clone(), other.clone()]] {
+            assert!(wait(Holding::Cached, &peers) <= t.spread);
+            assert!(wait(Holding::Uncached, &peers) <= t.spread + t.uncached);
+        }
+    }
+
+    #[test]
+    fn a_published_warm_list_is_read_and_an_absent_one_means_none() {
+        let mut lease = Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("mac-1".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(peer_of(&lease).unwrap().warm, None);
+        assert!(!peer_of(&lease).unwrap().warm_for(IMG));
+        lease.metadata.annotations = Some([(WARM_ANNOTATION.to_string(), format!(r#"["{IMG}"]"#))].into());
+        assert!(peer_of(&lease).unwrap().warm_for("ghcr.io/x/y:16"));
+        assert!(!peer_of(&lease).unwrap().warm_for("ghcr.io/x/y:15"));
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! a reader can tell them apart (execution is at least once).
 //!
 //! * `file:///abs/dir/`: copied to a temp file beside the target, fsynced, renamed into place,
-//!   and the directory fsynced, so a crash leaves the old file or the whole new one.
+//!   and the directory fsynced, so a crash leaves the old file or the whole new one. The folders
+//!   are walked from `/` without following any link (see [`super::nofollow`]): a link planted
+//!   below the checked destination is refused, never written through.
 //! * `s3://bucket/prefix/`: `object_store`'s S3 client, configured from the agent config's
 //!   `[artifacts]` (`s3_region`, `s3_endpoint`, `s3_access_key_id`, `s3_secret_access_key`) and,
 //!   for what it leaves unset, the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
@@ -22,6 +24,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::path::{Path, PathBuf};
 
+use super::nofollow::place_file;
+use crate::real_path::resolve;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 pub use tartan_api::destination::{
@@ -217,30 +222,6 @@ fn within(path: &Path, dir: &Path) -> bool {
     }
 }
 
-/// `path` (absolute, without `..`) with its existing part resolved through every symlink and the
-/// rest appended as written. A component that exists but cannot be resolved (a symlink to
-/// nowhere, a file used as a folder, no permission) is an error naming it.
-pub fn resolve(path: &Path) -> Result<PathBuf, (PathBuf, std::io::Error)> {
-    let mut existing = path.to_path_buf();
-    let mut missing = Vec::new();
-    loop {
-        match std::fs::symlink_metadata(&existing) {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match existing.file_name() {
-                Some(name) => {
-                    missing.push(name.to_os_string());
-                    existing.pop();
-                }
-                None => return Err((existing, e)),
-            },
-            Err(e) => return Err((existing, e)),
-        }
-    }
-    let mut real = std::fs::canonicalize(&existing).map_err(|e| (existing, e))?;
-    real.extend(missing.iter().rev());
-    Ok(real)
-}
-
 /// The key under the destination for guest path `path` of the attempt whose VM is `vm`:
 /// `<vm>/<path>` with `./` segments dropped. Absolute paths and `..` are refused (they would
 /// escape the attempt's folder).
@@ -265,7 +246,24 @@ pub fn artifact_key(vm: &str, path: &str) -> Result<String, DestinationError> {
     if segments.iter().any(|s| s.len() > MAX_NAME_BYTES) {
         return Err(bad("has a name longer than 255 bytes"));
     }
+    // Shown to people in `kubectl tartan describe` and object listings: a right-to-left override
+    // or isolate would show the name other than it is.
+    if path.chars().any(is_bidi_control) {
+        return Err(bad(
+            "contains bidirectional control characters (U+202A-U+202E, U+2066-U+2069)",
+        ));
+    }
+    // `<vm>/logs/` holds the step logs the shipper writes and reads back (its listing counts the
+    // parts shipped): an artifact there would replace a log or forge one.
+    // Any case: a Mac's disk usually ignores it, so `LOGS/` is the same folder there.
+    if segments[0].eq_ignore_ascii_case(tartan_api::logs::LOGS_FOLDER) {
+        return Err(bad("is in the logs/ folder, where the build's step logs are shipped"));
+    }
     Ok(format!("{vm}/{}", segments.join("/")))
+}
+
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// How hard to try an upload.
@@ -301,6 +299,52 @@ pub struct UploadError {
     pub last: String,
 }
 
+/// Why one write of a file or object to a destination failed. Each says what failed, on what.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Writing below a `file://` folder: reading the source, or placing the file (see
+    /// [`place_file`], whose messages name the folder or link in the way).
+    #[error("{0}")]
+    File(String),
+    #[error("copy task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("configuring the S3 client for bucket {bucket}: {source}")]
+    S3Client {
+        bucket: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("no S3 client for bucket {bucket}")]
+    NoS3Client { bucket: String },
+    #[error("object key {key:?} is not valid: {source}")]
+    Key {
+        key: String,
+        #[source]
+        source: object_store::path::Error,
+    },
+    #[error("opening {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("PUT s3://{bucket}/{key}: {source}")]
+    Put {
+        bucket: String,
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// Streaming a file into a multipart upload (its parts already sent are aborted).
+    #[error("PUT s3://{bucket}/{key}: {source}")]
+    PutStream {
+        bucket: String,
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Uploads host file `file` to `key` under `dest`, retrying per `policy`. Returns the URL.
 pub async fn upload(
     dest: &Destination,
@@ -322,7 +366,7 @@ pub async fn upload(
         };
         match tokio::time::timeout(policy.attempt_timeout, once).await {
             Ok(Ok(())) => return Ok(url),
-            Ok(Err(e)) => last = e,
+            Ok(Err(e)) => last = e.to_string(),
             Err(_) => last = format!("attempt did not finish within {:?}", policy.attempt_timeout),
         }
         if n < attempts {
@@ -339,62 +383,46 @@ pub async fn upload(
     })
 }
 
-/// Copies `file` to `dir/key` durably: temp file beside the target, fsync, rename, fsync dir.
-async fn copy_into(dir: &Path, key: &str, file: &Path) -> Result<(), String> {
+/// Copies `file` to `dir/key` durably, without following a link below `/` (see [`place_file`]).
+async fn copy_into(dir: &Path, key: &str, file: &Path) -> Result<(), StoreError> {
     let file = file.to_path_buf();
-    place_durably(dir, key, move |temp| {
-        std::fs::copy(&file, temp)
+    place_durably(dir, key, move |out| {
+        let mut source = std::fs::File::open(&file).map_err(|e| format!("copying {}: opening: {e}", file.display()))?;
+        std::io::copy(&mut source, out)
             .map(|_| ())
-            .map_err(|e| format!("copying {} to {}: {e}", file.display(), temp.display()))
+            .map_err(|e| format!("copying {}: {e}", file.display()))
     })
     .await
 }
 
 /// Writes `bytes` to `dir/key` durably, as [`copy_into`] does.
-async fn write_into(dir: &Path, key: &str, bytes: Vec<u8>) -> Result<(), String> {
-    place_durably(dir, key, move |temp| {
-        std::fs::write(temp, &bytes).map_err(|e| format!("writing {}: {e}", temp.display()))
+async fn write_into(dir: &Path, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+    let target = dir.join(key);
+    place_durably(dir, key, move |out| {
+        out.write_all(&bytes)
+            .map_err(|e| format!("writing {}: {e}", target.display()))
     })
     .await
 }
 
-/// Fills a temp file beside `dir/key` with `fill`, fsyncs it, renames it into place and fsyncs
-/// the directory, so a crash leaves the old file or the whole new one.
+/// [`place_file`] on a blocking thread: a temp file created exclusively in the folder of
+/// `dir/key` (opened from `/` without following links, made when missing), filled by `fill`,
+/// synced, renamed into place within that folder, and the folder synced, so a crash leaves the
+/// old file or the whole new one, and a link planted anywhere on the way is refused.
 async fn place_durably(
     dir: &Path,
     key: &str,
-    fill: impl FnOnce(&Path) -> Result<(), String> + Send + 'static,
-) -> Result<(), String> {
-    let target = dir.join(key);
-    let parent = target.parent().unwrap_or(dir).to_path_buf();
-    let target2 = target.clone();
-    tokio::task::spawn_blocking(move || -> Result<(), String> {
-        let target = target2;
-        std::fs::create_dir_all(&parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
-        let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("artifact");
-        let temp = parent.join(format!(".{name}.{}.part", std::process::id()));
-        let result = (|| {
-            fill(&temp)?;
-            std::fs::File::open(&temp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| format!("syncing {}: {e}", temp.display()))?;
-            std::fs::rename(&temp, &target)
-                .map_err(|e| format!("renaming {} to {}: {e}", temp.display(), target.display()))?;
-            std::fs::File::open(&parent)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| format!("syncing directory {}: {e}", parent.display()))
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        result
-    })
-    .await
-    .map_err(|e| format!("copy task failed: {e}"))?
+    fill: impl FnOnce(&mut std::fs::File) -> Result<(), String> + Send + 'static,
+) -> Result<(), StoreError> {
+    let (dir, key) = (dir.to_path_buf(), key.to_string());
+    tokio::task::spawn_blocking(move || place_file(&dir, &key, fill))
+        .await
+        .map_err(StoreError::Task)?
+        .map_err(StoreError::File)
 }
 
 /// The S3 client for `bucket`, from `settings` and the environment (see the module docs).
-pub fn s3_store(bucket: &str, settings: &ArtifactsConfig) -> Result<Arc<dyn ObjectStore>, String> {
+pub fn s3_store(bucket: &str, settings: &ArtifactsConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
     // reqwest (under object_store) needs a process-wide TLS crypto provider; ring is the one
     // kube uses too. Installing fails harmlessly when one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -431,7 +459,10 @@ pub fn s3_store(bucket: &str, settings: &ArtifactsConfig) -> Result<Arc<dyn Obje
     let store = builder
         .with_retry(retry)
         .build()
-        .map_err(|e| format!("configuring the S3 client for bucket {bucket}: {e}"))?;
+        .map_err(|source| StoreError::S3Client {
+            bucket: bucket.to_string(),
+            source,
+        })?;
     Ok(Arc::new(store))
 }
 
@@ -443,40 +474,53 @@ pub async fn put_bytes(
     s3: Option<&Arc<dyn ObjectStore>>,
     key: &str,
     bytes: Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     match dest {
         Destination::File { dir } => write_into(dir, key, bytes).await,
         Destination::S3 { bucket, prefix } => {
             let key = join_key(prefix, key);
-            let store = s3.ok_or_else(|| format!("no S3 client for bucket {bucket}"))?;
-            let location = ObjectPath::parse(&key).map_err(|e| format!("object key {key:?} is not valid: {e}"))?;
-            store
-                .put(&location, bytes.into())
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("PUT s3://{bucket}/{key}: {e}"))
+            let store = s3.ok_or_else(|| StoreError::NoS3Client { bucket: bucket.clone() })?;
+            let location = object_path(&key)?;
+            match store.put(&location, bytes.into()).await {
+                Ok(_) => Ok(()),
+                Err(source) => Err(StoreError::Put {
+                    bucket: bucket.clone(),
+                    key,
+                    source,
+                }),
+            }
         }
     }
 }
 
-async fn put_s3(bucket: &str, key: &str, file: &Path, settings: &ArtifactsConfig) -> Result<(), String> {
+fn object_path(key: &str) -> Result<ObjectPath, StoreError> {
+    ObjectPath::parse(key).map_err(|source| StoreError::Key {
+        key: key.to_string(),
+        source,
+    })
+}
+
+async fn put_s3(bucket: &str, key: &str, file: &Path, settings: &ArtifactsConfig) -> Result<(), StoreError> {
     let store = s3_store(bucket, settings)?;
-    let location = ObjectPath::parse(key).map_err(|e| format!("object key {key:?} is not valid: {e}"))?;
-    let mut source = tokio::fs::File::open(file)
-        .await
-        .map_err(|e| format!("opening {}: {e}", file.display()))?;
+    let location = object_path(key)?;
+    let mut source = tokio::fs::File::open(file).await.map_err(|source| StoreError::Open {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let put_failed = |source| StoreError::PutStream {
+        bucket: bucket.to_string(),
+        key: key.to_string(),
+        source,
+    };
     let mut writer = BufWriter::new(store, location);
     if let Err(e) = tokio::io::copy(&mut source, &mut writer).await {
         // Drop the parts already sent of a multipart upload.
         let _ = writer.abort().await;
-        return Err(format!("PUT s3://{bucket}/{key}: {e}"));
+        return Err(put_failed(e));
     }
     // Completes the upload (a single PUT, or the multipart completion); a failure here has
     // already cleaned up after itself.
-    writer
-        .shutdown()
-        .await
-        .map_err(|e| format!("PUT s3://{bucket}/{key}: {e}"))?;
+    writer.shutdown().await.map_err(put_failed)?;
     Ok(())
 }
 
@@ -498,6 +542,25 @@ mod tests {
         assert!(artifact_key("mb-x", "out/a\0b").is_err());
         assert!(artifact_key("mb-x", &format!("out/{}", "n".repeat(256))).is_err());
         assert!(artifact_key("mb-x", &format!("out/{}", "n".repeat(255))).is_ok());
+        // Found by the adversary: an artifact named like a shipped log replaced it (or forged a
+        // part the shipper's listing then counted), and a bidi override hid its real name.
+        for path in [
+            "logs/build.log",
+            "./logs/build.log.part000001",
+            "logs",
+            "logs/x",
+            "LOGS/build.log",
+            "Logs/x",
+        ] {
+            let err = artifact_key("mb-x", path).unwrap_err().to_string();
+            assert!(err.contains("logs/ folder"), "{path}: {err}");
+        }
+        assert!(
+            artifact_key("mb-x", "out/logs/build.log").is_ok(),
+            "only the top-level logs/ is the shipper's"
+        );
+        assert!(artifact_key("mb-x", "out/\u{202E}gpj.exe").is_err());
+        assert!(artifact_key("mb-x", "out/\u{2066}a").is_err());
         let s3 = Destination::parse("s3://ci-artifacts/app/").unwrap();
         assert_eq!(s3.url_of("mb-x/out/App.ipa"), "s3://ci-artifacts/app/mb-x/out/App.ipa");
         let s3 = Destination::parse("s3://ci-artifacts").unwrap();
@@ -757,12 +820,12 @@ mod tests {
 
     #[tokio::test]
     async fn file_upload_copies_durably_and_retries_then_gives_up() {
-        let tmp = tempfile::tempdir().unwrap();
-        let src = tmp.path().join("App.ipa");
+        let dir = tempfile::tempdir().unwrap();
+        // Resolved, as allowed_destination hands it over (the walk refuses any link, /var on a Mac too).
+        let tmp = std::fs::canonicalize(dir.path()).unwrap();
+        let src = tmp.join("App.ipa");
         std::fs::write(&src, b"payload").unwrap();
-        let dest = Destination::File {
-            dir: tmp.path().join("dest"),
-        };
+        let dest = Destination::File { dir: tmp.join("dest") };
         let policy = UploadPolicy {
             attempts: 2,
             backoff: Duration::from_millis(10),
@@ -772,24 +835,59 @@ mod tests {
         let url = upload(&dest, "mb-x/out/App.ipa", &src, &policy, &Default::default())
             .await
             .unwrap();
-        assert_eq!(url, format!("file://{}/dest/mb-x/out/App.ipa", tmp.path().display()));
-        assert_eq!(
-            std::fs::read(tmp.path().join("dest/mb-x/out/App.ipa")).unwrap(),
-            b"payload"
-        );
-        let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("dest/mb-x/out")).unwrap().collect();
+        assert_eq!(url, format!("file://{}/dest/mb-x/out/App.ipa", tmp.display()));
+        assert_eq!(std::fs::read(tmp.join("dest/mb-x/out/App.ipa")).unwrap(), b"payload");
+        let leftovers: Vec<_> = std::fs::read_dir(tmp.join("dest/mb-x/out")).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
         // A missing source fails every attempt and the error says so.
-        let e = upload(
-            &dest,
-            "mb-x/gone",
-            &tmp.path().join("gone"),
-            &policy,
-            &Default::default(),
-        )
-        .await
-        .unwrap_err();
+        let e = upload(&dest, "mb-x/gone", &tmp.join("gone"), &policy, &Default::default())
+            .await
+            .unwrap_err();
         assert_eq!(e.attempts, 2);
         assert!(e.to_string().contains("failed after 2 attempt(s): copying"), "{e}");
+    }
+
+    /// The adversary's run: a build that can write into the destination plants `<vm>` as a link
+    /// to the state dir's `deadlines/` and names an artifact after another build's deadline file.
+    /// Once the artifact landed there (and the watchdog deleted the other VM); now the upload
+    /// fails naming the link, for the artifact and for the log shipping's writes alike.
+    #[tokio::test]
+    async fn an_upload_never_follows_a_link_planted_below_the_destination() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let deadlines = base.join("state/deadlines");
+        std::fs::create_dir_all(&deadlines).unwrap();
+        std::fs::write(deadlines.join("mb-other.json"), b"{}").unwrap();
+        let dest_dir = base.join("artifacts");
+        std::fs::create_dir_all(&dest_dir).unwrap();
+        std::os::unix::fs::symlink(&deadlines, dest_dir.join("mb-x")).unwrap();
+        let src = base.join("forged.json");
+        std::fs::write(&src, b"{\"deadline\": \"1970-01-01T00:00:00Z\"}").unwrap();
+        let dest = Destination::File { dir: dest_dir.clone() };
+        let policy = UploadPolicy {
+            attempts: 1,
+            ..UploadPolicy::default()
+        };
+        let e = upload(&dest, "mb-x/mb-other.json", &src, &policy, &Default::default())
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("{} is a symbolic link", dest_dir.join("mb-x").display())),
+            "{e}"
+        );
+        let e = put_bytes(&dest, None, "mb-x/logs/mb-new.json", b"{}".to_vec())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::File(why) if why.contains("is a symbolic link")),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&deadlines)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec!["mb-other.json"]);
+        assert_eq!(std::fs::read(deadlines.join("mb-other.json")).unwrap(), b"{}");
     }
 }

@@ -35,9 +35,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tartan_tart::{ExecOptions, Tart, TartError, log_cap_note};
+use tartan_tart::{CaptureOptions, Captured, Tart, TartError, log_cap_note};
 
 use super::steps::safe_name;
+
+mod follow;
+
+use follow::{Follower, follow};
 
 /// The guest folder under the exec working directory that holds every job folder.
 pub const GUEST_ROOT: &str = ".tartan";
@@ -337,8 +341,8 @@ pub fn sidecar_path(host_log: &Path) -> PathBuf {
     with_suffix(host_log, ".follow")
 }
 
-/// The scratch file one poll's output goes through: `<host_log>.poll`.
-fn scratch_path(host_log: &Path) -> PathBuf {
+/// The scratch file an older agent passed each poll's output through: `<host_log>.poll`.
+pub fn scratch_path(host_log: &Path) -> PathBuf {
     with_suffix(host_log, ".poll")
 }
 
@@ -453,9 +457,110 @@ pub fn advance(offset: u64, chunk_len: u64, size: u64, cap: u64) -> (u64, bool, 
     (write, note, next)
 }
 
-/// How many bytes to ask for at `offset`: a chunk, but never past the cap (0 once there).
-pub fn request(offset: u64, chunk: u64, cap: u64) -> u64 {
-    chunk.min(cap.saturating_sub(offset))
+/// How many bytes to ask for at `offset`: a chunk, but never more than `lookahead` bytes past
+/// the cap (0 once the offset is there). The lookahead is what masking needs to see past the cap
+/// ([`take`]); nothing past the cap is logged.
+pub fn request(offset: u64, chunk: u64, cap: u64, lookahead: u64) -> u64 {
+    if offset >= cap {
+        return 0;
+    }
+    chunk.min((cap - offset).saturating_add(lookahead))
+}
+
+/// Bytes past the cap a poll brings so that a secret value that starts before the cap and ends
+/// after it is seen whole: one less than the longest value.
+pub fn cap_lookahead(mask: &super::env::Masker) -> u64 {
+    mask.max_len().saturating_sub(1) as u64
+}
+
+/// What one poll adds to the host log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Take {
+    /// The masked bytes to append.
+    pub bytes: Vec<u8>,
+    /// Whether the cap note follows them.
+    pub note: bool,
+    /// The guest offset after them.
+    pub next: u64,
+}
+
+/// What to log of `chunk`, the guest bytes from `offset` (the guest log has `size` bytes;
+/// `complete`: the job exited and `chunk` reaches its end; `full`: the poll brought all it asked
+/// for), under cap `cap`, masking `mask`'s values.
+///
+/// The end of the chunk may be the start of a value: unless the output is complete, that much is
+/// held back (not logged, the offset stays before it) and read again with what follows. At the
+/// cap the bytes past it are context only (the poll asks for [`cap_lookahead`] of them): a value
+/// that straddles the cap is masked, and the cap part is held back like any other until it can
+/// be told; only then comes the note and the offset skips to `size`.
+///
+/// A full chunk always makes progress: a poll asks for two values' length more than a chunk
+/// ([`poll_bytes`]), which tells any value and any value overlapping it; only a run of values
+/// overlapping each other longer than a chunk is decided at the chunk's end as if the output
+/// ended there (otherwise the follower would ask for the same bytes again and again).
+pub fn take(
+    offset: u64,
+    chunk: &[u8],
+    size: u64,
+    complete: bool,
+    full: bool,
+    cap: u64,
+    mask: &super::env::Masker,
+) -> Take {
+    let (write, note, next) = advance(offset, chunk.len() as u64, size, cap);
+    let (mut bytes, mut used) = mask.mask_until(chunk, write as usize, complete);
+    if used == 0 && write > 0 && full && !complete {
+        (bytes, used) = mask.mask_until(chunk, write as usize, true);
+    }
+    if (used as u64) < write {
+        return Take {
+            bytes,
+            note: false,
+            next: offset + used as u64,
+        };
+    }
+    Take { bytes, note, next }
+}
+
+/// Pieces at least this large are masked on a blocking thread ([`take_off_runtime`]).
+pub const MASK_OFF_RUNTIME_BYTES: usize = 64 << 10;
+
+/// [`take`] for the follower: a large piece with values to mask is masked on tokio's blocking
+/// pool, so masking a megabyte of output never holds up the runtime's threads (heartbeats,
+/// Lease renewals, other builds' followers). Dropped while it runs, nothing is appended: the
+/// next follower reads the piece again.
+async fn take_off_runtime(
+    offset: u64,
+    chunk: Vec<u8>,
+    size: u64,
+    complete: bool,
+    full: bool,
+    cfg: &FollowConfig,
+) -> Take {
+    if cfg.mask.is_empty() || chunk.len() < MASK_OFF_RUNTIME_BYTES {
+        return take(offset, &chunk, size, complete, full, cfg.log_cap, &cfg.mask);
+    }
+    let (cap, mask) = (cfg.log_cap, cfg.mask.clone());
+    let masking = tokio::task::spawn_blocking(move || take(offset, &chunk, size, complete, full, cap, &mask));
+    match masking.await {
+        Ok(took) => took,
+        // A panic in `take` is the follower's own, not the guest's.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: nothing is logged, the piece is read again next time.
+        Err(_) => Take {
+            bytes: Vec::new(),
+            note: false,
+            next: offset,
+        },
+    }
+}
+
+/// How many bytes a poll at `offset` asks for: a chunk and two of the longest value (what
+/// [`take`] needs to tell a value and one overlapping it at the chunk's end), never more than
+/// [`cap_lookahead`] past the cap.
+pub fn poll_bytes(offset: u64, cfg: &FollowConfig) -> u64 {
+    let values = 2 * cfg.mask.max_len() as u64;
+    request(offset, cfg.chunk_bytes + values, cfg.log_cap, cap_lookahead(&cfg.mask))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -583,7 +688,7 @@ pub enum JobError {
         what: &'static str,
         detail: String,
     },
-    /// The host log, its sidecar or the poll scratch file could not be written or read.
+    /// The host log or its sidecar could not be written or read.
     #[error("step {step:?} in {vm}: {action} {}: {source}; stopped following the job, which may still run", path.display())]
     HostIo {
         vm: String,
@@ -608,395 +713,51 @@ pub enum JobError {
 /// its `mkdir` and the launch); the next follower reports that as [`JobError::NeverLaunched`]
 /// after [`FollowConfig::no_pid_limit`].
 pub async fn run_or_attach(tart: &Tart, job: &Job, host_log: &Path, cfg: &FollowConfig) -> Result<JobEnd, JobError> {
+    // An older agent passed each poll's raw output through this file; whatever it left goes.
+    remove_scratch(host_log);
     let mut f = Follower {
         tart,
         job,
         cfg,
-        scratch: scratch_path(host_log),
         last_answer: Instant::now(),
         last_failure: String::new(),
     };
-    let result = follow(&mut f, host_log).await;
-    // Only a dropped follower leaves the scratch file behind (the next one empties it).
-    let _ = std::fs::remove_file(&f.scratch);
-    result
+    follow(&mut f, host_log).await
 }
 
-async fn follow(f: &mut Follower<'_>, host_log: &Path) -> Result<JobEnd, JobError> {
-    let (job, cfg) = (f.job, f.cfg);
-    let started_at = Instant::now();
-    if job.argv.is_empty() {
-        return Err(f.start_refused("the step has no command".to_string()));
-    }
-    let mut log =
-        HostLog::open(host_log, &job.dir, cfg.log_cap).map_err(|(action, path, source)| f.io(action, path, source))?;
-    if !cfg.mask.is_empty() && log.place.logged.is_none() {
-        // A place kept without masking (an older agent's): what it logged is replaced by the
-        // job's whole output, fetched again and masked.
-        log.start_over_masked().map_err(|(a, p, s)| f.io(a, p, s))?;
-    }
-    let attached = if log.place.started {
-        // Started before, as the guest confirmed: followed, never started again (a folder that
-        // is gone now was removed in the guest, and the poll reports the job vanished).
-        tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
-        true
-    } else {
-        crate::crash_point!("step.start.before");
-        let start = f.call("start", &start_argv(job), 4096).await?;
-        crate::crash_point!("step.start.after");
-        let attached = match parse_start(&start).map_err(|d| f.protocol("start", d))? {
-            Started::Now => {
-                tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, "step job started");
-                if log.place.offset > 0 {
-                    // An older agent's sidecar (without `started`) remembers a job of this
-                    // folder that the guest no longer has: its output follows what is logged.
-                    log.restart().map_err(|(a, p, s)| f.io(a, p, s))?;
-                }
-                false
-            }
-            Started::Before => {
-                tracing::info!(vm = %job.vm, step = %job.step, dir = %job.dir, offset = log.place.offset, "re-attached to the step job");
-                true
-            }
-            Started::Refused(why) => {
-                return Err(f.start_refused(format!("the guest could not make its folder: {why}")));
-            }
-        };
-        log.place.started = true;
-        log.save().map_err(|(a, p, s)| f.io(a, p, s))?;
-        attached
+/// Removes the scratch files in step log folder `dir`: `*.log.poll` (an older agent's poll
+/// output, unmasked) and `*.log.stop` (a stop's reply). Returns how many went; failures are
+/// logged (the folder's pruning removes them later).
+pub fn remove_scratch_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
     };
-    let mut starting_since: Option<Instant> = None;
-    let (code, size) = loop {
-        let from = log.place.offset;
-        // A value's length more than a chunk: what is held back (less than a value) never keeps
-        // a full reply from making progress.
-        let max = request(from, cfg.chunk_bytes + cfg.mask.max_len() as u64, cfg.log_cap);
-        let reply = f.poll(from, max).await?;
-        let (write, note, next) = advance(from, reply.bytes.len() as u64, reply.size, cfg.log_cap);
-        // The end of what was read may be the start of a secret value: unless the job's output
-        // is complete, that much is held back (not logged, the offset stays before it) and read
-        // again with what follows.
-        let seen = from + reply.bytes.len() as u64;
-        let complete = matches!(reply.state, JobState::Exited(_)) && seen >= reply.size;
-        let (masked, used) = cfg.mask.mask(&reply.bytes[..write as usize], note || complete);
-        let next = if (used as u64) < write {
-            from + used as u64
-        } else {
-            next
-        };
-        if next != from || note {
-            log.append(&masked, note, next).map_err(|(a, p, s)| f.io(a, p, s))?;
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.ends_with(".log.poll") || name.ends_with(".log.stop")) {
+            continue;
         }
-        let pending = seen < reply.size;
-        match reply.state {
-            JobState::Exited(code) if !pending => break (code, reply.size),
-            JobState::Exited(_) => continue,
-            JobState::Running => starting_since = None,
-            JobState::Starting => {
-                let since = *starting_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= cfg.no_pid_limit {
-                    return Err(JobError::NeverLaunched {
-                        vm: job.vm.clone(),
-                        step: job.step.clone(),
-                        dir: job.dir.clone(),
-                        waited: since.elapsed(),
-                    });
-                }
-            }
-            JobState::Vanished(_) if pending => continue,
-            JobState::Vanished(pid) => {
-                let pid = pid.map_or("an unreadable pid".to_string(), |p| format!("pid {p}"));
-                return Err(f.vanished(format!(
-                    "{pid} is gone and left no exit status; its {} bytes of output are in the log",
-                    reply.size
-                )));
-            }
-            JobState::Absent => {
-                return Err(f.vanished(
-                    "its folder is gone (removed in the guest after the job started); not started again".to_string(),
-                ));
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => removed += 1,
+            Err(error) => {
+                tracing::warn!(file = %entry.path().display(), %error, "could not remove a step scratch file")
             }
         }
-        if !pending {
-            tokio::time::sleep(cfg.poll_interval).await;
-        }
-    };
-    let tail_from = size.saturating_sub(cfg.tail_bytes);
-    // Read from earlier by up to a value's length, so a value cut by the tail's start is masked.
-    let window_from = tail_from.saturating_sub(cfg.mask.max_len().saturating_sub(1) as u64);
-    let tail = f.poll(window_from, size - window_from).await?;
-    if tail.state != JobState::Exited(code) || tail.size != size {
-        return Err(f.protocol(
-            "tail read",
-            format!(
-                "the job had exited {code} with {size} bytes of output, now it reads {:?} with {}",
-                tail.state, tail.size
-            ),
-        ));
     }
-    tracing::info!(vm = %job.vm, step = %job.step, code, bytes = size, "step job exited");
-    Ok(JobEnd {
-        exit_code: code,
-        tail: String::from_utf8_lossy(&cfg.mask.mask_window(&tail.bytes, (tail_from - window_from) as usize))
-            .into_owned(),
-        output_bytes: size,
-        truncated: size > cfg.log_cap,
-        attached,
-        elapsed: started_at.elapsed(),
-    })
+    removed
 }
 
-type IoFail = (&'static str, PathBuf, std::io::Error);
-
-/// The host log of one job, with its place kept in the sidecar.
-struct HostLog {
-    file: std::fs::File,
-    path: PathBuf,
-    sidecar: PathBuf,
-    cap: u64,
-    place: Place,
-}
-
-impl HostLog {
-    /// Opens (creates) the log, reads the sidecar and cuts the log to where it says.
-    fn open(path: &Path, dir: &str, cap: u64) -> Result<HostLog, IoFail> {
-        let sidecar = sidecar_path(path);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| ("could not open the step log", path.to_path_buf(), e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| ("could not read the size of the step log", path.to_path_buf(), e))?
-            .len();
-        let saved = match std::fs::read_to_string(&sidecar) {
-            Ok(text) => Place::parse(&text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(("could not read the step log's sidecar", sidecar, e)),
-        };
-        let (place, cut) = resume(saved.clone(), dir, len, cap);
-        if cut < len {
-            tracing::info!(log = %path.display(), from = len, to = cut, "step log cut back to its sidecar's place");
-            file.set_len(cut)
-                .map_err(|e| ("could not cut back the step log", path.to_path_buf(), e))?;
-        }
-        let mut log = HostLog {
-            file,
-            path: path.to_path_buf(),
-            sidecar,
-            cap,
-            place,
-        };
-        if saved.as_ref() != Some(&log.place) {
-            log.save()?;
-        }
-        Ok(log)
-    }
-
-    /// Starts the job's output over at the log's end.
-    fn restart(&mut self) -> Result<(), IoFail> {
-        let len = self
-            .file
-            .metadata()
-            .map_err(|e| ("could not read the size of the step log", self.path.clone(), e))?
-            .len();
-        self.place.base = len;
-        self.place.offset = 0;
-        self.place.logged = self.place.logged.map(|_| 0);
-        self.save()
-    }
-
-    /// Cuts the log back to the job's base and starts its output over, counting the host bytes
-    /// (masked output does not map one for one to the guest's).
-    fn start_over_masked(&mut self) -> Result<(), IoFail> {
-        self.file
-            .set_len(self.place.base)
-            .map_err(|e| ("could not cut back the step log", self.path.clone(), e))?;
-        self.place.offset = 0;
-        self.place.logged = Some(0);
-        self.save()
-    }
-
-    /// Appends `bytes` (and the cap note), then records `offset`: no await between the two, so a
-    /// dropped follower never leaves them apart; a crash between them is mended by [`resume`].
-    fn append(&mut self, bytes: &[u8], note: bool, offset: u64) -> Result<(), IoFail> {
-        let fail = |e| ("could not append to the step log", self.path.clone(), e);
-        self.file.write_all(bytes).map_err(fail)?;
-        let mut written = bytes.len() as u64;
-        if note {
-            self.file.write_all(log_cap_note(self.cap).as_bytes()).map_err(fail)?;
-            written += log_cap_note(self.cap).len() as u64;
-        }
-        self.place.offset = offset;
-        if let Some(logged) = self.place.logged.as_mut() {
-            *logged += written;
-        }
-        self.save()
-    }
-
-    /// Writes the sidecar through a temporary file and a rename (never half a line).
-    fn save(&mut self) -> Result<(), IoFail> {
-        let tmp = with_suffix(&self.sidecar, ".tmp");
-        std::fs::write(&tmp, self.place.render())
-            .map_err(|e| ("could not write the step log's sidecar", tmp.clone(), e))?;
-        std::fs::rename(&tmp, &self.sidecar)
-            .map_err(|e| ("could not replace the step log's sidecar", self.sidecar.clone(), e))
-    }
-}
-
-/// What one guest call brought.
-enum Call {
-    Output(Vec<u8>),
-    Retry(String),
-    Garbage(String),
-}
-
-struct Follower<'a> {
-    tart: &'a Tart,
-    job: &'a Job,
-    cfg: &'a FollowConfig,
-    scratch: PathBuf,
-    /// When the guest last answered (or the follower started).
-    last_answer: Instant,
-    last_failure: String,
-}
-
-impl Follower<'_> {
-    /// One poll, retried until the guest answers.
-    async fn poll(&mut self, from: u64, max: u64) -> Result<PollReply, JobError> {
-        crate::crash_point!("step.poll.before");
-        let out = self
-            .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
-            .await?;
-        crate::crash_point!("step.poll.after");
-        parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
-    }
-
-    /// Runs `argv` in the guest (a script that exits 0 and writes only to stdout) and returns its
-    /// output; retries transient failures until the guest has been silent for the limit.
-    async fn call(&mut self, what: &'static str, argv: &[String], max_out: u64) -> Result<Vec<u8>, JobError> {
-        loop {
-            let failure = match self.call_once(argv, max_out).await {
-                Ok(Call::Output(out)) => {
-                    self.last_answer = Instant::now();
-                    return Ok(out);
-                }
-                Ok(Call::Retry(failure)) => failure,
-                Ok(Call::Garbage(detail)) => return Err(self.protocol(what, detail)),
-                Err(TartError::Io { action, path, source }) => return Err(self.io(action, path, source)),
-                Err(e @ (TartError::VmNotRunning { .. } | TartError::VmDoesNotExist { .. })) => {
-                    return Err(JobError::VmGone {
-                        vm: self.job.vm.clone(),
-                        step: self.job.step.clone(),
-                        source: e,
-                    });
-                }
-                Err(
-                    e @ (TartError::ExecTimeout { .. }
-                    | TartError::Timeout { .. }
-                    | TartError::GuestAgentUnavailable { .. }
-                    | TartError::Killed { .. }
-                    | TartError::Failed { .. }
-                    | TartError::UnexpectedOutput { .. }),
-                ) => e.to_string(),
-                Err(e) if what == "start" => return Err(self.start_refused(e.to_string())),
-                Err(e) => return Err(self.protocol(what, e.to_string())),
-            };
-            let silent = self.last_answer.elapsed();
-            tracing::warn!(vm = %self.job.vm, step = %self.job.step, what, ?silent, %failure, "guest call failed; retrying");
-            self.last_failure = failure;
-            if silent >= self.cfg.unresponsive_limit {
-                return Err(JobError::Unresponsive {
-                    vm: self.job.vm.clone(),
-                    step: self.job.step.clone(),
-                    dir: self.job.dir.clone(),
-                    silent,
-                    last: self.last_failure.clone(),
-                });
-            }
-            tokio::time::sleep(self.cfg.poll_interval).await;
-        }
-    }
-
-    /// One call: its output, a failure worth retrying, or output the scripts never make; `Err`
-    /// for tart's typed errors.
-    async fn call_once(&mut self, argv: &[String], max_out: u64) -> Result<Call, TartError> {
-        // The driver appends; each call starts from an empty file.
-        std::fs::File::create(&self.scratch).map_err(|source| TartError::Io {
-            action: "could not empty the poll scratch file",
-            path: self.scratch.clone(),
-            source,
-        })?;
-        let options = ExecOptions {
-            log_path: self.scratch.clone(),
-            log_cap: max_out,
-            tail_bytes: 2048,
-            timeout: self.cfg.exec_timeout,
-        };
-        let outcome = self.tart.exec(&self.job.vm, argv, &options).await?;
-        if outcome.exit_code != 0 {
-            // The scripts exit 0: this is tart or the guest agent failing.
-            return Ok(Call::Retry(format!(
-                "tart exec exited {}: {}",
-                outcome.exit_code,
-                outcome.tail.trim()
-            )));
-        }
-        if outcome.truncated {
-            return Ok(Call::Garbage(format!(
-                "the guest sent {} bytes, more than the {max_out} a reply can have",
-                outcome.output_bytes
-            )));
-        }
-        let read = std::fs::read(&self.scratch)
-            .map(Call::Output)
-            .map_err(|source| TartError::Io {
-                action: "could not read the poll scratch file",
-                path: self.scratch.clone(),
-                source,
-            });
-        // The raw output (unmasked) stays on disk no longer than this call.
-        let _ = std::fs::remove_file(&self.scratch);
-        read
-    }
-
-    fn io(&self, action: &'static str, path: PathBuf, source: std::io::Error) -> JobError {
-        JobError::HostIo {
-            vm: self.job.vm.clone(),
-            step: self.job.step.clone(),
-            action,
-            path,
-            source,
-        }
-    }
-
-    fn protocol(&self, what: &'static str, detail: String) -> JobError {
-        JobError::Protocol {
-            vm: self.job.vm.clone(),
-            step: self.job.step.clone(),
-            dir: self.job.dir.clone(),
-            what,
-            detail,
-        }
-    }
-
-    fn vanished(&self, detail: String) -> JobError {
-        JobError::Vanished {
-            vm: self.job.vm.clone(),
-            step: self.job.step.clone(),
-            dir: self.job.dir.clone(),
-            detail,
-        }
-    }
-
-    fn start_refused(&self, detail: String) -> JobError {
-        JobError::StartRefused {
-            vm: self.job.vm.clone(),
-            step: self.job.step.clone(),
-            dir: self.job.dir.clone(),
-            detail,
+/// Removes the poll scratch file an older agent may have left next to `host_log` (it held a
+/// poll's raw, unmasked output). Polls now keep their output in memory only.
+pub fn remove_scratch(host_log: &Path) {
+    let scratch = scratch_path(host_log);
+    match std::fs::remove_file(&scratch) {
+        Ok(()) => tracing::info!(file = %scratch.display(), "removed an older agent's poll scratch file"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(file = %scratch.display(), %error, "could not remove an older agent's poll scratch file")
         }
     }
 }
@@ -1321,14 +1082,18 @@ mod tests {
         assert_eq!(advance(150, 0, 400, 100), (0, false, 400));
         // A chunk that crosses the cap (a caller asking for more than `request` gives).
         assert_eq!(advance(95, 10, 105, 100), (5, true, 105));
-        assert_eq!(request(0, 64, 100), 64);
-        assert_eq!(request(90, 64, 100), 10);
-        assert_eq!(request(100, 64, 100), 0);
-        assert_eq!(request(150, 64, 100), 0);
+        assert_eq!(request(0, 64, 100, 0), 64);
+        assert_eq!(request(90, 64, 100, 0), 10);
+        assert_eq!(request(100, 64, 100, 0), 0);
+        assert_eq!(request(150, 64, 100, 0), 0);
+        // With a lookahead for masking: that much past the cap, never from the cap on.
+        assert_eq!(request(90, 64, 100, 7), 17);
+        assert_eq!(request(99, 64, 100, 7), 8);
+        assert_eq!(request(100, 64, 100, 7), 0);
         // Walking a 250-byte output in 64-byte chunks under a cap of 100 writes 100 bytes and one note.
         let (mut offset, mut written, mut notes) = (0, 0, 0);
         while offset < 250 {
-            let chunk = request(offset, 64, 100).min(250 - offset);
+            let chunk = request(offset, 64, 100, 0).min(250 - offset);
             let (w, n, next) = advance(offset, chunk, 250, 100);
             written += w;
             notes += u64::from(n);
@@ -1336,6 +1101,204 @@ mod tests {
             offset = next;
         }
         assert_eq!((written, notes, offset), (100, 1, 250));
+    }
+
+    /// Follows a job whose whole output is `output` as [`follow`] does: each poll asks for what
+    /// [`request`] says from the offset, the job has written `grow` more bytes by each poll and
+    /// exits once all is written. Returns the host log.
+    fn simulate(output: &[u8], grow: usize, chunk: u64, cap: u64, mask: &super::super::env::Masker) -> Vec<u8> {
+        let (mut log, mut offset, mut written) = (Vec::new(), 0u64, 0usize);
+        for _ in 0..100_000 {
+            written = (written + grow).min(output.len());
+            let exited = written == output.len();
+            let size = written as u64;
+            let cfg = FollowConfig {
+                chunk_bytes: chunk,
+                log_cap: cap,
+                mask: mask.clone(),
+                ..FollowConfig::default()
+            };
+            let max = poll_bytes(offset, &cfg);
+            let end = (offset + max).min(size).max(offset);
+            let bytes = &output[offset.min(size) as usize..end as usize];
+            let seen = offset + bytes.len() as u64;
+            let complete = exited && seen >= size;
+            let full = bytes.len() as u64 == max;
+            let t = take(offset, bytes, size, complete, full, cap, mask);
+            log.extend_from_slice(&t.bytes);
+            if t.note {
+                log.extend_from_slice(log_cap_note(cap).as_bytes());
+            }
+            offset = t.next;
+            if exited && seen >= size {
+                return log;
+            }
+        }
+        panic!(
+            "the follower made no progress: offset {offset} of {} bytes ({:?}…), grow {grow}, chunk {chunk}, cap {cap}",
+            output.len(),
+            String::from_utf8_lossy(&output[..output.len().min(60)])
+        );
+    }
+
+    /// The host log a follower must end with: the output masked as one piece, cut at the cap
+    /// (a value straddling it shown as `***`), then the note.
+    fn expected(output: &[u8], cap: u64, mask: &super::super::env::Masker) -> Vec<u8> {
+        if output.len() as u64 <= cap {
+            return mask.mask(output, true).0;
+        }
+        let mut log = mask.mask_until(output, cap as usize, true).0;
+        log.extend_from_slice(log_cap_note(cap).as_bytes());
+        log
+    }
+
+    /// Secret values are upper-case letters (and a newline), the rest of the output never is:
+    /// any upper-case letter in a host log (its cap note aside) is a leaked byte of a value.
+    fn leaked(log: &[u8], cap: u64) -> Option<String> {
+        let text = String::from_utf8_lossy(log).replace(&log_cap_note(cap), "");
+        text.contains(|c: char| c.is_ascii_uppercase()).then_some(text)
+    }
+
+    #[test]
+    fn a_secret_straddling_any_cap_chunk_or_hold_back_boundary_is_masked() {
+        use super::super::env::Masker;
+        let sets: &[&[&str]] = &[
+            // 42 bytes, as in issue 25 (41 of them before the cap leaked).
+            &["ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJKLMNOP"],
+            // A value that is a prefix of another.
+            &["QWER", "QWERTYUIOP"],
+            // Two values that overlap (XYZZY and ZYXW share ZY... as XYZZYXW).
+            &["XYZZY", "ZYXW"],
+            // A value that overlaps itself.
+            &["AAAAAA"],
+            // A multi-line value (each line is masked too).
+            &["LINEONE\nLINETWO"],
+        ];
+        let mut runs = 0;
+        for values in sets {
+            let mask = Masker::new(values.iter().map(|v| v.as_bytes()));
+            let longest = values.iter().map(|v| v.len()).max().unwrap();
+            for value in values.iter() {
+                // Shapes: the value alone, at the start, at the end, twice in a row, overlapping
+                // the others, and with filler around it at every position near the cap.
+                let mut shapes: Vec<(Vec<u8>, usize)> = Vec::new();
+                for at in 0..24 {
+                    let mut out = b".".repeat(at);
+                    out.extend_from_slice(value.as_bytes());
+                    out.extend_from_slice(b"..\n..");
+                    shapes.push((out, at));
+                    let mut twice = b".".repeat(at);
+                    twice.extend_from_slice(value.as_bytes());
+                    twice.extend_from_slice(value.as_bytes());
+                    shapes.push((twice, at));
+                }
+                shapes.push((value.as_bytes().to_vec(), 0));
+                let all = values.concat();
+                shapes.push((format!("..{all}{all}").into_bytes(), 2));
+                // The values run into each other, and a value's start without its end.
+                let (first, rest) = values.split_at(1);
+                let mixed = [rest.concat(), first.concat(), first.concat()[..3].to_lowercase()].concat();
+                shapes.push((mixed.into_bytes(), 0));
+                for (out, at) in &shapes {
+                    let at = *at as u64;
+                    let len = value.len() as u64;
+                    let mut caps = vec![1, 2, 3, out.len() as u64, out.len() as u64 + 5];
+                    for d in [0, 1, len / 2, len - 1, len, len + 1] {
+                        caps.extend([at + d, (at + d).saturating_sub(1)]);
+                    }
+                    for cap in caps.into_iter().filter(|c| *c > 0) {
+                        for chunk in [1, 2, 3, 5, 8, 64] {
+                            for grow in [1, 7, 1 << 20] {
+                                runs += 1;
+                                let log = simulate(out, grow, chunk, cap, &mask);
+                                let want = expected(out, cap, &mask);
+                                let shown = String::from_utf8_lossy(out);
+                                assert!(
+                                    leaked(&log, cap).is_none(),
+                                    "{values:?} in {shown:?}, cap {cap}, chunk {chunk}, grow {grow}: {:?}",
+                                    String::from_utf8_lossy(&log)
+                                );
+                                assert_eq!(
+                                    String::from_utf8_lossy(&log),
+                                    String::from_utf8_lossy(&want),
+                                    "{values:?} in {shown:?}, cap {cap}, chunk {chunk}, grow {grow}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(longest >= 4);
+        }
+        assert!(runs > 10_000, "{runs}");
+    }
+
+    /// A run of values overlapping each other longer than any read (only a build that prints
+    /// such a run on purpose makes one): each full read is decided at its end, so the follower
+    /// never asks for the same bytes again and again (before, it polled in a tight loop until
+    /// the step's end). What shows of the values is at most the start of one per read.
+    #[test]
+    fn a_run_of_overlapping_values_longer_than_a_read_makes_progress() {
+        use super::super::env::Masker;
+        let mask = Masker::new([&b"AAAAAA"[..], b"ABAB"]);
+        for out in [b"A".repeat(10_000), b"AB".repeat(5_000)] {
+            for chunk in [1, 7, 64] {
+                // `simulate` panics if the follower gets stuck.
+                let log = simulate(&out, 1 << 20, chunk, 1 << 20, &mask);
+                // Each poll reads a chunk and two values' length (12 bytes).
+                let reads = out.len() as u64 / (chunk + 12) + 1;
+                let shown = log.iter().filter(|b| b.is_ascii_uppercase()).count() as u64;
+                assert!(
+                    shown <= reads * 3,
+                    "chunk {chunk}: {shown} bytes of values shown in {reads} reads"
+                );
+                assert!(
+                    shown * 4 < out.len() as u64,
+                    "chunk {chunk}: {shown} bytes of values shown"
+                );
+                assert!(log.contains(&b'*'), "chunk {chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_cap_note_waits_for_a_value_straddling_the_cap_to_be_told() {
+        use super::super::env::Masker;
+        let secret = "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJKLMNOP";
+        let mask = Masker::new([secret.as_bytes()]);
+        // 41 bytes of the value before the cap of 100, the last one after it.
+        let out = format!("{}{secret}..", ".".repeat(59));
+        let cap = 100;
+        // The poll at 0 asks for the cap and 41 more bytes: the value is seen whole.
+        let asked = request(0, 1 << 20, cap, cap_lookahead(&mask));
+        assert_eq!(asked, cap + 41);
+        let t = take(0, &out.as_bytes()[..103], out.len() as u64, false, false, cap, &mask);
+        assert_eq!(t.bytes, format!("{}***", ".".repeat(59)).into_bytes());
+        assert!(t.note);
+        assert_eq!(t.next, out.len() as u64);
+        // Only the cap's bytes came so far (the job is still writing): nothing of the value
+        // is logged, no note yet, and the offset stays at the value's start.
+        let t = take(0, &out.as_bytes()[..100], 100, false, false, cap, &mask);
+        assert_eq!((t.bytes, t.note, t.next), (".".repeat(59).into_bytes(), false, 59));
+    }
+
+    /// A large piece is masked on the blocking pool, as `take` masks it in place.
+    #[tokio::test(flavor = "current_thread")]
+    async fn large_pieces_are_masked_off_the_runtime_as_in_place() {
+        use super::super::env::Masker;
+        let cfg = FollowConfig {
+            mask: Masker::new([&b"TOPSECRET"[..]]),
+            ..FollowConfig::default()
+        };
+        let mut out = b"x TOPSECRET y\n".repeat(MASK_OFF_RUNTIME_BYTES / 8);
+        out.extend_from_slice(b"TOPSEC");
+        for (complete, full) in [(false, true), (true, false)] {
+            let size = out.len() as u64 + 100;
+            let want = take(7, &out, size, complete, full, cfg.log_cap, &cfg.mask);
+            let got = take_off_runtime(7, out.clone(), size, complete, full, &cfg).await;
+            assert_eq!(got, want);
+            assert!(!got.bytes.windows(9).any(|w| w == b"TOPSECRET"));
+        }
     }
 
     #[test]

@@ -282,9 +282,13 @@ impl Drop for LogShipper {
 
 impl Worker {
     /// Runs `what` within the request limit.
-    async fn bounded<T>(&self, what: &str, f: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    async fn bounded<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        f: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, String> {
         match tokio::time::timeout(self.settings.put_timeout, f).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("{what}: no answer within {:?}", self.settings.put_timeout)),
         }
     }
@@ -294,21 +298,10 @@ impl Worker {
         let prefix = logs_prefix(&self.vm);
         match &self.dest {
             Destination::File { dir } => {
+                // Walked as the writes are (no link followed): a planted link can neither hide
+                // parts nor make the shipper count another folder's.
                 let folder = dir.join(&prefix);
-                let read = tokio::task::spawn_blocking(move || -> Result<Vec<(String, u64)>, String> {
-                    let entries = match std::fs::read_dir(&folder) {
-                        Ok(e) => e,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                        Err(e) => return Err(format!("listing {}: {e}", folder.display())),
-                    };
-                    Ok(entries
-                        .flatten()
-                        .filter_map(|e| {
-                            let name = e.file_name().to_str()?.to_string();
-                            Some((name, e.metadata().ok()?.len()))
-                        })
-                        .collect())
-                });
+                let read = tokio::task::spawn_blocking(move || super::nofollow::list_files(&folder));
                 read.await.map_err(|e| format!("listing task failed: {e}"))?
             }
             Destination::S3 { bucket, prefix: p } => {

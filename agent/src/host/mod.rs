@@ -22,12 +22,14 @@
 //! (each capped; `_checkout.log`, `_probe.log`, `_tart-run.log` for Tartan's own commands) and
 //! `tmp/<vm>/` (guest files on their way to the destination; removed with the VM).
 //!
-//! Guest paths (test report, artifacts) are read with `tart exec NAME cat PATH`, relative to the
-//! exec working directory (the guest user's home on a Mac, the VM folder with `tart-double`). tart
-//! exec merges the guest's stderr into what is read, so a `cat` that succeeds must not write to
-//! stderr (it does not).
+//! Guest paths (test report, artifacts) are read with `tart exec NAME sh -c SCRIPT sh PATH CAP`
+//! ([`executor::READ_GUEST_FILE`]: a regular file within CAP is `cat`, anything else refused),
+//! relative to the exec working directory (the guest user's home on a Mac, the VM folder with
+//! `tart-double`), the exec killed at CAP and after a time limit. tart exec merges the guest's
+//! stderr into what is read, so a read that succeeds must not write to stderr (it does not).
 
 pub mod artifacts;
+pub mod disk;
 pub mod env;
 pub mod executor;
 pub mod guest_job;
@@ -35,6 +37,7 @@ pub mod junit;
 pub mod log_shipper;
 pub mod logs;
 pub mod mounts;
+pub mod nofollow;
 pub mod step_timeout;
 pub mod steps;
 
@@ -42,7 +45,7 @@ pub use artifacts::{Destination, DestinationPolicy, DestinationRefused, UploadPo
 pub use executor::{
     AttemptExecutor, CancelHandle, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair,
 };
-pub use junit::{TestCounts, parse_report};
+pub use junit::{TestCounts, count_report, parse_report};
 
 use crate::machine::{self, Action, Attempt, Event, Refusal, Transition};
 use crate::record::Record;

@@ -111,6 +111,7 @@ pub async fn stop(
             log_cap: 4096,
             tail_bytes: 4096,
             timeout: exec_timeout,
+            stop_at_cap: false,
         };
         let failure = match tart.exec(&job.vm, &argv, &options).await {
             Ok(out) if out.exit_code == 0 => break parse_stop(&out.tail),

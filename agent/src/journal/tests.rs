@@ -24,8 +24,29 @@ fn draft(attempt: u32, to: AttemptState, detail: &str) -> Record {
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
+}
+
+thread_local! {
+    /// How many of this thread's next journal syncs fail (see [`fail_next_syncs`]).
+    static SYNCS_TO_FAIL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the next `n` syncs of journal writes on this thread fail after their write went through,
+/// as an `fsync` refused by a failing disk does: the bytes are in the file, not acknowledged.
+fn fail_next_syncs(n: u32) {
+    SYNCS_TO_FAIL.with(|c| c.set(n));
+}
+
+/// Called by the journal's write path in tests: whether this sync is to fail.
+pub(super) fn injected_sync_failure() -> bool {
+    SYNCS_TO_FAIL.with(|c| {
+        let left = c.get();
+        c.set(left.saturating_sub(1));
+        left > 0
+    })
 }
 
 #[derive(Debug)]
@@ -536,4 +557,65 @@ fn an_unwritable_journal_fails_without_burning_file_ids_and_recovers_by_a_backed
     let o = open(state);
     assert_eq!(seqs(&o.replay.records), vec![1, 2, 3]);
     assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
+}
+
+/// A sync that fails after its write went through leaves the record's bytes in the poisoned file.
+/// Nothing may take them for a durable record: not the next append (it reuses the number in a new
+/// file, which supersedes them), and not a compaction run before any later append: before the fix
+/// the compaction copied the unacknowledged record into its synced file, the next append reused
+/// its number after it, and the next open refused the journal as holding the same number twice.
+#[test]
+fn a_record_whose_sync_failed_is_never_taken_for_durable() {
+    for compact_first in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        let mut o = open(state);
+        append_n(&mut o.journal, 2, "before");
+        fail_next_syncs(1);
+        let err = o
+            .journal
+            .append(&mut draft(1, AttemptState::Collecting, "sync failed"))
+            .unwrap_err();
+        assert!(err.to_string().contains("injected fsync failure"), "{err}");
+        assert!(err.to_string().contains("must not be acted on"), "{err}");
+        assert_eq!(o.journal.next_seq(), 3);
+        assert!(o.journal.health().failing().is_some());
+        if compact_first {
+            let done = o.journal.compact(|_| true).unwrap();
+            assert_eq!(done.kept, 2, "compact_first: {done:?}");
+        }
+        assert_eq!(
+            o.journal
+                .append(&mut draft(1, AttemptState::Collecting, "kept"))
+                .unwrap(),
+            3
+        );
+        assert!(o.journal.health().failing().is_none());
+        drop(o);
+        let o = open_with(state, JournalOptions::default().max_file_bytes)
+            .unwrap_or_else(|e| panic!("compact_first {compact_first}: {e}"));
+        assert_eq!(seqs(&o.replay.records), vec![1, 2, 3], "compact_first {compact_first}");
+        assert_eq!(o.replay.records[2].detail, "kept");
+        assert!(
+            !o.replay.records.iter().any(|r| r.detail == "sync failed"),
+            "compact_first {compact_first}"
+        );
+    }
+}
+
+/// A sync that fails while a new file is started (rotation, or the first append of a process)
+/// leaves nothing behind either: the file is removed and its number given to the next try.
+#[test]
+fn a_failed_sync_of_a_new_file_acknowledges_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let mut o = open(state);
+    fail_next_syncs(1);
+    assert!(o.journal.append(&mut draft(1, AttemptState::Running, "lost")).is_err());
+    assert_eq!(o.journal.next_seq(), 1);
+    assert_eq!(append_n(&mut o.journal, 1, "kept"), vec![1]);
+    drop(o);
+    let o = open(state);
+    assert_eq!(seqs(&o.replay.records), vec![1]);
+    assert_eq!(o.replay.records[0].detail, "kept 0");
 }

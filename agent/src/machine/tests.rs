@@ -32,6 +32,8 @@ fn mk_attempt(number: u32, state: AttemptState) -> Attempt {
     if state != S::Requested || number > 1 {
         a.deadline = Some(ts(DEADLINE));
     }
+    // Past admission, as if it had booted (a refusal before the boot is tested on its own).
+    a.boot_started = !matches!(state, S::Requested | S::Admitted);
     if matches!(state, S::Retiring | S::Quarantined | S::Retired) {
         a.outcome = Some(Outcome::Interrupted);
     }
@@ -114,6 +116,10 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
         EventKind::DeadlinePassed => return (Event::DeadlinePassed { at_start: None }, after),
         EventKind::WatchdogRemovedVm => return (Event::WatchdogRemovedVm, after),
         EventKind::AgentRestarted => Event::AgentRestarted { killed: 0 },
+        EventKind::SpecChanged => Event::SpecChanged {
+            change: "generation 1 at the attempt's start, 2 now".into(),
+            at_start: Some(1),
+        },
         EventKind::AgentFault => Event::AgentFault {
             message: "attempt to add with overflow".into(),
         },
@@ -149,6 +155,7 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
     match (state, kind) {
         (S::Requested, E::Admit) => Some(S::Admitted),
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
+        (_, E::ClaimLost) if open => Some(S::Retiring),
         (S::Admitted, E::Boot) => Some(S::Booting),
         (S::Admitted | S::Booting, E::VmStartFailed | E::MountRefused) => Some(S::Retiring),
         (S::Admitted | S::Booting | S::Running, E::EnvRefused) => Some(S::Retiring),
@@ -160,9 +167,15 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
         (S::Collecting, E::TestsPassed | E::TestsFailed | E::TestReportUnusable | E::ArtifactUploadFailed) => {
             Some(S::Retiring)
         }
-        (_, E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed | E::AgentRestarted | E::AgentFault) if open => {
-            Some(S::Retiring)
-        }
+        (
+            _,
+            E::CancelRequested
+            | E::OwnerDeleted
+            | E::DeadlinePassed
+            | E::AgentRestarted
+            | E::SpecChanged
+            | E::AgentFault,
+        ) if open => Some(S::Retiring),
         (S::Booting | S::Running | S::Collecting, E::WatchdogRemovedVm) => Some(S::Retiring),
         (S::Retiring | S::Quarantined, E::CancelRequested | E::OwnerDeleted) => Some(state),
         (S::Retiring, E::VmDeleted) => Some(S::Retired),
@@ -209,7 +222,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 58, "the size of the allowed set");
+    assert_eq!(allowed, 66, "the size of the allowed set");
 }
 
 #[test]
@@ -441,6 +454,12 @@ fn every_ending_maps_to_its_outcome() {
             S::Collecting,
             EventKind::AgentFault,
             Reason::AgentFault,
+            Outcome::Interrupted,
+        ),
+        (
+            S::Running,
+            EventKind::SpecChanged,
+            Reason::AgentRestarted,
             Outcome::Interrupted,
         ),
         (
@@ -1234,4 +1253,89 @@ fn the_step_start_is_the_time_of_the_record_that_started_it() {
     .unwrap();
     a.observe(&a.record(&next, 21));
     assert_eq!(a.step_since, Some(t0 + secs(40)));
+}
+
+/// A build refused before its boot (a mount or a Secret refused while Admitted) had no VM: its
+/// retirement says so, not that a VM was stopped and deleted. One refused after its boot started
+/// had one.
+#[test]
+fn a_refusal_before_the_boot_says_no_vm_was_cloned() {
+    let now = ts(DEADLINE) - secs(1500);
+    let refused = Event::MountRefused {
+        error:
+            "mount \"pods\" is not declared by this agent's config ([[mounts]]: it declares none); nothing was cloned"
+                .into(),
+    };
+    let deleted = Event::VmDeleted {
+        how: Deleted::Stopped { took: secs(0) },
+    };
+    let mut d = Driver::new(mk_attempt(1, S::Admitted), 10);
+    d.go(refused.clone(), now);
+    d.go(deleted.clone(), now);
+    assert_eq!(
+        d.lines.last().unwrap(),
+        "#11 a1 Retiring -> Retired (VMDeleted) no VM was cloned for attempt 1: nothing to delete"
+    );
+    let mut d = Driver::new(mk_attempt(1, S::Admitted), 10);
+    d.go(Event::Boot, now);
+    d.go(refused, now);
+    d.go(deleted, now);
+    assert_eq!(
+        d.lines.last().unwrap(),
+        "#12 a1 Retiring -> Retired (VMDeleted) stopped and deleted in 0.00s"
+    );
+}
+
+/// A holder fenced out while its attempt ran (its claim moved to another agent): it stops and
+/// deletes its own VM and frees its slot, and owes the MacBuild nothing: no status, no finalizer
+/// release, no retry (the build is the new holder's).
+#[test]
+fn a_claim_lost_while_running_deletes_the_vm_frees_the_slot_and_writes_nothing() {
+    let now = ts(DEADLINE) - secs(1500);
+    for state in [S::Admitted, S::Booting, S::Running, S::Collecting] {
+        let mut d = Driver::new(mk_attempt(1, state), 30);
+        let acts = d.go(
+            Event::ClaimLost {
+                holder: "mac-mini-08 (a2)".into(),
+            },
+            now,
+        );
+        assert_eq!(
+            acts,
+            vec![Action::StopAndDeleteVm {
+                vm: vm(),
+                context: DeleteContext::Normal
+            }],
+            "{state}"
+        );
+        assert_eq!(
+            d.lines[0],
+            format!(
+                "#30 a1 {state} -> Retiring (ClaimLost) claim moved to mac-mini-08 (a2); this attempt stops and deletes its VM"
+            )
+        );
+        assert_eq!(d.a.outcome, None);
+        let acts = d.go(
+            Event::VmDeleted {
+                how: Deleted::Stopped { took: secs(4) },
+            },
+            now,
+        );
+        assert_eq!(
+            acts,
+            vec![Action::RemoveDeadlineFile { vm: vm() }, Action::ReleaseSlot { slot: 0 }],
+            "{state}"
+        );
+        assert_eq!(d.a.state, S::Retired);
+        // A withdrawal seen on the way changes nothing of that.
+        let mut d = Driver::new(mk_attempt(1, state), 30);
+        d.go(Event::ClaimLost { holder: "x".into() }, now);
+        let acts = d.go(Event::CancelRequested { at_start: None }, now);
+        assert!(
+            !acts
+                .iter()
+                .any(|a| matches!(a, Action::DeliverStatus | Action::RemoveFinalizer)),
+            "{acts:?}"
+        );
+    }
 }

@@ -64,6 +64,7 @@ fn mk_view(attempt: u32, seq: u64) -> BuildView {
         max_attempts: None,
         timeout_seconds: 1800,
         has_finalizer: true,
+        generation: None,
     }
 }
 fn mk_cluster(views: Vec<BuildView>) -> ClusterView {
@@ -1873,6 +1874,86 @@ fn a_claim_naming_attempt_u32_max_does_not_overflow_recovery() {
             &p[..],
             [RecoveryAction::Step {
                 event: Event::ClaimLost { .. },
+                ..
+            }]
+        ),
+        "{p:?}"
+    );
+}
+
+/// An admin patch changed the MacBuild's spec (removed the running step) while the agent was
+/// stopped: the attempt is not followed on the new spec from the old step's index; it is
+/// interrupted, saying why, and its VM deleted. The same generation resumes; a journal from
+/// before generations were recorded resumes as before (the executor guards the step index).
+#[test]
+fn an_attempt_whose_macbuild_spec_changed_meanwhile_is_interrupted_not_resumed() {
+    let mut j = Journal::new(1);
+    j.run_to(1, S::Running);
+    let old_journal = j.recs.clone();
+    for r in &mut j.recs {
+        r.generation = Some(1);
+    }
+    let seq = j.seq - 1;
+    let now = t0() + secs(700);
+    let at = |generation| BuildView {
+        generation: Some(generation),
+        ..mk_view(1, seq)
+    };
+    let w = running_world(&vm_of(1), true);
+    let (plan, log) = recover(&j, mk_cluster(vec![at(2)]), w, now);
+    assert_eq!(
+        plan,
+        vec![RecoveryAction::KillVmProcesses {
+            attempt: key(1),
+            found: S::Running,
+            vm: vm_of(1),
+            then: Ending::SpecChanged { then: 1, now: 2 },
+        }]
+    );
+    let retired = log
+        .iter()
+        .find(|l| l.contains("Running -> Retiring"))
+        .unwrap_or_else(|| panic!("{log:?}"));
+    assert!(
+        retired.contains(
+            "(AgentRestarted) the MacBuild's spec changed while the agent was stopped (generation 1 when the attempt \
+             started, 2 now); the attempt is not resumed; found Running at agent start; killed 1 tart process(es)"
+        ) && retired.ends_with("outcome=Interrupted"),
+        "{retired}"
+    );
+    assert!(!log.iter().any(|l| l.contains("Resumed")), "{log:?}");
+    // The same generation is resumed.
+    let resumed = plan_for(
+        &j.recs,
+        &observed(&running_world(&vm_of(1), true)),
+        &mk_cluster(vec![at(1)]),
+        now,
+    );
+    assert!(matches!(resumed[..], [RecoveryAction::Resume { .. }]), "{resumed:?}");
+    // A journal without generations cannot tell: resumed as before.
+    let old = plan_for(
+        &old_journal,
+        &observed(&running_world(&vm_of(1), true)),
+        &mk_cluster(vec![at(2)]),
+        now,
+    );
+    assert!(matches!(old[..], [RecoveryAction::Resume { .. }]), "{old:?}");
+    // A withdrawal or the deadline still names the ending first.
+    let cancelled = BuildView {
+        cancel_requested: true,
+        ..at(2)
+    };
+    let p = plan_for(
+        &j.recs,
+        &observed(&running_world(&vm_of(1), true)),
+        &mk_cluster(vec![cancelled]),
+        now,
+    );
+    assert!(
+        matches!(
+            p[..],
+            [RecoveryAction::KillVmProcesses {
+                then: Ending::CancelRequested,
                 ..
             }]
         ),

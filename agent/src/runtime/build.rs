@@ -1,10 +1,16 @@
 //! One build on this agent: its attempts, one after the other, from the claim (or from recovery)
 //! until its VM is confirmed gone and no attempt follows.
 //!
-//! The loop for an attempt is "step → journal (synced) → act → event": nothing happens on the
-//! host or in the cluster before the transition asking for it is in the journal.
+//! The loop for an attempt is "step → journal (synced) → report → act → event": nothing happens
+//! on the host or in the cluster before the transition asking for it is in the journal.
+//!
+//! A build's task owns a [`BuildTask`]: its withdrawal signal and the slot reservation it holds
+//! between attempts. Reservations move by value (the scan's or a retry's wait's into
+//! [`claim_and_run`] and [`admit`]); whatever path ends the task drops what it still holds, which
+//! frees the slot.
 
 use super::core::Shared;
+use super::slots::SlotReservation;
 use crate::cluster::claim::{self, ClaimOutcome};
 use crate::host::{
     AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair,
@@ -32,12 +38,42 @@ pub enum Rest {
 }
 
 /// Registers a task for the build `uid` on this agent: the main loop withdraws it through the
-/// handle kept in `active`, and every executor of the build (all its attempts) listens to the
-/// returned signal, so a withdrawal that comes before an executor exists is not lost.
+/// handle kept with the build's state, and every executor of the build (all its attempts) listens
+/// to the returned signal, so a withdrawal that comes before an executor exists is not lost.
 pub async fn register(shared: &Shared, uid: &str) -> CancelSignal {
     let (handle, signal) = cancel_pair();
-    shared.core.lock().await.active.insert(uid.to_string(), handle);
+    shared.builds.task_started(uid, handle).await;
     signal
+}
+
+/// What a build's task carries from attempt to attempt: the build's withdrawal signal, and the
+/// slot reservation the task holds, if any: one handed on by an attempt retired with a retry owed,
+/// or one whose admission is not journaled yet (its journal write failed; the take-over admits it
+/// again). Dropped with the task, which frees that slot.
+#[derive(Debug)]
+pub struct BuildTask {
+    pub cancel: CancelSignal,
+    slot: Option<SlotReservation>,
+}
+
+impl BuildTask {
+    /// A task holding no slot.
+    pub fn new(cancel: CancelSignal) -> BuildTask {
+        BuildTask { cancel, slot: None }
+    }
+
+    /// A task holding `reservation` (for its next attempt).
+    pub fn holding(cancel: CancelSignal, reservation: SlotReservation) -> BuildTask {
+        BuildTask {
+            cancel,
+            slot: Some(reservation),
+        }
+    }
+
+    /// The slot the task holds a reservation of, if any.
+    pub fn reserved_slot(&self) -> Option<u8> {
+        self.slot.as_ref().map(SlotReservation::slot)
+    }
 }
 
 /// The executor for `attempt`, listening to its build's withdrawal signal.
@@ -69,6 +105,7 @@ pub fn executor_for(shared: &Shared, attempt: &Attempt, spec: MacBuildSpec, canc
                 timeout: shared.config.timing.api_timeout,
             }),
         }),
+        build_log_budget: shared.config.logs.max_build_bytes,
         ..ExecutorConfig::new(&shared.config.state_dir)
     };
     AttemptExecutor::new(host, shared.tart.clone(), cfg, cancel.clone())
@@ -84,17 +121,20 @@ pub fn spec_of_gone_build() -> MacBuildSpec {
 }
 
 /// Follows `attempt` from `first` until it rests, through the host's step → journal → act loop.
+/// `slot` is the build task's reservation: the journal steps admit or hand it on ([`Shared::journal`]).
 pub async fn run_attempt(
     shared: &Shared,
     exec: &mut AttemptExecutor,
     attempt: &mut Attempt,
     first: Event,
     generation: Option<i64>,
+    slot: &mut Option<SlotReservation>,
 ) -> Rest {
     let mut hooks = Hooks {
         shared,
         generation,
         next: None,
+        slot,
     };
     match crate::host::drive(exec, attempt, first, &shared.machine, &mut hooks).await {
         Ok(AttemptState::Retired) => Rest::Retired { next: hooks.next },
@@ -110,13 +150,15 @@ pub async fn run_attempt(
     }
 }
 
-/// The runtime's side of an attempt's loop: the journal (with status and Events) and the
-/// non-host actions.
+/// The runtime's side of an attempt's loop: the journal, then the report (status and Events),
+/// and the non-host actions.
 struct Hooks<'a> {
     shared: &'a Shared,
     generation: Option<i64>,
     /// The next attempt the machine asked for, if any.
     next: Option<NextAttempt>,
+    /// The build task's slot reservation.
+    slot: &'a mut Option<SlotReservation>,
 }
 
 impl AttemptHooks for Hooks<'_> {
@@ -127,9 +169,12 @@ impl AttemptHooks for Hooks<'_> {
         results: &BuildResults,
         logs: Option<&str>,
     ) -> Result<Record, String> {
-        self.shared
-            .journal(attempt, t, Some(results), self.generation, logs)
+        let journaled = self
+            .shared
+            .journal(attempt, t, Some(results), self.generation, logs, self.slot)
             .await
+            .map_err(|e| e.to_string())?;
+        Ok(self.shared.report(journaled))
     }
 
     async fn act(&mut self, attempt: &Attempt, action: &Action) -> Option<Event> {
@@ -179,7 +224,7 @@ pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
         .await
         {
             Ok(()) => {
-                shared.core.lock().await.finalizer_owed.remove(&build.uid);
+                shared.builds.set_finalizer_owed(&build.uid, false).await;
                 return;
             }
             Err(error) if started.elapsed() < FINALIZER_RETRY_FOR => {
@@ -187,7 +232,7 @@ pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
             }
             Err(error) => {
                 tracing::error!(%build, %error, "finalizer still on after {FINALIZER_RETRY_FOR:?}; the next agent start removes it");
-                shared.core.lock().await.finalizer_owed.insert(build.uid.clone());
+                shared.builds.set_finalizer_owed(&build.uid, true).await;
                 return;
             }
         }
@@ -196,69 +241,85 @@ pub async fn release_finalizer(shared: &Shared, build: &BuildRef) {
     }
 }
 
+/// Why a MacBuild could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadBuildError {
+    #[error("reading MacBuild {build}: {error}")]
+    Api { build: BuildRef, error: kube::Error },
+    #[error("reading MacBuild {build}: no answer within {limit:?}")]
+    Timeout { build: BuildRef, limit: Duration },
+}
+
 /// Reads the MacBuild named by `build`, if it still exists with the same uid.
-pub async fn read_build(shared: &Shared, build: &BuildRef) -> Result<Option<MacBuild>, String> {
+pub async fn read_build(shared: &Shared, build: &BuildRef) -> Result<Option<MacBuild>, ReadBuildError> {
     let api: Api<MacBuild> = Api::namespaced(shared.client.clone(), &build.namespace);
-    match tokio::time::timeout(shared.config.timing.api_timeout, api.get_opt(&build.name)).await {
+    let limit = shared.config.timing.api_timeout;
+    match tokio::time::timeout(limit, api.get_opt(&build.name)).await {
         Ok(Ok(Some(mb))) if mb.metadata.uid.as_deref() == Some(build.uid.as_str()) => Ok(Some(mb)),
         Ok(Ok(_)) => Ok(None),
-        Ok(Err(e)) => Err(format!("reading MacBuild {build}: {e}")),
-        Err(_) => Err(format!(
-            "reading MacBuild {build}: no answer within {:?}",
-            shared.config.timing.api_timeout
-        )),
+        Ok(Err(error)) => Err(ReadBuildError::Api {
+            build: build.clone(),
+            error,
+        }),
+        Err(_) => Err(ReadBuildError::Timeout {
+            build: build.clone(),
+            limit,
+        }),
     }
 }
 
-/// Journals attempt `number` of `mb` (`[*] -> Requested`), claims it and admits it into `slot`
-/// (reserved by the caller), then runs it. Returns where the attempt rests.
+/// Journals attempt `number` of `mb` (`[*] -> Requested`), claims it and admits it into the slot
+/// of `reservation`, then runs it. Returns where the attempt rests; a slot the attempt hands on to
+/// its retry is left in `task`.
 pub async fn claim_and_run(
     shared: &Shared,
     mb: &MacBuild,
     number: u32,
     retry_of: Option<&NextAttempt>,
-    slot: u8,
-    cancel: &CancelSignal,
+    reservation: SlotReservation,
+    task: &mut BuildTask,
 ) -> Rest {
     let build = BuildRef::of(mb);
     let vm = vm_name(&build.namespace, &build.name, &build.uid, number);
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
     let mut attempt = Attempt::new(build.clone(), number, vm, max_attempts);
     let generation = mb.metadata.generation;
-    {
-        // The journal, not a cached MacBuild, says what was run: an attempt it already has is
-        // never requested (and so never cloned) again.
-        let mut core = shared.core.lock().await;
-        if core.attempts.contains_key(&attempt.key()) {
-            core.reserved.remove(&build.uid);
-            tracing::warn!(attempt = %attempt.key(), "the journal already has this attempt; not claiming it again");
-            return Rest::Retired { next: None };
-        }
+    // The journal, not a cached MacBuild, says what was run: an attempt it already has is never
+    // requested (and so never cloned) again.
+    if shared.builds.has_attempt(&attempt.key()).await {
+        tracing::warn!(attempt = %attempt.key(), "the journal already has this attempt; not claiming it again");
+        return Rest::Retired { next: None };
     }
     let t = machine::request(&attempt, retry_of, Timestamp::now());
-    match shared.journal(&attempt, &t, None, generation, None).await {
-        Ok(record) => attempt.observe(&record),
-        Err(error) => {
-            shared.core.lock().await.reserved.remove(&build.uid);
-            shared.slot_freed.notify_waiters();
-            return Rest::JournalFailed(error);
-        }
+    match shared.journal(&attempt, &t, None, generation, None, &mut None).await {
+        Ok(journaled) => attempt.observe(&shared.report(journaled)),
+        Err(error) => return Rest::JournalFailed(error.to_string()),
     }
-    admit(shared, mb, &mut attempt, slot, cancel).await
+    admit(shared, mb, &mut attempt, reservation, task).await
 }
 
-/// Claims `attempt` (already `Requested`) and runs it from the admission on.
-pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: u8, cancel: &CancelSignal) -> Rest {
+/// Claims `attempt` (already `Requested`) and runs it from the admission on, into the slot of
+/// `reservation` (released if the claim is lost).
+pub async fn admit(
+    shared: &Shared,
+    mb: &MacBuild,
+    attempt: &mut Attempt,
+    reservation: SlotReservation,
+    task: &mut BuildTask,
+) -> Rest {
     let build = attempt.build.clone();
     let timeout = SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds));
     let first = match claim_with_retries(shared, mb, attempt.number, timeout).await {
         Ok(ClaimOutcome::Won { claim, macbuild }) => {
             shared.delivery.observed(&macbuild);
-            let mut core = shared.core.lock().await;
-            core.epochs.insert(build.uid.clone(), claim.epoch);
-            if let Some(status) = macbuild.status.clone() {
-                core.statuses.insert(build.uid.clone(), status);
-            }
+            shared
+                .builds
+                .claim_won(&build.uid, claim.epoch, macbuild.status.clone())
+                .await;
+            let slot = reservation.slot();
+            // Held by the task until the `Admitted` record ends it (or a failed write leaves it
+            // for the take-over).
+            task.slot = Some(reservation);
             Event::Admit {
                 slot,
                 slots: shared.config.slots,
@@ -266,17 +327,17 @@ pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: 
             }
         }
         Ok(ClaimOutcome::Lost { reason }) => {
-            shared.core.lock().await.reserved.remove(&build.uid);
+            drop(reservation);
             Event::ClaimLost { holder: reason }
         }
         Err(error) => {
-            shared.core.lock().await.reserved.remove(&build.uid);
+            drop(reservation);
             Event::ClaimLost {
                 holder: format!("nobody confirmed: {error}"),
             }
         }
     };
-    let mut exec = executor_for(shared, attempt, mb.spec.clone(), cancel);
+    let mut exec = executor_for(shared, attempt, mb.spec.clone(), &task.cancel);
     let event = match (
         &first,
         machine::step(attempt, first.clone(), Timestamp::now(), &shared.machine),
@@ -285,7 +346,8 @@ pub async fn admit(shared: &Shared, mb: &MacBuild, attempt: &mut Attempt, slot: 
         (Event::Admit { .. }, Err(Refusal::RetryWindowClosed { .. })) => Event::DeadlinePassed { at_start: None },
         _ => first,
     };
-    run_attempt(shared, &mut exec, attempt, event, mb.metadata.generation).await
+    let generation = mb.metadata.generation;
+    run_attempt(shared, &mut exec, attempt, event, generation, &mut task.slot).await
 }
 
 /// The fenced claim, retried with capped backoff while the API fails; bounded by the build's
@@ -295,7 +357,7 @@ async fn claim_with_retries(
     mb: &MacBuild,
     number: u32,
     limit: SignedDuration,
-) -> Result<ClaimOutcome, String> {
+) -> Result<ClaimOutcome, claim::ClaimError> {
     let started = std::time::Instant::now();
     let limit = Duration::try_from(limit).unwrap_or(Duration::from_secs(3600));
     let mut wait = Duration::from_millis(250);
@@ -319,17 +381,26 @@ async fn claim_with_retries(
                     current = fresh;
                 }
             }
-            Err(error) => return Err(error.to_string()),
+            Err(error) => return Err(error),
         }
     }
 }
 
-/// Waits until a slot is free for `build` and reserves it; `None` once `until` has passed.
-pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Option<u8> {
+/// The reservation `held` if there is one, else waits until a slot is free for build `uid` and
+/// reserves it; `None` once `until` has passed.
+pub async fn wait_for_slot(
+    shared: &Shared,
+    held: Option<SlotReservation>,
+    uid: &str,
+    until: Timestamp,
+) -> Option<SlotReservation> {
+    if held.is_some() {
+        return held;
+    }
     loop {
-        let notified = shared.slot_freed.notified();
-        if let Some(slot) = shared.core.lock().await.reserve_slot(uid, shared.config.slots) {
-            return Some(slot);
+        let notified = shared.builds.slot_freed().notified();
+        if let Some(reservation) = shared.builds.reserve(uid, shared.config.slots).await {
+            return Some(reservation);
         }
         let left = until.duration_since(Timestamp::now());
         let left = Duration::try_from(left).ok()?;
@@ -341,8 +412,9 @@ pub async fn wait_for_slot(shared: &Shared, uid: &str, until: Timestamp) -> Opti
     }
 }
 
-/// Runs owed next attempts until none follows, then forgets the build's task.
-pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest, cancel: CancelSignal) {
+/// Runs owed next attempts until none follows, then forgets the build's task (and frees the slot
+/// it still holds, if any).
+pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest, mut task: BuildTask) {
     // A failure the disk's recovery does not cure (a record the journal refuses, whatever the
     // disk does) must not loop: a few takeovers, a pause before each, then the next start.
     let mut takeovers = 0u32;
@@ -358,7 +430,7 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
                 takeovers += 1;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 wait_until_journal_writable(&shared).await;
-                rest = after_fault(&shared, &build, &why, &cancel).await;
+                rest = after_fault(&shared, &build, &why, &mut task).await;
                 continue;
             }
             Rest::Retired { next: None } | Rest::Stuck(_) => break,
@@ -378,65 +450,55 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
         };
         // A withdrawal that came while the previous attempt was retiring ends the build here.
         if withdrawal_of(&latest).is_some() {
-            rest = request_and_end(
-                &shared,
-                &latest,
-                &next,
-                Event::CancelRequested { at_start: None },
-                &cancel,
-            )
-            .await;
+            let ending = Event::CancelRequested { at_start: None };
+            rest = request_and_end(&shared, &latest, &next, ending, &mut task).await;
             continue;
         }
         let until = next.deadline - shared.machine.retry_min_remaining;
-        let Some(slot) = wait_for_slot(&shared, &build.uid, until).await else {
+        let Some(reservation) = wait_for_slot(&shared, task.slot.take(), &build.uid, until).await else {
             tracing::warn!(%build, attempt = next.attempt, "no slot before the retry window closed");
-            rest = request_and_end(
-                &shared,
-                &latest,
-                &next,
-                Event::DeadlinePassed { at_start: None },
-                &cancel,
-            )
-            .await;
+            let ending = Event::DeadlinePassed { at_start: None };
+            rest = request_and_end(&shared, &latest, &next, ending, &mut task).await;
             continue;
         };
-        rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), slot, &cancel).await;
+        rest = claim_and_run(&shared, &latest, next.attempt, Some(&next), reservation, &mut task).await;
     }
     if let Rest::Stuck(why) = &rest {
         tracing::error!(%build, %why, "build stopped; the next agent start recovers it from the journal");
     }
-    let mut core = shared.core.lock().await;
-    core.active.remove(&build.uid);
+    shared.builds.task_ended(&build.uid).await;
     // A reservation must not outlive the task that would have used it: the slot a retired
     // attempt passed on to a next one that never came (its MacBuild gone) would count as used
     // until the agent restarts.
-    core.reserved.remove(&build.uid);
-    drop(core);
-    shared.slot_freed.notify_waiters();
+    drop(task);
+    shared.builds.notify_slot_freed();
 }
 
 /// The next attempt must not start (withdrawn, or its window closed): journal it as requested,
-/// then ended by `ending`.
+/// then ended by `ending`. It takes no slot: one the task still holds is freed.
 async fn request_and_end(
     shared: &Shared,
     mb: &MacBuild,
     next: &NextAttempt,
     ending: Event,
-    cancel: &CancelSignal,
+    task: &mut BuildTask,
 ) -> Rest {
     let build = BuildRef::of(mb);
-    shared.core.lock().await.reserved.remove(&build.uid);
+    task.slot = None;
     let vm = vm_name(&build.namespace, &build.name, &build.uid, next.attempt);
     let max_attempts = u8::try_from(mb.spec.max_attempts).unwrap_or(shared.machine.default_max_attempts);
     let mut attempt = Attempt::new(build, next.attempt, vm, max_attempts);
     let t = machine::request(&attempt, Some(next), Timestamp::now());
-    match shared.journal(&attempt, &t, None, mb.metadata.generation, None).await {
-        Ok(record) => attempt.observe(&record),
-        Err(error) => return Rest::JournalFailed(error),
+    match shared
+        .journal(&attempt, &t, None, mb.metadata.generation, None, &mut None)
+        .await
+    {
+        Ok(journaled) => attempt.observe(&shared.report(journaled)),
+        Err(error) => return Rest::JournalFailed(error.to_string()),
     }
-    let mut exec = executor_for(shared, &attempt, mb.spec.clone(), cancel);
-    run_attempt(shared, &mut exec, &mut attempt, ending, mb.metadata.generation).await
+    let mut exec = executor_for(shared, &attempt, mb.spec.clone(), &task.cancel);
+    let generation = mb.metadata.generation;
+    run_attempt(shared, &mut exec, &mut attempt, ending, generation, &mut task.slot).await
 }
 
 /// The withdrawal a MacBuild asks for, if any: a cancel request or a deletion.
@@ -455,37 +517,149 @@ const MAX_TASK_FAULTS: u32 = 3;
 /// Runs a build's task (`work`, given the shared state and the build's withdrawal signal) and
 /// watches how it ends: a panic must never leave an attempt open with its VM running and its slot
 /// held. The open attempt is then interrupted (`AgentFault`, with the panic's message) or, past
-/// its outcome, its owed deletion performed; the retries that may follow run as usual.
+/// its outcome, its owed deletion performed; the retries that may follow run as usual. If that
+/// fails too, [`MAX_TASK_FAULTS`] times, the agent gives up and exits ([`give_up`]).
 pub fn spawn_supervised<W, F>(shared: Arc<Shared>, build: BuildRef, cancel: CancelSignal, work: W)
 where
     W: FnOnce(Arc<Shared>, CancelSignal) -> F + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
+    spawn_supervised_with(
+        shared,
+        build,
+        cancel,
+        work,
+        |shared, build, cancel, message| async move {
+            // The failed task's reservation, if it held one, was dropped with it: this one
+            // reserves again if its attempt still needs a slot.
+            let mut task = BuildTask::new(cancel);
+            let rest = after_fault(&shared, &build, &message, &mut task).await;
+            follow_retries(shared, build, rest, task).await;
+        },
+    );
+}
+
+/// [`spawn_supervised`] with the take-over after a fault given (tests make it fail too).
+pub fn spawn_supervised_with<W, F, H, G>(
+    shared: Arc<Shared>,
+    build: BuildRef,
+    cancel: CancelSignal,
+    work: W,
+    mut take_over: H,
+) where
+    W: FnOnce(Arc<Shared>, CancelSignal) -> F + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+    H: FnMut(Arc<Shared>, BuildRef, CancelSignal, String) -> G + Send + 'static,
+    G: Future<Output = ()> + Send + 'static,
+{
     tokio::spawn(async move {
+        let fenced = tokio::spawn(withdraw_when_fenced_out(Arc::clone(&shared), build.clone()));
+        let _stop_watching = AbortOnDrop(fenced);
         let first = work(Arc::clone(&shared), cancel.clone());
         let take_over = |message: String| {
             tracing::error!(%build, %message, "the build's task failed; interrupting its open attempt");
-            let (shared, build, cancel) = (Arc::clone(&shared), build.clone(), cancel.clone());
-            async move {
-                let rest = after_fault(&shared, &build, &message, &cancel).await;
-                follow_retries(shared, build, rest, cancel).await;
-            }
+            take_over(Arc::clone(&shared), build.clone(), cancel.clone(), message)
         };
-        if let Err(message) = supervise(first, take_over).await {
-            tracing::error!(%build, %message, "the build's task failed {MAX_TASK_FAULTS} times; the next agent start recovers it from the journal");
-            let mut core = shared.core.lock().await;
-            core.active.remove(&build.uid);
-            // A reservation must not outlive the task that would have used it.
-            core.reserved.remove(&build.uid);
-            drop(core);
-            shared.slot_freed.notify_waiters();
+        if let Err(failed) = supervise(first, take_over).await {
+            give_up(&shared, &build, &failed.message).await;
         }
     });
 }
 
+/// After the build's task failed [`MAX_TASK_FAULTS`] times more: the agent cannot run it, and
+/// leaving its attempt open would leave its VM running until the watchdog's deadline. Records the
+/// open attempt's interruption (`AgentFault`), so that the next start deletes its VM instead of
+/// resuming it (which frees its slot: the failed tasks' reservations went with them), and asks the agent to exit non-zero ([`Shared::fatal`]): launchd
+/// starts it again, and recovery finishes what this process could not.
+pub async fn give_up(shared: &Shared, build: &BuildRef, message: &str) {
+    tracing::error!(%build, %message, "the build's task failed {} times; the agent exits so that launchd starts it again and recovery deletes its VM", MAX_TASK_FAULTS + 1);
+    let open = shared.builds.latest_attempt(&build.uid).await.filter(|a| {
+        matches!(
+            a.state,
+            AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting
+        )
+    });
+    if let Some(a) = open {
+        let fault = Event::AgentFault {
+            message: format!(
+                "{message} (the task failed {} times; the agent exits and its next start deletes the VM)",
+                MAX_TASK_FAULTS + 1
+            ),
+        };
+        match machine::step(&a, fault, Timestamp::now(), &shared.machine) {
+            Ok(t) => match shared.journal(&a, &t, None, a.generation, None, &mut None).await {
+                Ok(journaled) => drop(shared.report(journaled)),
+                Err(error) => {
+                    tracing::error!(attempt = %a.key(), %error, "the interruption is not journaled; the next start recovers the attempt as found");
+                }
+            },
+            Err(refusal) => {
+                tracing::error!(attempt = %a.key(), %refusal, "the interruption is refused; the next start recovers the attempt as found")
+            }
+        }
+    }
+    shared.builds.task_ended(&build.uid).await;
+    shared.builds.notify_slot_freed();
+    shared.fatal.send_replace(Some(format!(
+        "the task of build {build} failed {} times (last: {message})",
+        MAX_TASK_FAULTS + 1
+    )));
+}
+
+/// Aborts a task when dropped (the watcher of a build ends with the build's task).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Withdraws the build's open attempt once delivery finds a status write of it fenced out: the
+/// claim moved to another holder (this agent was cut off or frozen past its Lease), so the
+/// attempt must stop and delete its VM instead of running its copy of the build to the end.
+/// Delivery writes nothing more for that attempt; the machine's `ClaimLost` owes the MacBuild
+/// nothing either.
+pub async fn withdraw_when_fenced_out(shared: Arc<Shared>, build: BuildRef) {
+    let mut progress = shared.delivery.progress(&build);
+    loop {
+        let fenced = progress.borrow_and_update().fenced_out.clone();
+        if let Some((stale, now)) = fenced {
+            let open_and_stale = |a: &Attempt| {
+                matches!(
+                    a.state,
+                    AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting
+                ) && tartan_api::attempt_id(&build.name, a.number) == stale
+            };
+            let withdrawn = shared
+                .builds
+                .withdraw_latest_if(&build.uid, open_and_stale, Withdrawal::ClaimMoved)
+                .await;
+            if let Some(a) = withdrawn {
+                let found = now.map_or("no claim".to_string(), |c| {
+                    format!("claim {} by {}", c.attempt, c.holder)
+                });
+                tracing::error!(attempt = %a.key(), %found, "status write fenced out: the claim moved; stopping the attempt and deleting its VM");
+                return;
+            }
+        }
+        if progress.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A build's task failed more often than [`MAX_TASK_FAULTS`] take-overs allow.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct TaskFailed {
+    /// The last failure's panic message.
+    pub message: String,
+}
+
 /// Runs `first` in its own task; each time a task fails (panics), runs `take_over(message)` in a
 /// new one, at most [`MAX_TASK_FAULTS`] times. `Err` carries the last failure when they ran out.
-pub async fn supervise<F, H, G>(first: F, mut take_over: H) -> Result<(), String>
+pub async fn supervise<F, H, G>(first: F, mut take_over: H) -> Result<(), TaskFailed>
 where
     F: Future<Output = ()> + Send + 'static,
     H: FnMut(String) -> G,
@@ -501,7 +675,7 @@ where
         };
         faults += 1;
         if faults > MAX_TASK_FAULTS {
-            return Err(message);
+            return Err(TaskFailed { message });
         }
         task = tokio::spawn(take_over(message));
     }
@@ -516,21 +690,12 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Takes over the open attempt of `build` after its task failed.
-async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &CancelSignal) -> Rest {
-    let open = {
-        let core = shared.core.lock().await;
-        core.latest_attempt(&build.uid)
-            .filter(|a| a.state != AttemptState::Retired)
-            .cloned()
-    };
-    let Some(a) = open else {
+async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, task: &mut BuildTask) -> Rest {
+    let latest = shared.builds.latest_attempt(&build.uid).await;
+    let Some(a) = latest.clone().filter(|a| a.state != AttemptState::Retired) else {
         // The last attempt is retired: the retry it owed (if any) still follows, decided from
         // the journal as when it was retired.
-        let next = {
-            let core = shared.core.lock().await;
-            core.latest_attempt(&build.uid)
-                .and_then(|a| machine::decide_retry(a, a.last_time?, &shared.machine).ok())
-        };
+        let next = latest.and_then(|a| machine::decide_retry(&a, a.last_time?, &shared.machine).ok());
         return Rest::Retired { next };
     };
     let start = match a.state {
@@ -559,24 +724,16 @@ async fn after_fault(shared: &Shared, build: &BuildRef, message: &str, cancel: &
                     }
                 }
             };
+            // (A slot the task still holds goes with it: `follow_retries` ends on `Stuck`.)
             let Some(mb) = mb else {
-                shared.core.lock().await.reserved.remove(&build.uid);
-                shared.slot_freed.notify_waiters();
                 return Rest::Stuck(format!("{} failed before its admission: {message}", a.key()));
             };
-            return resume_admission(shared, &mb, a, cancel).await;
+            return resume_admission(shared, &mb, a, task).await;
         }
     };
     let mb = read_build(shared, build).await.ok().flatten();
-    drive(
-        shared,
-        &mb,
-        &a.key(),
-        start,
-        mb.as_ref().and_then(|m| m.metadata.generation),
-        cancel,
-    )
-    .await
+    let generation = mb.as_ref().and_then(|m| m.metadata.generation);
+    drive(shared, &mb, &a.key(), start, generation, task).await
 }
 
 /// Waits (checking at most once a second; the journal backs off its own probes) until the
@@ -588,31 +745,25 @@ async fn wait_until_journal_writable(shared: &Shared) {
 }
 
 /// Claims a `Requested` attempt again (a claim this agent already holds is accepted as its own)
-/// and runs it once a slot is free; past its window it ends `DeadlinePassed`.
-pub async fn resume_admission(shared: &Shared, mb: &MacBuild, mut a: Attempt, cancel: &CancelSignal) -> Rest {
+/// and runs it once a slot is free (at once with the reservation `task` holds, if any); past its
+/// window it ends `DeadlinePassed`.
+pub async fn resume_admission(shared: &Shared, mb: &MacBuild, mut a: Attempt, task: &mut BuildTask) -> Rest {
     let until = a
         .deadline
         .unwrap_or_else(|| Timestamp::now() + SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds)));
-    match wait_for_slot(shared, &a.build.uid, until).await {
-        Some(slot) => admit(shared, mb, &mut a, slot, cancel).await,
+    match wait_for_slot(shared, task.slot.take(), &a.build.uid, until).await {
+        Some(reservation) => admit(shared, mb, &mut a, reservation, task).await,
         None => {
             let start = Start::Event(Event::DeadlinePassed { at_start: None });
-            drive(
-                shared,
-                &Some(mb.clone()),
-                &a.key(),
-                start,
-                mb.metadata.generation,
-                cancel,
-            )
-            .await
+            let generation = mb.metadata.generation;
+            drive(shared, &Some(mb.clone()), &a.key(), start, generation, task).await
         }
     }
 }
 
 /// The journal's view of attempt `key`, if it has one.
 pub async fn known_attempt(shared: &Shared, key: &AttemptKey) -> Option<Attempt> {
-    let found = shared.core.lock().await.attempts.get(key).cloned();
+    let found = shared.builds.attempt(key).await;
     if found.is_none() {
         tracing::error!(attempt = %key, "the journal does not have this attempt");
     }
@@ -627,20 +778,21 @@ pub enum Start {
     Perform(Action),
 }
 
-/// Follows attempt `key` from `start` with a fresh executor until it rests.
+/// Follows attempt `key` from `start` with a fresh executor until it rests (a retry's slot it
+/// hands on is left in `task`).
 pub async fn drive(
     shared: &Shared,
     mb: &Option<MacBuild>,
     key: &AttemptKey,
     start: Start,
     generation: Option<i64>,
-    cancel: &CancelSignal,
+    task: &mut BuildTask,
 ) -> Rest {
     let Some(mut a) = known_attempt(shared, key).await else {
         return Rest::Stuck(format!("unknown attempt {key}"));
     };
     let spec = mb.as_ref().map_or_else(spec_of_gone_build, |mb| mb.spec.clone());
-    let mut exec = executor_for(shared, &a, spec, cancel);
+    let mut exec = executor_for(shared, &a, spec, &task.cancel);
     // Running or later, or resumed with its VM running: the clone was made.
     if matches!(a.state, AttemptState::Running | AttemptState::Collecting)
         || matches!(start, Start::Event(Event::Resume { clone_again: false, .. }))
@@ -654,7 +806,7 @@ pub async fn drive(
             other => return Rest::Stuck(format!("{action:?} for {key} ended without an event: {other:?}")),
         },
     };
-    run_attempt(shared, &mut exec, &mut a, event, generation).await
+    run_attempt(shared, &mut exec, &mut a, event, generation, &mut task.slot).await
 }
 
 #[cfg(test)]
@@ -684,7 +836,12 @@ mod tests {
             async { panic!("again") }
         })
         .await;
-        assert_eq!(result, Err("again".to_string()));
+        assert_eq!(
+            result,
+            Err(TaskFailed {
+                message: "again".to_string()
+            })
+        );
         assert_eq!(*calls.lock().unwrap(), MAX_TASK_FAULTS);
     }
 

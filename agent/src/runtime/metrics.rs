@@ -1,8 +1,11 @@
 //! `/metrics` (Prometheus text) and `/healthz` on the configured address (loopback by default).
-//! Values are read from the agent's state at scrape time, so there is nothing to keep in step.
+//! Values are read from the agent's state ([`super::core::Builds::gauges`]) at scrape time, so
+//! there is nothing to keep in step; this module owns only the watchdog record's tally.
 
 use super::core::Shared;
+use super::watchdog_tally::WatchdogTally;
 use crate::cluster::lease::LeaseState;
+use crate::host::disk::Pressure;
 use crate::journal::{Failing, JournalHealth};
 use anyhow::Context;
 use axum::Router;
@@ -10,11 +13,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
-use tartan_api::AttemptState;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -23,11 +26,22 @@ struct StateLabels {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FsLabels {
+    fs: String,
+}
+
 struct Scrape {
     shared: Arc<Shared>,
     lease: watch::Receiver<LeaseState>,
     /// Read without the core lock, so `/healthz` answers even while a journal write hangs.
     journal: JournalHealth,
+    watchdog: Arc<std::sync::Mutex<WatchdogTally>>,
 }
 
 /// Starts serving; the returned task ends with the agent.
@@ -36,29 +50,47 @@ pub async fn serve(
     lease: watch::Receiver<LeaseState>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let address = shared.config.metrics_address;
+    let limits = shared.config.metrics_limits;
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("binding the metrics address {address} (config key metrics_address)"))?;
-    let journal = shared.core.lock().await.journal.health();
+    let journal = shared.builds.journal_health().await;
+    let watchdog = Arc::new(std::sync::Mutex::new(WatchdogTally::new(&shared.config.state_dir)));
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .with_state(Arc::new(Scrape { shared, lease, journal }));
-    Ok(tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "metrics server stopped");
-        }
-    }))
+        .with_state(Arc::new(Scrape {
+            shared,
+            lease,
+            journal,
+            watchdog,
+        }));
+    let bound = listener.local_addr().map_or(address, |a| a);
+    // The bound address (port 0 picks one), in the message so that tests can find it.
+    tracing::info!("serving /metrics, /healthz on {bound}");
+    Ok(tokio::spawn(tartan_serve::serve(
+        "the agent's metrics server",
+        listener,
+        app,
+        limits,
+        Arc::default(),
+    )))
 }
 
 async fn healthz(State(scrape): State<Arc<Scrape>>) -> (StatusCode, String) {
     let recovery = scrape.shared.recovery_waits.lock().expect("not poisoned").clone();
-    health_answer(scrape.journal.failing(), recovery)
+    let disk = scrape.shared.disk.check().pressure;
+    health_answer(scrape.journal.failing(), recovery, disk.as_ref())
 }
 
-/// 503 with the reasons while the journal cannot be written (the agent claims nothing then) or
-/// recovery still waits for the cluster.
-fn health_answer(journal: Option<Failing>, recovery_waits: Option<String>) -> (StatusCode, String) {
+/// 503 with the reasons while the agent claims no new build for a reason of its own host: the
+/// journal cannot be written, recovery still waits for the cluster, or the disk is below the
+/// floor. Builds already running go on in each case; nothing restarts the agent on it.
+fn health_answer(
+    journal: Option<Failing>,
+    recovery_waits: Option<String>,
+    disk: Option<&Pressure>,
+) -> (StatusCode, String) {
     let mut why = Vec::new();
     if let Some(f) = journal {
         why.push(format!(
@@ -67,6 +99,12 @@ fn health_answer(journal: Option<Failing>, recovery_waits: Option<String>) -> (S
         ));
     }
     why.extend(recovery_waits);
+    if let Some(p) = disk {
+        why.push(format!(
+            "disk pressure: {}; no new build is claimed until space is freed (running builds go on)",
+            p.describe()
+        ));
+    }
     if why.is_empty() {
         (StatusCode::OK, "ok".into())
     } else {
@@ -84,6 +122,36 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
     let lease_fresh = Gauge::<i64>::default();
     let recovery_waits = Gauge::<i64>::default();
     let journal_failing = Gauge::<i64>::default();
+    let disk_free = Family::<FsLabels, Gauge>::default();
+    let disk_min_free = Gauge::<i64>::default();
+    let disk_pressure = Gauge::<i64>::default();
+    registry.register(
+        "disk_free_bytes",
+        "Free bytes on the filesystem of state_dir and of tart_home (absent while unreadable)",
+        disk_free.clone(),
+    );
+    registry.register(
+        "disk_min_free_bytes",
+        "The disk floor ([disk] min_free_gib; 0 = off)",
+        disk_min_free.clone(),
+    );
+    registry.register(
+        "disk_pressure",
+        "1 while a filesystem is below the disk floor (no new build is claimed)",
+        disk_pressure.clone(),
+    );
+    let disk = scrape.shared.disk.check();
+    for r in &disk.readings {
+        if let Ok(free) = r.free {
+            disk_free
+                .get_or_create(&FsLabels {
+                    fs: r.fs.as_str().to_string(),
+                })
+                .set(i64::try_from(free).unwrap_or(i64::MAX));
+        }
+    }
+    disk_min_free.set(i64::try_from(scrape.shared.disk.min_free()).unwrap_or(i64::MAX));
+    disk_pressure.set(i64::from(disk.pressure.is_some()));
     registry.register(
         "journal_failing",
         "1 while journal writes fail (no new build is claimed)",
@@ -120,9 +188,8 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
         scrape.shared.recovery_waits.lock().expect("not poisoned").is_some(),
     ));
     {
-        let core = scrape.shared.core.lock().await;
-        for state in AttemptState::ALL {
-            let n = core.attempts.values().filter(|a| a.state == *state).count();
+        let gauges = scrape.shared.builds.gauges().await;
+        for (state, n) in gauges.by_state {
             attempts
                 .get_or_create(&StateLabels {
                     state: state.as_str().to_string(),
@@ -130,11 +197,39 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         slots.set(i64::from(scrape.shared.config.slots));
-        slots_busy.set(i64::try_from(core.slot_holders().len()).unwrap_or(i64::MAX));
-        unknown_vms.set(i64::try_from(core.unknown.len()).unwrap_or(i64::MAX));
-        journal_next_seq.set(i64::try_from(core.journal.next_seq()).unwrap_or(i64::MAX));
+        slots_busy.set(i64::try_from(gauges.slots_busy).unwrap_or(i64::MAX));
+        unknown_vms.set(i64::try_from(gauges.unknown_vms).unwrap_or(i64::MAX));
+        journal_next_seq.set(i64::try_from(gauges.journal_next_seq).unwrap_or(i64::MAX));
     }
     lease_fresh.set(i64::from(scrape.lease.borrow().can_claim(Instant::now())));
+    let watchdog_actions = Family::<ActionLabels, Counter>::default();
+    registry.register(
+        "watchdog_actions",
+        "Lines of the watchdog's record (watchdog.jsonl) by action: deleted is a VM the agent did not retire in time",
+        watchdog_actions.clone(),
+    );
+    let tally = Arc::clone(&scrape.watchdog);
+    let counted = tokio::task::spawn_blocking(move || {
+        let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
+        let read = tally.catch_up();
+        (read, tally.counts().clone())
+    })
+    .await;
+    match counted {
+        Ok((read, counts)) => {
+            if let Err(error) = read {
+                tracing::warn!(%error, "reading the watchdog's record for /metrics; its counts stay as last read");
+            }
+            for (action, n) in counts {
+                watchdog_actions
+                    .get_or_create(&ActionLabels {
+                        action: action.to_string(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        Err(error) => tracing::warn!(%error, "counting the watchdog's record for /metrics"),
+    }
     journal_failing.set(i64::from(scrape.journal.failing().is_some()));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
@@ -147,13 +242,14 @@ mod tests {
 
     #[test]
     fn healthz_is_red_with_the_reason_while_the_journal_fails() {
-        assert_eq!(health_answer(None, None), (StatusCode::OK, "ok".to_string()));
+        assert_eq!(health_answer(None, None, None), (StatusCode::OK, "ok".to_string()));
         let (code, body) = health_answer(
             Some(Failing {
                 since: "2026-10-05T02:41:40Z".parse().unwrap(),
                 error: "creating a journal file: Not a directory".into(),
                 failures: 3,
             }),
+            None,
             None,
         );
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
@@ -170,7 +266,25 @@ mod tests {
     #[test]
     fn healthz_is_red_while_recovery_waits_for_the_cluster() {
         let why = "recovery waits for the API server https://10.0.0.1:6443/: connection refused".to_string();
-        let (code, body) = health_answer(None, Some(why.clone()));
+        let (code, body) = health_answer(None, Some(why.clone()), None);
         assert_eq!((code, body), (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")));
+    }
+
+    #[test]
+    fn healthz_is_red_with_the_filesystem_and_its_free_space_under_disk_pressure() {
+        let pressure = Pressure {
+            min_free: 20 << 30,
+            below: vec![(crate::host::disk::Filesystem::StateDir, "/var/tartan".into(), 3 << 30)],
+        };
+        let (code, body) = health_answer(None, None, Some(&pressure));
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        for needle in [
+            "disk pressure",
+            "state_dir /var/tartan has 3.0 GiB free",
+            "20.0 GiB",
+            "running builds go on",
+        ] {
+            assert!(body.contains(needle), "{needle:?} not in {body}");
+        }
     }
 }

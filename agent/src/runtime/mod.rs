@@ -4,19 +4,26 @@
 //!
 //! An unreachable API never stops a VM: builds already running go on; only new claims wait for
 //! the Lease.
+//!
+//! This module owns the main loop and what only it keeps (the MacBuild and Lease watches, when
+//! each build became claimable); per-build state is [`core::Builds`]', slot reservations
+//! [`slots`]', a build's task [`build`]'s.
 
 pub mod build;
 pub mod core;
 pub mod metrics;
 pub mod recover;
+pub mod slots;
+pub mod watchdog_tally;
 
-use self::core::{Core, Shared};
+use self::core::{Builds, Shared};
 use crate::cluster::claim::claimable;
 use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
 use crate::cluster::placement;
 use crate::config::Config;
+use crate::host::disk::DiskFloor;
 use crate::journal::{Journal, JournalOptions};
 use crate::lock::StateLock;
 use crate::machine;
@@ -24,7 +31,8 @@ use crate::record::BuildRef;
 use crate::recovery::RecoveryAction;
 use anyhow::Context;
 use futures::StreamExt;
-use k8s_openapi::jiff::SignedDuration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use std::collections::BTreeMap;
@@ -32,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tartan_api::MacBuild;
 use tartan_tart::Tart;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Notify;
 
 /// How often the agent looks again at every MacBuild when nothing happened. Changes wake the scan
 /// at once (a watch event, a freed slot, a Lease renewal or failure); this catches what has no
@@ -55,6 +63,9 @@ pub fn machine_config(config: &Config) -> machine::Config {
 /// version, cluster unreachable during recovery) end the process; launchd restarts it.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    // Each build holds descriptors (journal, deadline file, logs, tart's pipes), and launchd's soft
+    // limit is 256 unless the plist says more.
+    tartan_serve::raise_and_log_open_files_limit();
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating the state directory {}", config.state_dir.display()))?;
     let lock = StateLock::acquire(&config.state_dir)?;
@@ -76,51 +87,63 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // the agent's other requests on a shared connection.
     let (lease_client, _) = crate::cluster::client(&config).await?;
     // What the host holds: listed by a task, published on the Lease, consulted by every claim.
+    // The Lease also carries what other agents' claim waits read (placement::claim_wait).
     let (held_tx, held) = tokio::sync::watch::channel(None);
-    let (published_tx, published) = tokio::sync::watch::channel(None);
-    let lease = LeaseKeeper::spawn_publishing(lease_client, LeaseConfig::from_config(&config), published);
+    let (published_tx, published) = tokio::sync::watch::channel(placement::published_facts(
+        &config.host_labels,
+        &config.namespaces,
+        u32::from(config.slots.min(2)),
+    ));
+    let tart = Tart::new(&config.tart, config.tart_home.clone());
+    // Read once here, so the first Lease and the first scan already know the disk's state.
+    let (disk, disk_pressure) = DiskFloor::new(
+        config.state_dir.clone(),
+        tart.home().map_err(|e| e.to_string()),
+        config.disk.min_free_bytes,
+    );
+    let lease = LeaseKeeper::spawn_publishing(
+        lease_client,
+        LeaseConfig::from_config(&config),
+        published,
+        disk_pressure,
+    );
     let delivery = Delivery::spawn(client.clone(), DeliveryConfig::from_config(&config));
     let events = Events::spawn(client.clone(), &config.agent_id, config.timing.api_timeout);
-    let tart = Tart::new(&config.tart, config.tart_home.clone());
     let shared = Arc::new(Shared {
         machine: machine_config(&config),
-        core: Mutex::new(Core::new(journal)),
+        builds: Builds::new(journal),
         client: client.clone(),
         tart,
         delivery,
         events,
-        slot_freed: Notify::new(),
         api_server,
         recovery_waits: std::sync::Mutex::new(None),
         lease: lease.state(),
         started,
+        fatal: tokio::sync::watch::Sender::new(None),
+        disk,
         config,
     });
 
-    let image_listing = tokio::spawn(list_images(shared.tart.clone(), held_tx, published_tx));
+    let image_listing = tokio::spawn(list_images(shared.tart.clone(), held_tx, published_tx.clone()));
     recover::recover(&shared, replay.records).await?;
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
-    // One watch per configured namespace, so that a namespaced Role is enough for an agent (a
-    // cluster-wide list needs a ClusterRole); all namespaces only when none are configured.
-    let apis: Vec<Api<MacBuild>> = if shared.config.namespaces.is_empty() {
-        vec![Api::all(client)]
-    } else {
-        shared
-            .config
-            .namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    };
+    let apis = macbuild_apis(&client, &shared.config.namespaces);
     let changed = Arc::new(Notify::new());
-    let (readers, watch_tasks): (Vec<_>, Vec<_>) = apis
+    let (readers, mut watch_tasks): (Vec<_>, Vec<_>) = apis
         .into_iter()
         .map(|api| watch_macbuilds(api, Arc::clone(&changed)))
         .unzip();
+    let (peers, peer_watch) = PeerLeases::watch(
+        Api::namespaced(shared.client.clone(), &shared.config.lease_namespace),
+        shared.config.agent_id.clone(),
+    );
+    watch_tasks.push(peer_watch);
 
     let mut lease_changes = lease.state();
     let mut terminate = terminated()?;
+    let mut fatal = shared.fatal.subscribe();
     // The first compaction comes one interval after the start, not at it: what recovery just
     // journaled stays readable (`tartan-agent journal`, the e2e checker) for a while.
     let every = shared.config.timing.compaction_interval;
@@ -130,12 +153,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     loop {
         let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
         let held_now = held.borrow().clone();
-        let next_due = scan(&shared, &view, &lease, &mut claimable_since, held_now.as_ref()).await;
+        let peers_now = peers.known();
+        let next_due = scan(
+            &shared,
+            &view,
+            &lease,
+            &mut claimable_since,
+            held_now.as_ref(),
+            peers_now.as_deref(),
+        )
+        .await;
+        publish_free_slots(&shared, &published_tx).await;
         let rescan_at = tokio::time::Instant::now() + RESCAN;
         let wake_at = next_due.map_or(rescan_at, |due| due.min(rescan_at));
         tokio::select! {
             _ = changed.notified() => {}
-            _ = shared.slot_freed.notified() => {}
+            _ = shared.builds.slot_freed().notified() => {}
             // (A keeper that ended changes nothing more: not a reason to scan.)
             Ok(()) = lease_changes.changed() => {}
             _ = tokio::time::sleep_until(wake_at) => {}
@@ -146,12 +179,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 prune_logs(&shared).await;
             }
             _ = &mut terminate => break,
+            Ok(()) = fatal.changed() => break,
         }
     }
+    let fault = fatal.borrow().clone();
     // Builds keep running in their VMs; the journal says where each stands, and the next start
     // recovers them. The Lease stops being renewed, which tells the controller.
     if shared.machine.resume_after_restart {
-        detach(&shared).await;
+        shared.detach_and_hold().await;
     }
     tracing::info!("agent stopping; running builds are recovered at the next start");
     for task in &watch_tasks {
@@ -160,46 +195,38 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.abort();
     image_listing.abort();
     lease.stop();
-    Ok(())
+    match fault {
+        // Non-zero, so that launchd (and whoever reads its log) knows this was no clean stop.
+        Some(why) => Err(anyhow::anyhow!(
+            "{why}; the agent stops so that launchd starts it again, and recovery at that start deletes the VM of \
+             the attempt it interrupted"
+        )),
+        None => Ok(()),
+    }
 }
 
-/// Journals `Detach` for every attempt that is booting, running or collecting, then keeps the
-/// core locked until the process exits, so no task records anything after it: the VMs and the
-/// steps' guest jobs run on, and the next start resumes them (`on_restart = "resume"`).
-async fn detach(shared: &Shared) {
-    let mut core = shared.core.lock().await;
-    let open: Vec<machine::Attempt> = core
-        .attempts
-        .values()
-        .filter(|a| {
-            use tartan_api::AttemptState as S;
-            matches!(a.state, S::Booting | S::Running | S::Collecting)
-        })
-        .cloned()
-        .collect();
-    for mut a in open {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let t = match machine::step(&a, machine::Event::Detach, now, &shared.machine) {
-            Ok(t) => t,
-            Err(refusal) => {
-                tracing::error!(attempt = %a.key(), %refusal, "not detached; recovered as found at the next start");
-                continue;
-            }
-        };
-        let mut record = a.record(&t, core.journal.next_seq());
-        match tokio::task::block_in_place(|| core.journal.append(&mut record)) {
-            Ok(_) => {
-                tracing::info!(target: "journal", "{record}");
-                a.observe(&record);
-                core.attempts.insert(a.key(), a);
-            }
-            Err(error) => {
-                tracing::error!(attempt = %a.key(), %error, "detach not journaled; the next start recovers the attempt as found")
-            }
-        }
+/// The MacBuild APIs to watch: one per configured namespace, so that a namespaced Role is enough
+/// for an agent (a cluster-wide list needs a ClusterRole); all namespaces only when none are
+/// configured.
+fn macbuild_apis(client: &kube::Client, namespaces: &[String]) -> Vec<Api<MacBuild>> {
+    if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
     }
-    // Held until the process exits: a task finishing a step now must not journal past the detach.
-    std::mem::forget(core);
+}
+
+/// Puts the free slots on the Lease's facts (for other agents' claim waits) when they changed.
+async fn publish_free_slots(shared: &Shared, published: &tokio::sync::watch::Sender<BTreeMap<String, String>>) {
+    let free = shared.builds.free_slots(shared.config.slots).await;
+    published.send_if_modified(|facts| {
+        let value = free.to_string();
+        let old = facts.insert(placement::FREE_SLOTS_ANNOTATION.to_string(), value.clone());
+        old.as_deref() != Some(value.as_str())
+    });
 }
 
 /// A reflector over `api`'s MacBuilds, kept up to date by a task that notifies `changed` on
@@ -224,15 +251,99 @@ fn watch_macbuilds(
     (reader, task)
 }
 
+/// The agents' Leases (label `tartan.dev/agent`) in the Lease namespace, as the watch last
+/// delivered them: what [`placement::claim_wait`] reads about the other agents. `None` until
+/// listed, after a watch failure until it delivers again, and while the fleet is larger than
+/// [`placement::MAX_WATCHED_PEERS`]: every agent's renewal is an event for every other, and there
+/// the claim waits stay as they were.
+#[derive(Clone, Default)]
+struct PeerLeases {
+    known: Arc<std::sync::Mutex<Option<Vec<placement::Peer>>>>,
+}
+
+/// How long an agent in a large fleet goes without the Lease watch before it lists again.
+const LARGE_FLEET_RECHECK: Duration = Duration::from_secs(60);
+
+impl PeerLeases {
+    /// The watch and the task that keeps it.
+    fn watch(leases: Api<Lease>, me: String) -> (PeerLeases, tokio::task::JoinHandle<()>) {
+        let peers = PeerLeases::default();
+        let known = Arc::clone(&peers.known);
+        let task = tokio::spawn(async move {
+            let set = |v: Option<Vec<placement::Peer>>| *known.lock().unwrap_or_else(|e| e.into_inner()) = v;
+            let mut failures = 0u64;
+            loop {
+                let config = watcher::Config::default().labels(tartan_api::AGENT_LABEL);
+                let stream = watcher(leases.clone(), config).default_backoff();
+                let mut stream = std::pin::pin!(stream);
+                let (mut by_name, mut listing) = (BTreeMap::<String, placement::Peer>::new(), None);
+                let mut listed = false;
+                while let Some(event) = stream.next().await {
+                    let name = |l: &Lease| l.metadata.name.clone().unwrap_or_default();
+                    match event {
+                        Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
+                        Ok(watcher::Event::InitApply(l)) => {
+                            if let (Some(map), Some(p)) = (listing.as_mut(), placement::peer_of(&l)) {
+                                map.insert(name(&l), p);
+                            }
+                        }
+                        Ok(watcher::Event::InitDone) => {
+                            by_name = listing.take().unwrap_or_default();
+                            listed = true;
+                        }
+                        Ok(watcher::Event::Apply(l)) => match placement::peer_of(&l) {
+                            Some(p) => drop(by_name.insert(name(&l), p)),
+                            None => drop(by_name.remove(&name(&l))),
+                        },
+                        Ok(watcher::Event::Delete(l)) => drop(by_name.remove(&name(&l))),
+                        Err(error) => {
+                            set(None);
+                            failures += 1;
+                            // Logged at the first failure and every 100th (the watch retries with
+                            // backoff; without list/watch on Leases it fails for good).
+                            if failures % 100 == 1 {
+                                tracing::warn!(
+                                    %error,
+                                    failures,
+                                    "watching the agents' Leases failed; claims wait their full claim_spread and \
+                                     uncached_claim_delay until it works again (it restarts with backoff; the \
+                                     agent's Role needs list and watch on leases, docs/upgrading.md)"
+                                );
+                            }
+                            continue;
+                        }
+                    }
+                    // (A resumed watch delivers what it missed first: known again.)
+                    if !listed {
+                        continue;
+                    }
+                    let all: Vec<placement::Peer> = by_name.values().cloned().collect();
+                    if placement::too_many_peers(&all, &me, Timestamp::now()) {
+                        break;
+                    }
+                    set(Some(all));
+                }
+                // A large fleet (or a stream that ended): no watch for a while, then list again.
+                set(None);
+                tracing::debug!(
+                    "more than {} other live agents: claims wait as configured; the Leases are listed again in {LARGE_FLEET_RECHECK:?}",
+                    placement::MAX_WATCHED_PEERS
+                );
+                tokio::time::sleep(LARGE_FLEET_RECHECK).await;
+            }
+        });
+        (peers, task)
+    }
+
+    /// The agents as their Leases say (this one's included); `None` when not known.
+    fn known(&self) -> Option<Vec<placement::Peer>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Removes step logs past the `[logs]` limits, never those of attempts the journal still has open.
 async fn prune_logs(shared: &Shared) {
-    let core = shared.core.lock().await;
-    let open = core
-        .attempts
-        .values()
-        .filter(|a| a.state != tartan_api::AttemptState::Retired);
-    let keep: std::collections::BTreeSet<String> = open.map(|a| a.vm.clone()).collect();
-    drop(core);
+    let keep = shared.builds.open_vms().await;
     let (state, limits) = (shared.config.state_dir.clone(), shared.config.logs.clone());
     let now = std::time::SystemTime::now();
     match tokio::task::spawn_blocking(move || crate::host::logs::prune(&state, &keep, now, &limits)).await {
@@ -250,15 +361,7 @@ async fn prune_logs(shared: &Shared) {
 
 /// Releases the slot of every quarantined unknown VM an operator has removed.
 async fn resolve_unknown_vms(shared: &Shared) {
-    let unknown: Vec<(String, Option<u8>)> = shared
-        .core
-        .lock()
-        .await
-        .unknown
-        .iter()
-        .map(|(vm, slot)| (vm.clone(), *slot))
-        .collect();
-    for (vm, slot) in unknown {
+    for (vm, slot) in shared.builds.unknown_vms().await {
         let gone = match shared.tart.vm_dir(&vm) {
             Ok(dir) => matches!(std::fs::symlink_metadata(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound),
             Err(error) => {
@@ -270,7 +373,7 @@ async fn resolve_unknown_vms(shared: &Shared) {
             continue;
         }
         let action = RecoveryAction::ResolveUnknownVm { vm: vm.clone(), slot };
-        let seq = shared.core.lock().await.journal.next_seq();
+        let seq = shared.builds.next_seq().await;
         if let Some(record) = action.record(seq, k8s_openapi::jiff::Timestamp::now())
             && let Err(error) = shared.journal_unknown(record).await
         {
@@ -287,13 +390,16 @@ const IMAGE_LISTING: Duration = Duration::from_secs(30);
 async fn list_images(
     tart: Tart,
     held: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
-    published: tokio::sync::watch::Sender<Option<String>>,
+    published: tokio::sync::watch::Sender<BTreeMap<String, String>>,
 ) {
     loop {
         match tart.list().await {
             Ok(entries) => {
                 let images = placement::images_of(&entries, tartan_api::VM_PREFIX);
-                published.send_replace(Some(placement::published(&images)));
+                let value = placement::published(&images);
+                published.send_modify(|facts| {
+                    facts.insert(placement::IMAGES_ANNOTATION.to_string(), value);
+                });
                 held.send_replace(Some(images.into_iter().collect()));
             }
             Err(error) => tracing::warn!(
@@ -306,16 +412,21 @@ async fn list_images(
 }
 
 /// One look at every MacBuild: withdraw what asks for it, claim what matches once this agent's
-/// wait for it is over ([`placement::claim_delay`], counted from when it was first seen
-/// claimable, in `claimable_since`). Returns when the next waiting build comes due.
+/// wait for it is over ([`placement::claim_wait`] given the other agents' Leases `peers`, counted
+/// from when it was first seen claimable, in `claimable_since`). Returns when the next waiting
+/// build comes due.
 async fn scan(
     shared: &Arc<Shared>,
     builds: &[Arc<MacBuild>],
     lease: &LeaseKeeper,
     claimable_since: &mut BTreeMap<String, tokio::time::Instant>,
     held: Option<&std::collections::BTreeSet<String>>,
+    peers: Option<&[placement::Peer]>,
 ) -> Option<tokio::time::Instant> {
     let now = tokio::time::Instant::now();
+    let leases_judged_at = peers.map_or_else(k8s_openapi::jiff::Timestamp::now, |peers| {
+        placement::liveness_reference(peers, k8s_openapi::jiff::Timestamp::now())
+    });
     let timing = placement::ClaimTiming {
         spread: shared.config.timing.claim_spread,
         uncached: shared.config.timing.uncached_claim_delay,
@@ -328,33 +439,24 @@ async fn scan(
     if writable {
         resolve_unknown_vms(shared).await;
     }
+    // Read every scan (cached for a moment), so the Lease annotation and the log follow the disk
+    // even with nothing to claim.
+    shared.disk.check();
     // One pass under one lock: withdraw what asks for it, drop what this agent has or had, and
     // what it may not claim.
-    let candidates: Vec<&Arc<MacBuild>> = {
-        let core = shared.core.lock().await;
-        builds
-            .iter()
-            .filter(|mb| {
-                let Some(uid) = mb.metadata.uid.as_deref() else {
-                    return false;
-                };
-                if let Some(handle) = core.active.get(uid) {
-                    if let Some(why) = build::withdrawal_of(mb) {
-                        handle.cancel(why);
-                    }
-                    return false;
-                }
-                !core.has_open_attempt(uid) && !core.finished_here(uid)
-            })
-            .filter(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok())
-            .collect()
-    };
+    let candidates: Vec<&Arc<MacBuild>> = shared
+        .builds
+        .withdraw_or_pick_new(builds)
+        .await
+        .into_iter()
+        .filter(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok())
+        .collect();
     // When each build comes due for this agent: first seen claimable, plus its wait.
     let due_of = |mb: &MacBuild| {
         let uid = mb.metadata.uid.as_deref().unwrap_or_default();
         let since = claimable_since.get(uid).copied().unwrap_or(now);
         let holds = placement::holds_image(&mb.spec.image, held);
-        since + placement::claim_delay(uid, &shared.config.agent_id, holds, &timing)
+        since + placement::claim_wait(mb, &shared.config.agent_id, holds, peers, leases_judged_at, &timing)
     };
     let mut order: Vec<(tokio::time::Instant, &Arc<MacBuild>)> =
         candidates.into_iter().map(|mb| (due_of(mb), mb)).collect();
@@ -373,12 +475,9 @@ async fn scan(
     let mut slots_left = true;
     for (due, mb) in order {
         let Some(uid) = mb.metadata.uid.clone() else { continue };
-        {
-            // Another task may have started it while this scan was not holding the lock.
-            let core = shared.core.lock().await;
-            if core.active.contains_key(&uid) || core.has_open_attempt(&uid) || core.finished_here(&uid) {
-                continue;
-            }
+        // Another task may have started it since the pass above.
+        if !shared.builds.is_new(&uid).await {
+            continue;
         }
         still_claimable.insert(uid.clone());
         // `due` counted from `now` for a build not seen claimable before: the same instant.
@@ -390,8 +489,10 @@ async fn scan(
         if !slots_left || !writable || !lease.can_claim() {
             continue;
         }
-        let slot = shared.core.lock().await.reserve_slot(&uid, shared.config.slots);
-        let Some(slot) = slot else {
+        if disk_floor_holds_back(shared, mb).await {
+            continue;
+        }
+        let Some(reservation) = shared.builds.reserve(&uid, shared.config.slots).await else {
             // No slot: nothing more is claimed in this round (the waits of the rest still count).
             slots_left = false;
             continue;
@@ -401,13 +502,32 @@ async fn scan(
         let cancel = build::register(&shared, &uid).await;
         build::spawn_supervised(shared, BuildRef::of(&mb), cancel, move |shared, cancel| async move {
             let first = crate::cluster::claim::first_attempt_number(&mb);
-            let rest = build::claim_and_run(&shared, &mb, first, None, slot, &cancel).await;
-            build::follow_retries(shared, BuildRef::of(&mb), rest, cancel).await;
+            let mut task = build::BuildTask::new(cancel);
+            let rest = build::claim_and_run(&shared, &mb, first, None, reservation, &mut task).await;
+            build::follow_retries(shared, BuildRef::of(&mb), rest, task).await;
         });
     }
     // A build claimed, finished or gone starts a new wait if it ever becomes claimable again.
     claimable_since.retain(|uid, _| still_claimable.contains(uid));
+    shared.disk.retain_waiting(&still_claimable);
     next_due
+}
+
+/// The disk floor's gate before a claim: true (claim nothing) while the state dir's or tart's
+/// filesystem has less free space than `[disk] min_free_gib`. A build this agent would take now
+/// (a slot is free) gets one Warning Event saying so per pressure; running builds are not touched.
+async fn disk_floor_holds_back(shared: &Shared, mb: &MacBuild) -> bool {
+    let Some(pressure) = shared.disk.check().pressure else {
+        return false;
+    };
+    let uid = mb.metadata.uid.as_deref().unwrap_or_default();
+    let slot_free = shared.builds.has_free_slot(shared.config.slots).await;
+    if slot_free && shared.disk.first_wait(uid) {
+        let build = BuildRef::of(mb);
+        tracing::info!(build = %build, "not claimed: {}", pressure.describe());
+        shared.events.disk_pressure(&build, &shared.config.agent_id, &pressure);
+    }
+    true
 }
 
 /// Resolves on SIGTERM (launchd's stop) or SIGINT.

@@ -7,11 +7,11 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tart_double::Faults;
 use tartan_agent::host::{AttemptExecutor, AttemptHooks, CancelSignal, ExecutorConfig, HostAttempt, UploadPolicy};
 use tartan_agent::machine::{Action, Attempt, Event, Transition};
 use tartan_agent::record::{BuildRef, Record};
 use tartan_api::{AttemptState, MacBuildSpec, Step};
-use tartan_tart::double::Faults;
 use tartan_tart::{Tart, Timeouts};
 
 pub const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-base:latest";

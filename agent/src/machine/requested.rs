@@ -1,0 +1,110 @@
+//! The rules of an attempt in `Requested`: journaled, claiming, waiting for a slot. It is
+//! admitted, or it ends without a VM (claim lost, withdrawn, a retry's window closed).
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tartan_api::{AttemptState as S, Outcome, Reason};
+
+use super::{Action, Event, Refusal, Rule, Transition, finish, withdrawal_reason, withdrawal_text};
+
+/// `Requested × event`.
+pub(super) fn from_requested(r: &Rule, event: Event) -> Result<Transition, Refusal> {
+    match event {
+        Event::Admit { slot, slots, timeout } => admit(r, slot, slots, timeout),
+        Event::ClaimLost { holder } => Ok(claim_lost_unadmitted(r, holder)),
+        ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. }) => Ok(withdrawn_unadmitted(r, &ev)),
+        Event::DeadlinePassed { .. } => retry_window_closed(r),
+        _ => Err(r.not_allowed()),
+    }
+}
+
+/// The claim is won and `slot` is free: admit and fix the deadline.
+fn admit(r: &Rule, slot: u8, slots: u8, timeout: SignedDuration) -> Result<Transition, Refusal> {
+    let (a, state, kind, now, cfg) = (r.a, r.state, r.kind, r.now, r.cfg);
+    if !(1..=2).contains(&slots) || slot >= slots {
+        return Err(Refusal::BadSlot {
+            state,
+            event: kind,
+            slot,
+            slots,
+        });
+    }
+    let deadline = match a.deadline {
+        // A retry keeps the original deadline and needs enough of it left.
+        Some(deadline) => {
+            let left = now.duration_until(deadline);
+            if left < cfg.retry_min_remaining {
+                return Err(Refusal::RetryWindowClosed {
+                    state,
+                    event: kind,
+                    attempt: a.number,
+                    deadline,
+                    left,
+                    needed: cfg.retry_min_remaining,
+                });
+            }
+            deadline
+        }
+        None => now.checked_add(timeout).unwrap_or(Timestamp::MAX),
+    };
+    let mut tr = r.t(
+        S::Admitted,
+        Some(Reason::SlotFree),
+        format!("slot {}/{slots}, deadline {deadline}", slot + 1),
+        vec![Action::WriteDeadlineFile { vm: r.vm(), deadline }],
+    );
+    tr.actions.extend(super::deliver(a));
+    tr.slot = Some(slot);
+    tr.deadline = Some(deadline);
+    Ok(tr)
+}
+
+/// A loser clones nothing and holds no slot: the attempt ends at once, without an
+/// outcome (the winner's outcome is the build's) and without a status write (it would
+/// be fenced out anyway).
+fn claim_lost_unadmitted(r: &Rule, holder: String) -> Transition {
+    r.t(
+        S::Retired,
+        Some(Reason::ClaimLost),
+        format!("claim lost to {holder}; nothing cloned"),
+        vec![],
+    )
+}
+
+/// Cancelled or owner deleted before admission: nothing was cloned.
+fn withdrawn_unadmitted(r: &Rule, ev: &Event) -> Transition {
+    let reason = withdrawal_reason(ev);
+    let mut tr = r.t(
+        S::Retired,
+        Some(reason),
+        format!("{} before admission; nothing cloned", withdrawal_text(r.a, reason)),
+        finish(r.a),
+    );
+    tr.outcome = Some(Outcome::Cancelled);
+    tr
+}
+
+/// A retry whose window closed while it waited for a slot.
+fn retry_window_closed(r: &Rule) -> Result<Transition, Refusal> {
+    let (a, state, kind, now, cfg) = (r.a, r.state, r.kind, r.now, r.cfg);
+    let deadline = a.deadline.ok_or(Refusal::NoDeadline { state, event: kind })?;
+    let left = now.duration_until(deadline);
+    if left >= cfg.retry_min_remaining {
+        return Err(Refusal::DeadlineNotReached {
+            state,
+            event: kind,
+            deadline,
+        });
+    }
+    let mut tr = r.t(
+        S::Retired,
+        Some(Reason::DeadlinePassed),
+        format!(
+            "not admitted: {}s left before the deadline {deadline}, a retry needs {}s",
+            left.as_secs().max(0),
+            cfg.retry_min_remaining.as_secs()
+        ),
+        finish(a),
+    );
+    tr.outcome = Some(Outcome::Failed);
+    Ok(tr)
+}

@@ -1,0 +1,218 @@
+//! Slot reservations: a slot promised to a build before an attempt of it holds the slot in the
+//! journal. This module owns the book of reservations and the [`SlotReservation`] handle.
+//!
+//! Three kinds of holder share the host's `min(slots, 2)` slots (`machine::free_slot` picks among
+//! what none of them holds):
+//! - an attempt, from its `Admitted` record until its `Retired` one (`AttemptState::holds_slot`).
+//!   `Retiring` and `Quarantined` keep the slot, and an attempt is retired only once its VM's
+//!   deletion is confirmed (`VmDeleted`, `VmGone`): a slot is reused only after that. This kind
+//!   is the journal's; [`super::core::Builds`] keeps it.
+//! - a quarantined unknown VM, also journaled and kept there.
+//! - a reservation, here: taken by the scan before a claim or by a retry waiting for a slot, and
+//!   handed on by an attempt retired with a retry owed to that retry (the slot never passes
+//!   through "free" on the way, so no other build takes it in between).
+//!
+//! A reservation is owned by one value, the build task's [`SlotReservation`], and released when
+//! that value is dropped, whatever path drops it (an early return, an error, a panic unwinding the
+//! task). It ends without being released only by [`SlotReservation::admitted`], when the attempt
+//! admitted into the slot holds it in the journal. Both moves between kinds (admitted, handed to
+//! a retry) happen under [`super::core::Builds`]' lock together with the journal's change, so the
+//! slot is never held by neither.
+//!
+//! The book has a std mutex of its own, held for a few map operations and never across an await,
+//! so that `Drop` can release a slot anywhere. Lock order: `Builds`' lock, then the book's.
+
+use crate::machine::SlotHolder;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
+
+/// The reservations in force, and the signal for whoever waits for a slot.
+#[derive(Default)]
+pub struct SlotBook {
+    held: Mutex<Held>,
+    freed: Notify,
+}
+
+#[derive(Default)]
+struct Held {
+    /// Reservation number → (build uid, slot).
+    by_number: BTreeMap<u64, (String, u8)>,
+    next_number: u64,
+}
+
+impl SlotBook {
+    pub fn new() -> Arc<SlotBook> {
+        Arc::new(SlotBook::default())
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // A panic while holding this lock leaves the map whole (each change is one insert or
+        // remove): going on with it is right.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reserved slots, one holder per reservation.
+    pub fn holders(&self) -> Vec<SlotHolder> {
+        self.held()
+            .by_number
+            .values()
+            .map(|(_, s)| SlotHolder::Slot(*s))
+            .collect()
+    }
+
+    /// Whether build `uid` has a slot reserved.
+    pub fn holds(&self, uid: &str) -> bool {
+        self.held().by_number.values().any(|(u, _)| u == uid)
+    }
+
+    /// How many reservations are in force.
+    pub fn len(&self) -> usize {
+        self.held().by_number.len()
+    }
+
+    /// Whether no reservation is in force.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Signalled whenever a slot may have become free (a reservation released, an attempt
+    /// retired, an unknown VM resolved).
+    pub fn freed(&self) -> &Notify {
+        &self.freed
+    }
+
+    /// Wakes whoever waits for a slot.
+    pub fn notify_freed(&self) {
+        self.freed.notify_waiters();
+    }
+
+    /// Records a reservation of `slot` for `uid`. The caller has found `slot` free under
+    /// [`super::core::Builds`]' lock ([`super::core::Builds::reserve`]), or takes it over from the
+    /// attempt retiring out of it in the same locked step ([`SlotBook::hand_to_retry`]).
+    pub(super) fn reserve_free(self: &Arc<Self>, uid: &str, slot: u8) -> SlotReservation {
+        let mut held = self.held();
+        let number = held.next_number;
+        held.next_number += 1;
+        held.by_number.insert(number, (uid.to_string(), slot));
+        SlotReservation {
+            book: Arc::clone(self),
+            number,
+            uid: uid.to_string(),
+            slot,
+            wake_on_release: true,
+        }
+    }
+
+    /// The slot of an attempt retired with a retry owed passes straight to that retry: called
+    /// under [`super::core::Builds`]' lock in the step that journals the `Retired` record.
+    pub(super) fn hand_to_retry(self: &Arc<Self>, uid: &str, slot: u8) -> SlotReservation {
+        self.reserve_free(uid, slot)
+    }
+}
+
+/// One build's claim on one slot until an attempt of it holds the slot in the journal. Released
+/// (the slot free again, waiters woken) when dropped; [`SlotReservation::admitted`] ends it
+/// without freeing the slot. There is no other way to end it, and no way to end it twice.
+#[must_use = "a reservation dropped at once frees its slot at once"]
+pub struct SlotReservation {
+    book: Arc<SlotBook>,
+    number: u64,
+    uid: String,
+    slot: u8,
+    wake_on_release: bool,
+}
+
+impl SlotReservation {
+    /// The slot reserved.
+    pub fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// The build it is reserved for.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// The attempt admitted into this slot holds it now, as journaled: the reservation ends and
+    /// the slot stays taken (no waiter is woken). Called under [`super::core::Builds`]' lock,
+    /// after the attempt's `Admitted` state is recorded there.
+    pub(super) fn admitted(mut self) {
+        self.wake_on_release = false;
+    }
+}
+
+impl Drop for SlotReservation {
+    fn drop(&mut self) {
+        let removed = self.book.held().by_number.remove(&self.number).is_some();
+        debug_assert!(
+            removed,
+            "reservation {} of slot {} released twice",
+            self.number, self.slot
+        );
+        if removed && self.wake_on_release {
+            self.book.notify_freed();
+        }
+    }
+}
+
+impl fmt::Debug for SlotReservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot {} reserved for {} (#{})", self.slot, self.uid, self.number)
+    }
+}
+
+impl PartialEq for SlotReservation {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.book, &other.book) && self.number == other.number
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    #[test]
+    fn a_dropped_reservation_frees_its_slot_and_wakes_waiters() {
+        let book = SlotBook::new();
+        let r = book.reserve_free("a", 1);
+        assert_eq!(book.holders(), vec![SlotHolder::Slot(1)]);
+        assert!(book.holds("a"));
+        let mut woken = std::pin::pin!(book.freed().notified());
+        woken.as_mut().enable();
+        drop(r);
+        assert!(book.is_empty());
+        assert!(!book.holds("a"));
+        assert!(woken.now_or_never().is_some(), "a waiter for a slot is woken");
+    }
+
+    #[test]
+    fn an_admitted_reservation_ends_without_waking_anyone() {
+        let book = SlotBook::new();
+        let r = book.reserve_free("a", 0);
+        let mut woken = std::pin::pin!(book.freed().notified());
+        woken.as_mut().enable();
+        r.admitted();
+        assert!(
+            book.is_empty(),
+            "the reservation is gone: the attempt holds the slot now"
+        );
+        assert!(woken.now_or_never().is_none(), "no slot became free");
+    }
+
+    #[test]
+    fn releasing_one_reservation_leaves_the_others_of_the_same_build() {
+        // Released by its own number, not by build: a reservation handed to a retry survives the
+        // release of an older one of the same build.
+        let book = SlotBook::new();
+        let old = book.reserve_free("a", 0);
+        let handed = book.hand_to_retry("a", 1);
+        drop(old);
+        assert_eq!(book.holders(), vec![SlotHolder::Slot(1)]);
+        assert!(book.holds("a"));
+        assert_eq!(handed.slot(), 1);
+        assert_eq!(format!("{handed:?}"), "slot 1 reserved for a (#1)");
+    }
+}

@@ -1,0 +1,123 @@
+//! Found by an adversary (round 4): Secret masking where guest output reaches a status message.
+//! Each test names the promise it checks; a failing one is a finding, not a flaky test.
+
+use tartan_agent::host::env::Masker;
+use tartan_agent::host::executor::{guest_read_failed, status_text};
+use tartan_api::text::{TAIL_BYTES, TAIL_LINES, last_lines};
+
+const SECRET: &str = "hunter2-deploy-token-0123";
+
+/// What a failing step's status says, built as `guest_job::follow` (mask the raw window, then
+/// lossy UTF-8) and `executor::steps` (`last_lines`, then `status_text`) build it.
+fn step_failure_status(mask: &Masker, raw: &[u8]) -> String {
+    let tail = String::from_utf8_lossy(&mask.mask_window(raw, 0)).into_owned();
+    status_text(mask, &last_lines(tail.as_bytes(), TAIL_LINES, TAIL_BYTES))
+}
+
+/// Masking runs before cleaning, and cleaning deletes bytes (escapes, control characters, invalid
+/// UTF-8, U+FFFD, bidi overrides): an occurrence of a value with such bytes inside it is not
+/// masked, then cleaning joins the value back together in the status, journal and CustomRun.
+/// A coloured tool (`git diff --color-words`, a highlighter) or a `\r` progress line is enough.
+#[test]
+fn a_value_split_by_bytes_that_cleaning_removes_never_reaches_the_status_whole() {
+    let mask = Masker::new([SECRET.as_bytes()]);
+    let (a, b) = SECRET.split_at(8);
+    let splitters: [&[u8]; 6] = [
+        b"\x1b[0m",
+        b"\x1b[1;31m",
+        b"\r",
+        b"\x07",
+        b"\xff",
+        "\u{202e}".as_bytes(),
+    ];
+    let mut leaked = Vec::new();
+    for s in splitters {
+        let raw = [
+            b"error: token ".as_slice(),
+            a.as_bytes(),
+            s,
+            b.as_bytes(),
+            b" rejected\n",
+        ]
+        .concat();
+        let status = step_failure_status(&mask, &raw);
+        if status.contains(SECRET) {
+            leaked.push(format!("{s:?} -> {status:?}"));
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "the Secret value is whole in the status: {leaked:#?}"
+    );
+}
+
+/// `guest_read_failed` trims the tail and the line before masking: a value that starts or ends
+/// with whitespace (a Secret made from a file keeps its trailing space or tab) is no longer whole
+/// when masked, and all of it but that whitespace is quoted.
+#[test]
+fn a_failed_guest_read_masks_a_value_with_edge_whitespace_before_trimming_it() {
+    for value in [format!("{SECRET} "), format!("{SECRET}\t"), format!(" {SECRET}")] {
+        let mask = Masker::new([value.as_bytes()]);
+        let tail = format!("<x/>\nerror near {value}\n");
+        let said = guest_read_failed("out/junit.xml", 1, &tail, &mask);
+        assert!(!said.contains(SECRET), "value {value:?}: {said:?}");
+        let tail = format!("tartan: {value}\n");
+        let said = guest_read_failed("out/junit.xml", 1, &tail, &mask);
+        assert!(!said.contains(SECRET), "value {value:?}, refusal form: {said:?}");
+    }
+}
+
+/// Values shorter than MIN_MASKED_LEN are not masked (module doc of host::env); a 2-byte
+/// non-UTF-8 value's lossy form (two U+FFFD, 6 bytes) is, so every pair of replacement
+/// characters in any text is starred: the log is garbled and the stars show where the value is.
+#[test]
+fn a_short_non_utf8_value_is_not_masked_through_its_lossy_form() {
+    let mask = Masker::new([&b"\xff\xfe"[..]]);
+    assert!(mask.is_empty(), "a 2-byte value masks {mask:?}");
+    let text = "decoded \u{fffd}\u{fffd} from a binary";
+    assert_eq!(mask.mask_text(text), text);
+}
+
+/// `with()` rebuilds from the whole values (filtered to MIN_MASKED_LEN bytes), `new()` from the
+/// given ones: the same secrets make different maskers when one is short and not UTF-8.
+#[test]
+fn with_nothing_more_is_the_same_masker() {
+    let given: [&[u8]; 2] = [b"\xff\xfe", b"long-enough-value"];
+    let built = Masker::new(given);
+    assert_eq!(built.with(std::iter::empty::<&[u8]>()), built);
+    assert_eq!(built.max_len(), built.with(std::iter::empty::<&[u8]>()).max_len());
+}
+
+/// A multi-line value that is not UTF-8 is masked line by line in raw output, but in text (a
+/// status message quoting lossy output) only its whole lossy form is known: one line of it,
+/// printed alone, is quoted in clear but for the replacement character.
+#[test]
+fn a_line_of_a_non_utf8_multi_line_value_is_masked_in_lossy_text() {
+    let value = b"keystore-pass-\xff-line-one\nkeystore-pass-line-two";
+    let mask = Masker::new([&value[..]]);
+    let line_one = String::from_utf8_lossy(b"keystore-pass-\xff-line-one").into_owned();
+    let said = guest_read_failed("out/a", 1, &format!("x\ncat: {line_one}\n"), &mask);
+    assert!(!said.contains("line-one"), "{said:?}");
+}
+
+/// `find_in` keeps `max_len - 1` bytes across pieces: a value is found wherever it falls across
+/// pieces of any size, and at the offset where it starts.
+#[test]
+fn find_in_finds_a_value_at_every_offset_for_every_piece_size() {
+    let values: [&[u8]; 3] = [b"abcdefgh", b"zz\nyy", b"\xff\xfeQQ"];
+    let mask = Masker::new(values);
+    for value in values {
+        for piece in 1..=12 {
+            for at in 0..20 {
+                let mut input = vec![b'.'; at];
+                input.extend_from_slice(value);
+                input.extend_from_slice(b"....");
+                let found = mask.find_in(&input[..], piece).unwrap();
+                assert_eq!(found, Some(at as u64), "value {value:?} piece {piece} at {at}");
+            }
+        }
+    }
+    // CRLF form of a multi-line value.
+    assert_eq!(mask.find_in(&b"..zz\r\nyy"[..], 1).unwrap(), Some(2));
+    assert_eq!(mask.find_in(&b"nothing here"[..], 3).unwrap(), None);
+}
