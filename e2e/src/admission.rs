@@ -1,5 +1,5 @@
 //! A validating admission webhook served by the harness over HTTPS, for clusters without
-//! ValidatingAdmissionPolicy (Kubernetes < 1.26, such as the bundled v1.24 control plane): it
+//! ValidatingAdmissionPolicy (Kubernetes < 1.26, such as a v1.24 control plane): it
 //! refuses `macbuilds/status` writes whose new object has a terminal phase, as the source's
 //! policy `mac-ci-deny-terminal-status` did. Its own CA (made with `openssl`) goes into the
 //! `ValidatingWebhookConfiguration`'s `caBundle`; the serving certificate names 127.0.0.1.
@@ -7,7 +7,6 @@
 use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 /// The phases a MacBuild never leaves; writing one is what the webhook refuses.
@@ -88,27 +87,14 @@ fn make_certificates(dir: &Path) {
                basicConstraints = CA:FALSE\nkeyUsage = critical,digitalSignature,keyEncipherment\n\
                extendedKeyUsage = serverAuth\n";
     std::fs::write(dir.join("openssl.cnf"), cnf).expect("openssl config written");
-    // No argument contains a space: each step splits on whitespace.
     let steps = [
         "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=tartan-e2e-webhook-ca",
         "req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1",
         "x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 \
          -extfile openssl.cnf -extensions ext",
     ];
-    for step in steps {
-        let args: Vec<&str> = step.split_whitespace().collect();
-        let out = Command::new("openssl")
-            .args(&args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run openssl (the admission webhook needs it): {e}"));
-        assert!(
-            out.status.success(),
-            "openssl {args:?} in {} failed: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    tartan_testkit::real::openssl(dir, &steps)
+        .unwrap_or_else(|e| panic!("the admission webhook's certificates: {e:#}"));
 }
 
 fn server_config(dir: &Path) -> Arc<rustls::ServerConfig> {
@@ -203,6 +189,7 @@ async fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     fn review(phase: Option<&str>) -> Value {
         let mut object = json!({"metadata": {"name": "build-1"}, "status": {}});

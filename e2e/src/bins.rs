@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 pub const BINARIES: &[(&str, &str)] = &[
     ("tartan-agent", "tartan-agent"),
     ("tartan-controller", "tartan-controller"),
-    ("tartan-tart", "tart-double"),
+    ("tart-double", "tart-double"),
     ("tartan-testkit", "kube-emulator"),
     ("kubectl-tartan", "kubectl-tartan"),
 ];

@@ -4,14 +4,19 @@
 
 pub mod checks;
 pub mod plan;
+pub mod reaper;
+pub mod usage;
 
 use crate::stack::{AgentOptions, ControllerOptions, KillMode, Stack};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use plan::{BuildPlan, Fault, Kill, Plan, Sizes, build_name, host_name};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
 /// Everything `scripts/chaos` can set.
 #[derive(Clone, Debug)]
@@ -25,6 +30,8 @@ pub struct Options {
     pub controller: ControllerOptions,
     /// Keep the work directory even when every check passes.
     pub keep: bool,
+    /// How often the runner samples every host (VMs on disk, processes that exited).
+    pub sample_every: Duration,
 }
 
 /// The run's log: every line printed with its time since the start and the wall clock, and kept
@@ -48,6 +55,9 @@ impl Log {
     }
 }
 
+/// How often the run's processes' CPU and memory are read (see [`usage`]).
+const USAGE_EVERY: Duration = Duration::from_secs(3);
+
 /// What is in force right now (so overlapping faults of one kind are skipped, and healing lifts
 /// exactly what is on).
 #[derive(Default)]
@@ -60,14 +70,64 @@ struct InForce {
     latency: bool,
     refusing: bool,
     stalled: bool,
+    /// A rack cut off from the API, the API saturated, a rolling upgrade under way.
+    partitioned: bool,
+    busy: bool,
+    upgrading: bool,
     /// Per host: tart-double faults by name (`delete_fails`, `clone_delay_secs`, ...).
     tart: BTreeMap<usize, BTreeMap<&'static str, Value>>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Create(usize),
     Strike(usize),
     Lift(usize),
+    /// A rolling upgrade's stop and start of one host (the fault's index, the host); the last
+    /// host's ends the upgrade.
+    Upgrade(usize, usize),
+}
+
+/// The schedule: events by due time (creates before strikes before lifts at the same time, then
+/// in the order pushed). A heap, as a 100-host run has tens of thousands of events.
+#[derive(Default)]
+struct Schedule {
+    heap: BinaryHeap<Reverse<(Duration, u8, u64, Event)>>,
+    pushed: u64,
+}
+
+impl Schedule {
+    fn push(&mut self, at: Duration, ev: Event) {
+        let order = match ev {
+            Event::Create(_) => 0,
+            Event::Strike(_) => 1,
+            Event::Lift(_) | Event::Upgrade(..) => 2,
+        };
+        self.pushed += 1;
+        self.heap.push(Reverse((at, order, self.pushed, ev)));
+    }
+
+    /// The first event due at `now`, with its due time.
+    fn pop_due(&mut self, now: Duration) -> Option<(Duration, Event)> {
+        let Reverse((at, ..)) = self.heap.peek()?;
+        if *at > now {
+            return None;
+        }
+        self.heap.pop().map(|Reverse((at, _, _, ev))| (at, ev))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+}
+
+/// What a request the loop sent off (so that a slow API delays no other event) came back with.
+enum Answer {
+    Created(usize, Result<(), String>),
+    /// A one-shot fault's request (cancel, owner deleted) went through.
+    Struck,
+    /// A one-shot fault's request failed.
+    StrikeFailed(usize, String),
 }
 
 /// The harness's kill for `k`; `None` for launchd's stop, which is not a kill.
@@ -115,7 +175,7 @@ pub async fn run(opts: Options) -> bool {
     }
 
     let hosts: Vec<String> = (0..opts.sizes.hosts).map(host_name).collect();
-    for h in &hosts {
+    for (i, h) in hosts.iter().enumerate() {
         stack.add_agent(
             h,
             AgentOptions {
@@ -123,6 +183,9 @@ pub async fn run(opts: Options) -> bool {
                 ..opts.agent.clone()
             },
         );
+        if opts.sizes.fleet {
+            own_api_user(&stack, i).unwrap_or_else(|e| panic!("giving {h} an API user of its own: {e}"));
+        }
     }
     stack.start_controller(opts.controller.clone());
     for h in &hosts {
@@ -131,12 +194,12 @@ pub async fn run(opts: Options) -> bool {
     }
     log.line("stack up: controller, agents and watchdogs running");
 
-    let mut events: Vec<(Duration, u8, Event)> = vec![];
+    let mut events = Schedule::default();
     for (i, b) in plan.builds.iter().enumerate() {
-        events.push((b.at, 0, Event::Create(i)));
+        events.push(b.at, Event::Create(i));
     }
     for (i, f) in plan.faults.iter().enumerate() {
-        events.push((f.at, 1, Event::Strike(i)));
+        events.push(f.at, Event::Strike(i));
     }
     let t0 = Instant::now();
     let mut on = InForce::default();
@@ -144,29 +207,83 @@ pub async fn run(opts: Options) -> bool {
     let mut created: BTreeMap<usize, bool> = BTreeMap::new();
     let mut delivery_blocked = Vec::new();
     let mut last_sample = Instant::now();
+    // API requests (creates, cancels, deletes) run as tasks of their own: awaited here, one
+    // request under an injected latency or outage held up every later event, so faults lasted
+    // many times their planned length (a 3.8 s controller kill lasted 38 s at 8 hosts).
+    let (answers, mut answered) = mpsc::unbounded_channel::<Answer>();
+    let mut in_flight = 0usize;
+    let mut lateness: Vec<Duration> = vec![];
+    // The run's processes carry the marker when the runner set it (scripts/chaos does).
+    let marker = std::env::var(reaper::RUN_MARKER).ok();
+    let mut usage = usage::Usage::default();
+    let mut last_usage = Instant::now();
     loop {
-        events.sort_by_key(|(at, order, _)| (*at, *order));
+        if let Some(m) = &marker
+            && last_usage.elapsed() >= USAGE_EVERY
+        {
+            last_usage = Instant::now();
+            usage.sample(m);
+        }
+        while let Ok(answer) = answered.try_recv() {
+            in_flight -= 1;
+            match answer {
+                Answer::Created(i, Ok(())) => {
+                    created.insert(i, true);
+                    log.line(format!("created CustomRun {}", plan.builds[i].name));
+                }
+                Answer::Created(i, Err(e)) => {
+                    log.line(format!("creating {} failed ({e}); again in 1s", plan.builds[i].name));
+                    events.push(t0.elapsed() + Duration::from_secs(1), Event::Create(i));
+                }
+                Answer::Struck => {}
+                Answer::StrikeFailed(i, e) => {
+                    log.line(format!("{}: failed ({e}); not retried", plan.faults[i].fault));
+                }
+            }
+        }
+        // Sampled even while events are due: a process that exited on its own (the controller
+        // at start during an outage) is restarted at once, not after a burst of events (at 20
+        // hosts a controller stayed down 60 s that way).
+        if last_sample.elapsed() >= opts.sample_every {
+            last_sample = Instant::now();
+            sample(&mut stack, &hosts, &on, opts.slots, &mut findings, &mut log);
+        }
         let now = t0.elapsed();
-        let due = events.first().is_some_and(|(at, _, _)| *at <= now);
-        if due {
-            let (_, _, ev) = events.remove(0);
+        if let Some((at, ev)) = events.pop_due(now) {
+            lateness.push(now.saturating_sub(at));
             match ev {
                 Event::Create(i) => {
-                    let b = &plan.builds[i];
-                    match create(&stack, b).await {
-                        Ok(()) => {
-                            created.insert(i, true);
-                            log.line(format!("created CustomRun {}", b.name));
-                        }
-                        Err(e) => {
-                            log.line(format!("creating {} failed ({e}); again in 1s", b.name));
-                            events.push((now + Duration::from_secs(1), 0, Event::Create(i)));
-                        }
+                    let api = stack.customruns();
+                    let run = run_object(&stack, &plan.builds[i]);
+                    let answers = answers.clone();
+                    in_flight += 1;
+                    tokio::spawn(async move {
+                        let done = api.create(&PostParams::default(), &run).await;
+                        let _ = answers.send(Answer::Created(i, done.map(|_| ()).map_err(|e| e.to_string())));
+                    });
+                }
+                Event::Strike(i) if matches!(plan.faults[i].fault, Fault::RollingUpgrade { .. }) => {
+                    let Fault::RollingUpgrade { gap } = plan.faults[i].fault else {
+                        unreachable!("matched above")
+                    };
+                    if on.upgrading {
+                        log.line(format!("skip: {} (an upgrade is under way)", plan.faults[i].fault));
+                        continue;
+                    }
+                    on.upgrading = true;
+                    log.line(format!("strike: {}", plan.faults[i].fault));
+                    for host in 0..hosts.len() {
+                        events.push(now + gap * host as u32, Event::Upgrade(i, host));
                     }
                 }
                 Event::Strike(i) => {
-                    if let Some(lift_in) = strike(&mut stack, &plan, i, &mut on, &created, &mut log).await {
-                        events.push((now + lift_in, 2, Event::Lift(i)));
+                    let sent = Sent {
+                        api: stack.customruns(),
+                        answers: &answers,
+                        in_flight: &mut in_flight,
+                    };
+                    if let Some(lift_in) = strike(&mut stack, &plan, i, &mut on, &created, sent, &mut log).await {
+                        events.push(now + lift_in, Event::Lift(i));
                         if plan.faults[i].fault.blocks_delivery() {
                             let from = Timestamp::now();
                             let to = k8s_openapi::jiff::SignedDuration::try_from(lift_in)
@@ -178,22 +295,26 @@ pub async fn run(opts: Options) -> bool {
                     }
                 }
                 Event::Lift(i) => lift(&mut stack, &plan.faults[i].fault, &mut on, &mut log).await,
+                Event::Upgrade(i, host) => {
+                    upgrade(&mut stack, host, &on, &mut log);
+                    if host + 1 == hosts.len() {
+                        on.upgrading = false;
+                        log.line(format!("lift: {}", plan.faults[i].fault));
+                    }
+                }
             }
             continue;
         }
-        if events.is_empty() {
+        if events.is_empty() && in_flight == 0 {
             break;
-        }
-        if last_sample.elapsed() >= Duration::from_millis(300) {
-            last_sample = Instant::now();
-            sample(&mut stack, &hosts, &on, opts.slots, &mut findings, &mut log);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    log.line(format!("schedule kept: {}", lateness_summary(&mut lateness)));
     log.line("healing: every fault lifted");
     heal(&mut stack, &mut on, &mut log).await;
-    let healed = wait_healed(&mut stack, &hosts, &opts, &mut findings, &mut log).await;
+    let healed = wait_healed(&mut stack, &hosts, &opts, &mut findings, &mut usage, &mut log).await;
     log.line(format!(
         "healing {} after {:.1}s",
         if healed { "done" } else { "gave up" },
@@ -204,6 +325,21 @@ pub async fn run(opts: Options) -> bool {
         delivery_blocked,
         ..stack.world().await
     };
+    findings.step_starts = std::fs::read_to_string(stack.dir.join("started"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for line in checks::latency_report(&world) {
+        log.line(line);
+    }
+    if let Some(m) = &marker {
+        usage.sample(m);
+        for line in usage.report(opts.sizes.builds) {
+            log.line(line);
+        }
+    }
+    log.line(format!("wall time {:.1}s", log.start.elapsed().as_secs_f64()));
     let results = checks::all(&world, &findings, opts.slots);
     let mut failed = 0;
     for c in &results {
@@ -261,12 +397,53 @@ fn write_journals(stack: &Stack, hosts: &[String], dir: &std::path::Path) {
     }
 }
 
-async fn create(stack: &Stack, b: &BuildPlan) -> Result<(), kube::Error> {
+/// How late events ran against the plan (p50, p99, max): a loaded machine or a slow harness
+/// shows here, and a fault then lasted longer than planned.
+fn lateness_summary(lateness: &mut [Duration]) -> String {
+    lateness.sort();
+    let at = |q: f64| {
+        let i = ((lateness.len() as f64 * q).ceil() as usize).clamp(1, lateness.len().max(1)) - 1;
+        lateness.get(i).copied().unwrap_or_default().as_secs_f64()
+    };
+    format!(
+        "{} events, late by p50 {:.2}s p99 {:.2}s max {:.2}s",
+        lateness.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+/// The CustomRun of `b`: the stack's build (as `Stack::try_create_run` makes it) with a `sleep`
+/// step of the planned length.
+fn run_object(stack: &Stack, b: &BuildPlan) -> DynamicObject {
     let mut params = stack.build_params(false);
     if let Some((_, Value::Array(steps))) = params.iter_mut().find(|(n, _)| *n == "steps") {
         steps.insert(1, json!(format!("sleep {:.1}", b.step_secs)));
     }
-    stack.try_create_run(&b.name, &params, b.timeout.as_deref()).await
+    let params: Vec<Value> = params.iter().map(|(n, v)| json!({"name": n, "value": v})).collect();
+    let mut spec = json!({
+        "customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"},
+        "params": params,
+        "serviceAccountName": "default",
+    });
+    if let Some(t) = &b.timeout {
+        spec["timeout"] = json!(t);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": b.name, "namespace": stack.ns,
+                     "labels": {"tekton.dev/pipelineRun": "e2e", "tekton.dev/pipelineTask": "mac-build"}},
+        "spec": spec,
+    }))
+    .expect("a CustomRun is a DynamicObject")
+}
+
+/// Where a strike sends an API request it does not wait for.
+struct Sent<'a> {
+    api: Api<DynamicObject>,
+    answers: &'a mpsc::UnboundedSender<Answer>,
+    in_flight: &'a mut usize,
 }
 
 /// Applies fault `i`; returns when to lift it (`None`: one-shot, or skipped).
@@ -276,6 +453,7 @@ async fn strike(
     i: usize,
     on: &mut InForce,
     created: &BTreeMap<usize, bool>,
+    sent: Sent<'_>,
     log: &mut Log,
 ) -> Option<Duration> {
     let fault = &plan.faults[i].fault;
@@ -359,6 +537,24 @@ async fn strike(
                     .emulator_faults(&json!({"availability": "refuse", "forMs": 300}));
             }
         }
+        Fault::RackPartition { hosts, .. } => {
+            if on.partitioned {
+                return skip(log, "a rack is already cut off");
+            }
+            let users: Vec<String> = hosts.iter().map(|h| agent_user(stack, *h)).collect();
+            stack.cluster.emulator_faults(&json!({ "partitioned": users }));
+            on.partitioned = true;
+        }
+        Fault::ApiBusy { busy, .. } => {
+            if on.busy {
+                return skip(log, "the API is already busy");
+            }
+            stack
+                .cluster
+                .emulator_faults(&json!({"busyMs": busy.as_millis() as u64}));
+            on.busy = true;
+        }
+        Fault::RollingUpgrade { .. } => return skip(log, "run by the event loop"),
         Fault::TartDeleteFails { host, .. } => {
             if !set_tart(stack, on, *host, &[("delete_fails", json!(true))]) {
                 return skip(log, "in force");
@@ -392,21 +588,83 @@ async fn strike(
                 return skip(log, "not created yet");
             }
             let name = build_name(*build);
-            let done = if matches!(fault, Fault::Cancel { .. }) {
-                stack.try_cancel_run(&name).await
-            } else {
-                stack.try_delete_run(&name).await
-            };
-            if let Err(e) = done {
-                log.line(format!("{fault}: failed ({e}); not retried"));
-                return None;
-            }
+            let cancel = matches!(fault, Fault::Cancel { .. });
+            let (api, answers) = (sent.api, sent.answers.clone());
+            *sent.in_flight += 1;
+            // Tekton's cancel (`spec.status: RunCancelled`), or the owner deleted.
+            tokio::spawn(async move {
+                let done = if cancel {
+                    let patch = Patch::Merge(json!({"spec": {"status": "RunCancelled"}}));
+                    api.patch(&name, &PatchParams::default(), &patch).await.map(|_| ())
+                } else {
+                    api.delete(&name, &DeleteParams::background()).await.map(|_| ())
+                };
+                let _ = answers.send(match done {
+                    Ok(()) => Answer::Struck,
+                    Err(e) => Answer::StrikeFailed(i, e.to_string()),
+                });
+            });
             log.line(format!("strike: {fault}"));
             return None;
         }
     }
     log.line(format!("strike: {fault}"));
     lasting.filter(|d| !d.is_zero())
+}
+
+/// The emulator's user (its bearer token) of host `host`'s agent: each host has its own (see
+/// [`own_api_user`]), so a rack can be cut off alone.
+fn agent_user(stack: &Stack, host: usize) -> String {
+    format!(
+        "{}:{}",
+        crate::cluster::service_account_user(&stack.ns, crate::cluster::AGENT_SERVICE_ACCOUNT),
+        host_name(host)
+    )
+}
+
+/// Gives host `host`'s agent a kubeconfig of its own whose token is [`agent_user`] (the
+/// emulator authenticates nobody: a request's user is its token), written next to its config,
+/// which is pointed at it.
+fn own_api_user(stack: &Stack, host: usize) -> Result<(), String> {
+    let agent = stack.agent(&host_name(host));
+    let config = std::fs::read_to_string(&agent.config).map_err(|e| format!("{}: {e}", agent.config.display()))?;
+    let shared = config
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeconfig = \"").and_then(|l| l.strip_suffix('"')))
+        .ok_or_else(|| format!("{}: no kubeconfig line", agent.config.display()))?;
+    let mut kubeconfig: Value =
+        serde_json::from_str(&std::fs::read_to_string(shared).map_err(|e| format!("{shared}: {e}"))?)
+            .map_err(|e| format!("{shared}: {e}"))?;
+    let users = kubeconfig["users"]
+        .as_array_mut()
+        .ok_or_else(|| format!("{shared}: no users"))?;
+    for u in users {
+        u["user"]["token"] = json!(agent_user(stack, host));
+    }
+    let own = agent.config.with_file_name("agent.kubeconfig");
+    std::fs::write(&own, kubeconfig.to_string()).map_err(|e| format!("{}: {e}", own.display()))?;
+    let config = config.replace(
+        &format!("kubeconfig = \"{shared}\""),
+        &format!("kubeconfig = \"{}\"", own.display()),
+    );
+    std::fs::write(&agent.config, config).map_err(|e| format!("{}: {e}", agent.config.display()))
+}
+
+/// One host of a rolling upgrade: launchd's stop of its agent (SIGTERM, waiting for it to exit)
+/// and a start of the same program (the harness has one build). A host whose agent is down or
+/// frozen by another fault is left as it is.
+fn upgrade(stack: &mut Stack, host: usize, on: &InForce, log: &mut Log) {
+    let name = host_name(host);
+    if on.agent_down.contains_key(&host) || on.agent_frozen.contains_key(&host) || !stack.agent_alive(&name) {
+        log.line(format!("upgrade: {name} skipped (its agent is down or frozen)"));
+        return;
+    }
+    let took = stack.stop_agent(&name, Duration::from_secs(60));
+    stack.spawn_agent(&name);
+    log.line(format!(
+        "upgrade: {name} stopped in {:.2}s and started again",
+        took.as_secs_f64()
+    ));
 }
 
 /// Sets tart-double faults on a host unless one of them is already in force.
@@ -469,7 +727,15 @@ async fn lift(stack: &mut Stack, fault: &Fault, on: &mut InForce, log: &mut Log)
         Fault::TartExecHangs { host, .. } => unset_tart(stack, on, *host, &["exec_hangs"]),
         Fault::TartRunDies { host, .. } => unset_tart(stack, on, *host, &["run_dies_after_secs"]),
         Fault::TartCloneTmpRace { host, .. } => unset_tart(stack, on, *host, &["clone_tmp_unlocked_secs"]),
-        Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } => return,
+        Fault::RackPartition { .. } => {
+            stack.cluster.emulator_faults(&json!({ "partitioned": [] }));
+            on.partitioned = false;
+        }
+        Fault::ApiBusy { .. } => {
+            stack.cluster.emulator_faults(&json!({"busyMs": 0}));
+            on.busy = false;
+        }
+        Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } | Fault::RollingUpgrade { .. } => return,
     }
     log.line(format!("lift: {fault}"));
 }
@@ -499,7 +765,7 @@ async fn heal(stack: &mut Stack, on: &mut InForce, log: &mut Log) {
         log.line("heal: restart controller");
     }
     stack.cluster.emulator_faults(&json!({
-        "availability": "up", "latencyMs": 0, "watchesStalled": false, "deny": []
+        "availability": "up", "latencyMs": 0, "watchesStalled": false, "deny": [], "partitioned": [], "busyMs": 0
     }));
     stack.allow_terminal_status().await;
     for host in on.tart.keys().copied().collect::<Vec<_>>() {
@@ -584,13 +850,18 @@ async fn wait_healed(
     hosts: &[String],
     opts: &Options,
     f: &mut checks::Findings,
+    usage: &mut usage::Usage,
     log: &mut Log,
 ) -> bool {
     let start = Instant::now();
+    let marker = std::env::var(reaper::RUN_MARKER).ok();
     let mut last_report = Instant::now();
     let on = InForce::default();
     loop {
         sample(stack, hosts, &on, opts.slots, f, log);
+        if let Some(m) = &marker {
+            usage.sample(m);
+        }
         let world = stack.world().await;
         let open = checks::not_ended(&world);
         let unretired = checks::open_attempts(&world);
@@ -608,6 +879,56 @@ async fn wait_healed(
             last_report = Instant::now();
             log.line(format!("healing: waiting for runs {open:?}; attempts {unretired:?}"));
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Each look reads every journal and lists every object: less often with more hosts.
+        tokio::time::sleep(Duration::from_millis(500).max(Duration::from_millis(100) * hosts.len() as u32)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_gives_due_events_by_time_then_create_strike_lift_then_push_order() {
+        let s = |ms| Duration::from_millis(ms);
+        let mut events = Schedule::default();
+        events.push(s(300), Event::Lift(1));
+        events.push(s(100), Event::Lift(0));
+        events.push(s(100), Event::Strike(4));
+        events.push(s(100), Event::Create(7));
+        events.push(s(100), Event::Create(2));
+        events.push(s(200), Event::Strike(5));
+        assert_eq!(events.pop_due(s(50)), None);
+        let mut order = vec![];
+        while let Some(e) = events.pop_due(s(250)) {
+            order.push(e);
+        }
+        assert_eq!(
+            order,
+            vec![
+                (s(100), Event::Create(7)),
+                (s(100), Event::Create(2)),
+                (s(100), Event::Strike(4)),
+                (s(100), Event::Lift(0)),
+                (s(200), Event::Strike(5)),
+            ]
+        );
+        assert!(!events.is_empty());
+        assert_eq!(events.pop_due(s(300)), Some((s(300), Event::Lift(1))));
+        assert!(events.is_empty());
+    }
+
+    #[test]
+    fn lateness_is_summarised_by_p50_p99_and_max() {
+        let mut none: Vec<Duration> = vec![];
+        assert_eq!(
+            lateness_summary(&mut none),
+            "0 events, late by p50 0.00s p99 0.00s max 0.00s"
+        );
+        let mut late: Vec<Duration> = (1..=100).rev().map(|i| Duration::from_millis(i * 10)).collect();
+        assert_eq!(
+            lateness_summary(&mut late),
+            "100 events, late by p50 0.50s p99 0.99s max 1.00s"
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! DESIGN.md's seven invariants and issue 11's two, checked from what a scenario left behind: each agent's journal,
+//! Tartan's nine invariants ([`TITLES`]), checked from what a scenario left behind: each agent's journal,
 //! its watchdog record and the VMs in its tart home, the test's planted foreign VMs, and the
 //! CustomRuns, MacBuilds and Leases of the stack's namespace. Pure: [`check`] takes a [`World`]
 //! and returns every violation it finds, each naming its invariant and the evidence.
@@ -40,7 +40,7 @@ pub struct World {
     pub macbuilds: Vec<Value>,
     pub leases: Vec<Value>,
     /// The scenario made the cluster refuse terminal `macbuilds/status` writes and never lifted
-    /// it (DESIGN.md invariant 6: "unless the cluster refuses writes past the deadline"). Only
+    /// it (invariant 6's exception: "unless the cluster refuses writes past the deadline"). Only
     /// then may a journaled result of a timed-out CustomRun stay undelivered.
     pub refused_terminal_status: bool,
     /// When the agents' status writes could not reach the cluster (API outages and refusals,
@@ -67,7 +67,7 @@ impl fmt::Display for Violation {
     }
 }
 
-/// DESIGN.md's seven invariants, then two issue 11 adds (both break the promise that a result is
+/// The design's seven invariants, then two issue 11 adds (both break the promise that a result is
 /// never lost and a finished build never runs again).
 pub const TITLES: [&str; 9] = [
     "no two admitted allocations overlap in one slot",
@@ -317,7 +317,14 @@ fn attempts(world: &World, v: &mut Vec<Violation>) {
             if !before.is_empty() && before.is_disjoint(&admitted_by(n)) {
                 continue;
             }
-            match outcome_of(&records, n - 1) {
+            // The outcome of attempt n - 1 is its holder's: a host that only tried to claim it
+            // may journal its own claim as cancelled (the MacBuild deleted meanwhile).
+            let held: Vec<(&str, &Record)> = records
+                .iter()
+                .filter(|(agent, _)| before.is_empty() || before.contains(agent))
+                .copied()
+                .collect();
+            match outcome_of(&held, n - 1) {
                 Some((Outcome::Interrupted, _)) => {}
                 Some((o, r)) => v.push(Violation {
                     invariant: 5,
@@ -355,11 +362,25 @@ pub fn result<'a>(run: &'a Value, name: &str) -> Option<&'a str> {
 }
 
 /// The journal's last outcome for the build named `name` (any uid, newest record last).
+///
+/// Only a host that admitted the attempt speaks for its outcome: a host that was still trying to
+/// claim it when the MacBuild went away journals its claim `Cancelled` (nothing cloned).
 fn last_outcome<'a>(world: &'a World, name: &str) -> Option<(&'a str, &'a Record)> {
     world
         .agents
         .iter()
-        .flat_map(|a| a.journal.iter().map(move |r| (a.id.as_str(), r)))
+        .flat_map(|a| {
+            let admitted: BTreeSet<u32> = a
+                .journal
+                .iter()
+                .filter(|r| r.to == AttemptState::Admitted && r.build.as_ref().is_some_and(|b| b.name == name))
+                .filter_map(|r| r.attempt)
+                .collect();
+            a.journal
+                .iter()
+                .filter(move |r| r.attempt.is_some_and(|n| admitted.contains(&n)))
+                .map(move |r| (a.id.as_str(), r))
+        })
         .filter(|(_, r)| r.build.as_ref().is_some_and(|b| b.name == name) && r.outcome.is_some())
         .max_by_key(|(_, r)| (r.time, r.seq))
 }
@@ -402,6 +423,15 @@ fn custom_runs(world: &World, v: &mut Vec<Violation>) {
             }
             lease_really_expired(run, message, world, &mut bad);
             continue;
+        }
+        // `none` says no agent ever claimed the build, so no VM was created: false once a host
+        // admitted it before the run ended.
+        if retirement == Some("none")
+            && let Some((agent, r)) = admitted_before_end(world, name, run)
+        {
+            bad(format!(
+                "vmRetirement=none but {agent} admitted the build before the run ended: {r}"
+            ));
         }
         // A timed-out run says `deleted` only when its agent confirmed the deletion in time.
         let confirmed_in_time = retirement == Some("deleted") && deletion_journaled_before_end(world, name, run);
@@ -474,6 +504,24 @@ fn confirmation_held_up(world: &World, name: &str, run: &Value) -> bool {
         .delivery_blocked
         .iter()
         .any(|(from, to)| *from <= ended + SLACK && *to + SLACK >= confirmed)
+}
+
+/// The first `Admitted` record of build `name` in any journal, if it is no later than the
+/// CustomRun's end (unknown end: any).
+fn admitted_before_end<'a>(world: &'a World, name: &str, run: &Value) -> Option<(&'a str, &'a Record)> {
+    let ended = run_ended(run);
+    world
+        .agents
+        .iter()
+        .flat_map(|a| a.journal.iter().map(move |r| (a.id.as_str(), r)))
+        .filter(|(_, r)| {
+            r.to == AttemptState::Admitted
+                && r.from != Some(AttemptState::Admitted)
+                && r.build.as_ref().is_some_and(|b| b.name == name)
+                // API stamps have whole seconds.
+                && ended.is_none_or(|e| r.time.as_second() <= e.as_second())
+        })
+        .min_by_key(|(_, r)| (r.time, r.seq))
 }
 
 /// Whether some journal confirmed a VM of build `name` deleted (`Retired (VMDeleted|Resolved)`)
@@ -598,10 +646,18 @@ fn delivery(world: &World, v: &mut Vec<Violation>) {
                 }
             }
         }
+        // A host whose claim never got to admission (the MacBuild deleted under it) journals
+        // it ended, nothing cloned: a run saying no attempt and no VM tells that truth.
+        let never_admitted = !records
+            .iter()
+            .any(|(_, a)| a.to == AttemptState::Admitted && a.attempt == r.attempt);
+        let says_nothing_ran =
+            run.is_some_and(|run| result(run, "attempt") == Some("") && result(run, "vmRetirement") == Some("none"));
         if let Some(run) = run
             && condition(run).is_some_and(|(s, _, _)| s != "Unknown")
             && let Some(got) = result(run, "attempt")
             && Some(got) != r.attempt_id().as_deref()
+            && !(never_admitted && says_nothing_ran)
         {
             v.push(Violation {
                 invariant: 6,

@@ -1,7 +1,7 @@
 //! Tartan's end-to-end harness: it starts and owns real processes (the Kubernetes API emulator or
 //! a real cluster, `tartan-controller run`, `tartan-agent run`, `tartan-agent watchdog`, with
 //! `tart-double` as tart), injects faults (signals, deny rules, failing deletes), reads the facts
-//! (journal, watchdog record, cluster objects, VMs) and checks DESIGN.md's invariants (and issue 11's) at the
+//! (journal, watchdog record, cluster objects, VMs) and checks the invariants ([`invariants::TITLES`]) at the
 //! end of every scenario.
 //!
 //! Every wait is on an observable fact with a bound, and every process started here is killed
@@ -14,7 +14,10 @@ pub mod chaos;
 pub mod cluster;
 pub mod fleet;
 pub mod invariants;
+pub mod layering;
 pub mod process;
+pub mod promql;
+pub mod repeat;
 pub mod stack;
 pub mod sweep;
 pub mod wait;

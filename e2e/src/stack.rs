@@ -50,6 +50,9 @@ pub struct AgentOptions {
     /// `timing.uncached_claim_delay`: 0s by default, as tart-double homes start without images
     /// and scenarios measure other things (the agent's is 5s).
     pub uncached_claim_delay: &'static str,
+    /// `[disk] min_free_gib`: 0 (off) by default, as test machines may well have less free space
+    /// than the agent's 20 GiB and tart-double's VMs take none.
+    pub disk_min_free_gib: u64,
 }
 
 impl Default for AgentOptions {
@@ -71,6 +74,7 @@ impl Default for AgentOptions {
             secrets: &[],
             claim_spread: "100ms",
             uncached_claim_delay: "0s",
+            disk_min_free_gib: 0,
         }
     }
 }
@@ -497,13 +501,12 @@ impl Stack {
     /// `GET path` on replica `id`'s /metrics, /healthz, /readyz server: status and body.
     pub fn replica_http(&self, id: &str, path: &str) -> (u16, String) {
         let log = std::fs::read_to_string(self.replica(id).log()).unwrap_or_default();
-        let marker = "/readyz on ";
-        let addr = log
-            .lines()
-            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest))
-            .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '\u{1b}').next())
-            .unwrap_or_else(|| panic!("replica {id} logged no \"{marker}<address>\" line yet"));
-        crate::cluster::http_get(addr, path)
+        served_get(&log, &format!("replica {id}"), path)
+    }
+
+    /// `GET path` on agent `id`'s /metrics, /healthz server (its current run).
+    pub fn agent_http(&self, id: &str, path: &str) -> (u16, String) {
+        served_get(&self.agent_log(id), &format!("agent {id}"), path)
     }
 
     /// The log of replica `id` (running or killed) so far.
@@ -574,6 +577,9 @@ on_restart = "{on_restart}"
 [artifacts]
 destination = "file://{artifacts}/"
 
+[disk]
+min_free_gib = {min_free_gib}
+
 [timing]
 lease_renew = "{renew}"
 lease_duration = "{duration}"
@@ -618,6 +624,7 @@ allowed = [{secrets}]
                 .join(", "),
             claim_spread = opts.claim_spread,
             uncached_claim_delay = opts.uncached_claim_delay,
+            min_free_gib = opts.disk_min_free_gib,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();
@@ -1606,4 +1613,15 @@ pub fn condition_of<'a>(object: &'a Value, type_: &str) -> Option<(usize, &'a Va
 /// Whether `path` exists (for artifact checks).
 pub fn exists(path: &Path) -> bool {
     path.exists()
+}
+
+/// `GET path` on the address a tartan process logged it serves on (`serving /metrics, ... on ADDR`).
+fn served_get(log: &str, who: &str, path: &str) -> (u16, String) {
+    let addr = log
+        .lines()
+        .filter(|l| l.contains("serving /metrics"))
+        .find_map(|l| l.rsplit_once(" on ").map(|(_, rest)| rest))
+        .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '\u{1b}').next())
+        .unwrap_or_else(|| panic!("{who} logged no \"serving /metrics, ... on <address>\" line yet"));
+    crate::cluster::http_get(addr, path)
 }

@@ -1,14 +1,18 @@
 //! `scripts/chaos`: the whole local stack under a seeded random fault schedule, then every check.
 //! Exits 0 when every check passed, 1 when one failed (the work directory is kept), 2 on a usage
-//! error.
+//! error. Stopped by SIGTERM or SIGINT (or on a panic) it kills every process it started before it
+//! exits (143, 130; 101), found by the marker of `tartan_e2e::chaos::reaper`.
 
 use clap::Parser;
 use std::time::Duration;
-use tartan_e2e::chaos::{Options, plan::Sizes};
+use tartan_e2e::chaos::{Options, plan::Sizes, reaper};
 use tartan_e2e::{AgentOptions, ControllerOptions};
 
 #[derive(Parser, Debug)]
-#[command(about = "Run Tartan's local stack under a seeded random fault schedule and check every invariant")]
+#[command(
+    about = "Run Tartan's local stack under a seeded random fault schedule and check every invariant",
+    args_override_self = true
+)]
 struct Args {
     /// The schedule's seed (the same seed and sizes give the same schedule); default: from the clock.
     #[arg(long)]
@@ -25,6 +29,10 @@ struct Args {
     /// Faults to draw (default: 1.5 per build, at least 6).
     #[arg(long)]
     faults: Option<usize>,
+    /// Add the fleet-level faults: a rack (a random 20 % of the hosts) cut off from the API in
+    /// each third of the window, the API saturated for a quarter of it, a rolling agent upgrade.
+    #[arg(long)]
+    fleet: bool,
     /// Slots per host.
     #[arg(long, default_value_t = 2)]
     slots: u8,
@@ -49,6 +57,13 @@ struct Args {
     /// The watchdog's grace after a VM's deadline.
     #[arg(long, default_value = "3s")]
     watchdog_grace: String,
+    /// How often an agent polls a running step's guest job (`timing.step_poll`; each poll is a
+    /// `tart exec`, the largest CPU cost of a run with many hosts; the agent's own default is 1s).
+    #[arg(long, default_value = "200ms")]
+    step_poll: String,
+    /// How often the runner samples every host (VMs on disk, processes that exited), in ms.
+    #[arg(long, default_value_t = 300)]
+    sample_ms: u64,
     /// Keep the work directory even when every check passes.
     #[arg(long)]
     keep: bool,
@@ -59,8 +74,7 @@ fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     let args = Args::parse();
     if args.hosts == 0 || args.builds == 0 || args.slots == 0 || !args.minutes.is_finite() || args.minutes <= 0.0 {
         eprintln!("chaos: --hosts, --builds, --slots and --minutes must be positive");
@@ -80,6 +94,7 @@ async fn main() {
             hosts: args.hosts,
             window: Duration::from_secs_f64(args.minutes * 60.0),
             faults: args.faults.unwrap_or((args.builds * 3 / 2).max(6)),
+            fleet: args.fleet,
         },
         slots: args.slots,
         heal: Duration::from_secs(args.heal_secs),
@@ -89,6 +104,7 @@ async fn main() {
             api_timeout: leak(args.api_timeout),
             retry_min_window: leak(args.retry_min_window),
             watchdog_grace: leak(args.watchdog_grace),
+            step_poll: leak(args.step_poll),
             ..AgentOptions::default()
         },
         controller: ControllerOptions {
@@ -97,7 +113,50 @@ async fn main() {
             ..ControllerOptions::default()
         },
         keep: args.keep,
+        sample_every: Duration::from_millis(args.sample_ms.max(50)),
     };
-    let passed = tartan_e2e::chaos::run(opts).await;
-    std::process::exit(if passed { 0 } else { 1 });
+    let marker = reaper::marker_value();
+    // SAFETY: no other thread exists yet (the runtime is built below), so nothing reads the
+    // environment concurrently; every process the run starts inherits the marker.
+    unsafe { std::env::set_var(reaper::RUN_MARKER, &marker) };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the chaos runner's tokio runtime starts");
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(run_until_signal(opts))
+    }))
+    .unwrap_or_else(|_| {
+        eprintln!("chaos: the runner panicked; killing every process of the run");
+        101
+    });
+    let left = reaper::kill_marked(&marker, Duration::from_secs(10));
+    if !left.is_empty() {
+        eprintln!("chaos: processes of the run still there after SIGKILL for 10 s: {left:?}");
+    }
+    std::process::exit(code);
+}
+
+/// The run, or 128 + the signal when SIGTERM or SIGINT comes first: then every process of the
+/// run is SIGKILLed before the run (its `Stack`) is dropped, so the harness's own teardown,
+/// which gives each process a grace of its own, finds them gone and ends at once (the outer
+/// `timeout` of scripts/chaos kills 10 s after its SIGTERM).
+async fn run_until_signal(opts: Options) -> i32 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
+    let mut run = std::pin::pin!(tartan_e2e::chaos::run(opts));
+    let signal_code = tokio::select! {
+        passed = &mut run => return if passed { 0 } else { 1 },
+        _ = term.recv() => 143,
+        _ = int.recv() => 130,
+    };
+    eprintln!("chaos: stopped by a signal; killing every process of the run");
+    let marker = std::env::var(reaper::RUN_MARKER).unwrap_or_default();
+    let left = tokio::task::block_in_place(|| reaper::kill_marked(&marker, Duration::from_secs(5)));
+    if !left.is_empty() {
+        eprintln!("chaos: processes of the run still there after SIGKILL for 5 s: {left:?}");
+    }
+    signal_code
 }

@@ -16,6 +16,8 @@ pub struct Sizes {
     pub window: Duration,
     /// How many faults (default: as many as builds).
     pub faults: usize,
+    /// Add the fleet-level faults ([`fleet_faults`]) on top of the drawn ones.
+    pub fleet: bool,
 }
 
 /// One build to run.
@@ -81,6 +83,15 @@ pub enum Fault {
     Cancel { build: usize },
     /// The CustomRun (owner of the MacBuild) is deleted.
     DeleteOwner { build: usize },
+    /// A rack: these hosts' agents are cut off from the API (requests and watches get no
+    /// answer) for `for_`, the controller and the other hosts not.
+    RackPartition { hosts: Vec<usize>, for_: Duration },
+    /// Every API request occupies the server alone for `busy` (the emulator's `busyMs`: a
+    /// saturated apiserver) for `for_`.
+    ApiBusy { busy: Duration, for_: Duration },
+    /// A rolling agent upgrade: every host in turn, `gap` apart, gets launchd's stop (SIGTERM,
+    /// waiting for the agent to exit) and is started again, while builds run.
+    RollingUpgrade { gap: Duration },
 }
 
 impl Fault {
@@ -95,6 +106,9 @@ impl Fault {
                 | Fault::ApiRefuses { .. }
                 | Fault::ApiLatency { .. }
                 | Fault::RefuseTerminalStatus { .. }
+                | Fault::RackPartition { .. }
+                | Fault::ApiBusy { .. }
+                | Fault::RollingUpgrade { .. }
         )
     }
 
@@ -112,7 +126,10 @@ impl Fault {
             | Fault::TartExecHangs { for_, .. }
             | Fault::TartRunDies { for_, .. }
             | Fault::TartCloneTmpRace { for_, .. } => *for_,
-            Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } => Duration::ZERO,
+            Fault::RackPartition { for_, .. } | Fault::ApiBusy { for_, .. } => *for_,
+            Fault::WatchRestart | Fault::Cancel { .. } | Fault::DeleteOwner { .. } | Fault::RollingUpgrade { .. } => {
+                Duration::ZERO
+            }
         }
     }
 }
@@ -176,6 +193,27 @@ impl fmt::Display for Fault {
             ),
             Fault::Cancel { build } => write!(f, "cancel CustomRun {}", build_name(*build)),
             Fault::DeleteOwner { build } => write!(f, "delete CustomRun {} (the MacBuild's owner)", build_name(*build)),
+            Fault::RackPartition { hosts, for_ } => {
+                let names: Vec<String> = hosts.iter().map(h).collect();
+                write!(
+                    f,
+                    "rack of {} hosts ({}) cut off from the API for {}",
+                    hosts.len(),
+                    names.join(" "),
+                    secs(*for_)
+                )
+            }
+            Fault::ApiBusy { busy, for_ } => {
+                write!(
+                    f,
+                    "API busy {}ms a request (one at a time) for {}",
+                    busy.as_millis(),
+                    secs(*for_)
+                )
+            }
+            Fault::RollingUpgrade { gap } => {
+                write!(f, "rolling agent upgrade: every host in turn, {} apart", secs(*gap))
+            }
         }
     }
 }
@@ -319,8 +357,54 @@ pub fn plan(sizes: &Sizes) -> Plan {
             }
         })
         .collect();
+    if sizes.fleet {
+        faults.extend(fleet_faults(sizes));
+    }
     faults.sort_by_key(|f| f.at);
     Plan { builds, faults }
+}
+
+/// The fleet-level faults of a window, from a random stream of their own (the drawn faults of a
+/// seed stay the same with or without them): a rack of a random 20 % of the hosts (at least one)
+/// cut off from the API in each third of the window for 10-30 s; the API saturated (5-20 ms a
+/// request, one at a time) from a random time in the first half for a quarter of the window (at
+/// most 3 minutes); a rolling agent upgrade starting in the first half, spread over a third of
+/// the window.
+pub fn fleet_faults(sizes: &Sizes) -> Vec<Planned> {
+    let mut rng = StdRng::seed_from_u64(sizes.seed ^ 0xF1EE_7000_0000_0029);
+    let window = sizes.window.as_millis().max(1000) as u64;
+    let hosts = sizes.hosts.max(1);
+    let rack = (hosts / 5).max(1);
+    let mut out = vec![];
+    for third in 0..3 {
+        let mut all: Vec<usize> = (0..hosts).collect();
+        let mut picked = vec![];
+        for _ in 0..rack {
+            picked.push(all.swap_remove(rng.random_range(0..all.len())));
+        }
+        picked.sort();
+        out.push(Planned {
+            at: Duration::from_millis(rng.random_range(window * third / 3..window * (third + 1) / 3)),
+            fault: Fault::RackPartition {
+                hosts: picked,
+                for_: ms(&mut rng, 10_000, 30_000),
+            },
+        });
+    }
+    out.push(Planned {
+        at: Duration::from_millis(rng.random_range(window / 20..window / 2)),
+        fault: Fault::ApiBusy {
+            busy: ms(&mut rng, 5, 20),
+            for_: Duration::from_millis((window / 4).min(180_000)),
+        },
+    });
+    out.push(Planned {
+        at: Duration::from_millis(rng.random_range(window / 20..window / 2)),
+        fault: Fault::RollingUpgrade {
+            gap: Duration::from_millis(window / 3 / hosts as u64),
+        },
+    });
+    out
 }
 
 #[cfg(test)]
@@ -335,7 +419,52 @@ mod tests {
             hosts: 2,
             window: Duration::from_secs(60),
             faults: 12,
+            fleet: false,
         }
+    }
+
+    #[test]
+    fn fleet_faults_add_to_the_drawn_ones_without_changing_them() {
+        let plain = plan(&sizes(5));
+        let fleet = plan(&Sizes {
+            fleet: true,
+            hosts: 20,
+            ..sizes(5)
+        });
+        let plain20 = plan(&Sizes { hosts: 20, ..sizes(5) });
+        assert_eq!(plain.builds, fleet.builds);
+        let fleet_only: Vec<&Planned> = fleet.faults.iter().filter(|f| !plain20.faults.contains(f)).collect();
+        assert_eq!(fleet.faults.len(), plain20.faults.len() + 5);
+        assert_eq!(fleet_only.len(), 5, "{fleet_only:?}");
+        let racks: Vec<&Vec<usize>> = fleet_only
+            .iter()
+            .filter_map(|f| match &f.fault {
+                Fault::RackPartition { hosts, .. } => Some(hosts),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(racks.len(), 3);
+        for rack in racks {
+            assert_eq!(rack.len(), 4, "20 % of 20 hosts");
+            assert!(rack.windows(2).all(|w| w[0] < w[1] && w[1] < 20), "{rack:?}");
+        }
+        assert!(fleet_only.iter().any(|f| matches!(f.fault, Fault::ApiBusy { .. })));
+        assert!(
+            fleet_only
+                .iter()
+                .any(|f| matches!(f.fault, Fault::RollingUpgrade { .. }))
+        );
+        assert!(fleet.faults.iter().all(|f| f.at < Duration::from_secs(60)));
+        // One host: a rack of one.
+        let one = fleet_faults(&Sizes {
+            fleet: true,
+            hosts: 1,
+            ..sizes(5)
+        });
+        assert!(one.iter().all(|f| match &f.fault {
+            Fault::RackPartition { hosts, .. } => hosts == &vec![0],
+            _ => true,
+        }));
     }
 
     #[test]

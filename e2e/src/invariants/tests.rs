@@ -28,6 +28,7 @@ fn rec(seq: u64, uid: &str, attempt: u32, vm: &str, from: Option<AttemptState>, 
         deadline: None,
         max_attempts: None,
         step: None,
+        generation: None,
         status: None,
     }
 }
@@ -250,6 +251,100 @@ fn a_timeout_says_deleted_only_when_a_deletion_was_journaled_before_it() {
     assert!(invariants_broken(&w).contains(&4));
 }
 
+/// Seen at 20 hosts: a host still trying to claim attempt 1 when the MacBuild was deleted
+/// journals its claim `Cancelled` (nothing cloned) while the host that won it retried after an
+/// interruption. The attempt's outcome is its holder's, not a losing claimer's.
+#[test]
+fn a_losing_claimers_cancelled_claim_is_not_the_attempts_outcome() {
+    use AttemptState::*;
+    let mut w = good();
+    let mut j = attempt(1, "u1", 1, V2, Outcome::Interrupted, Reason::AgentRestarted);
+    j.extend(attempt(8, "u1", 2, V1, Outcome::Succeeded, Reason::TestsPassed));
+    w.agents[0].journal = j;
+    w.macbuilds[0]["status"]["journalSeq"] = json!(14);
+    w.macbuilds[0]["status"]["attempts"] = json!([{"number": 1}, {"number": 2}]);
+    w.custom_runs[0]["status"]["results"][0]["value"] = json!("b1#2");
+    let mut gave_up = rec(2, "u1", 1, V2, Some(Requested), Retired);
+    gave_up.reason = Some(Reason::CancelRequested);
+    gave_up.outcome = Some(Outcome::Cancelled);
+    let claimer = AgentFacts {
+        id: "agent-0".into(),
+        journal: vec![rec(1, "u1", 1, V2, None, Requested), gave_up],
+        watchdog: vec![],
+        vms_left: vec![],
+    };
+    w.agents.insert(0, claimer);
+    w.leases
+        .push(json!({"spec": {"holderIdentity": "agent-0", "leaseDurationSeconds": 20}}));
+    assert_eq!(check(&w), vec![]);
+}
+
+/// Seen at 20 hosts (seed 2901): a host still claiming a build when the controller deleted its
+/// finished MacBuild journals its claim `Cancelled`; the run's outcome is its holder's.
+#[test]
+fn a_losing_claimers_cancelled_claim_is_not_the_builds_outcome() {
+    use AttemptState::*;
+    let mut w = good();
+    let mut gave_up = rec(20, "u1", 1, V1, Some(Requested), Retired);
+    gave_up.reason = Some(Reason::CancelRequested);
+    gave_up.outcome = Some(Outcome::Cancelled);
+    w.agents.push(AgentFacts {
+        id: "agent-b".into(),
+        journal: vec![rec(19, "u1", 1, V1, None, Requested), gave_up],
+        watchdog: vec![],
+        vms_left: vec![],
+    });
+    w.leases
+        .push(json!({"spec": {"holderIdentity": "agent-b", "leaseDurationSeconds": 20}}));
+    assert_eq!(check(&w), vec![]);
+}
+
+/// chaos-fleet seed 2901: a run ended `CustomRunTimedOut` with `vmRetirement=none` and no
+/// attempt (its MacBuild deleted, nothing in its status naming a holder) although a host had
+/// admitted and run the build. `none` says no VM was ever created: a lie, invariant 4.
+#[test]
+fn vm_retirement_none_for_a_build_a_host_admitted_breaks_4() {
+    let mut w = good();
+    w.macbuilds.clear();
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut",
+        "message": "MacBuild did not finish within timeout 19s; MacBuild ns/b1 is gone"});
+    w.custom_runs[0]["status"]["results"] = json!([{"name": "attempt", "value": ""},
+        {"name": "vmRetirement", "value": "none"}]);
+    assert_breaks(&w, 4);
+    // Admitted only after the run ended: not this run's claim to make (the checker cannot
+    // tell), so not flagged here.
+    w.custom_runs[0]["status"]["completionTime"] = json!("2027-01-15T07:00:00Z");
+    assert!(!invariants_broken(&w).contains(&4), "{:#?}", check(&w));
+}
+
+/// chaos-fleet seed 2901 (chaos-427): the controller deleted an unclaimed MacBuild at its
+/// timeout (fenced on its resourceVersion) while a host, on a stale watch, was starting to claim
+/// it; the host journaled its claim ended, nothing cloned. The run's `vmRetirement=none` and
+/// empty attempt are the truth, not an undelivered result.
+#[test]
+fn a_claim_that_never_got_to_admission_is_not_a_result_the_run_owes() {
+    use AttemptState::*;
+    let mut w = good();
+    let mut gave_up = rec(2, "u1", 1, V1, Some(Requested), Retired);
+    gave_up.reason = Some(Reason::CancelRequested);
+    gave_up.outcome = Some(Outcome::Cancelled);
+    gave_up.detail = "MacBuild deleted before admission; nothing cloned".into();
+    gave_up.status = Some(json!({"phase": "Cancelled", "claim": {"holder": "agent-a", "attempt": "b1#1", "epoch": 1}}));
+    w.agents[0].journal = vec![rec(1, "u1", 1, V1, None, Requested), gave_up];
+    w.macbuilds.clear();
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunTimedOut",
+        "message": "no Mac host claimed MacBuild ns/b1 within timeout 18s; no VM was created and the MacBuild is deleted"});
+    w.custom_runs[0]["status"]["results"] = json!([{"name": "attempt", "value": ""},
+        {"name": "vmRetirement", "value": "none"}]);
+    assert_eq!(check(&w), vec![]);
+    // Had the host admitted it, the same run would lie (invariants 4 and 6).
+    w.agents[0].journal = attempt(1, "u1", 1, V1, Outcome::Cancelled, Reason::CancelRequested);
+    assert_breaks(&w, 4);
+    assert_breaks(&w, 6);
+}
+
 #[test]
 fn too_many_attempts_or_a_retry_after_failure_break_5() {
     let mut w = good();
@@ -304,10 +399,10 @@ fn an_undelivered_result_of_a_timed_out_run_breaks_6_unless_the_cluster_refused_
     w.macbuilds[0]["status"]["phase"] = json!("Retiring");
     w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
         "reason": "CustomRunTimedOut", "message": "MacBuild did not finish within timeout 5s"});
-    w.custom_runs[0]["status"]["results"][1]["value"] = json!("none");
+    // (`vmRetirement` stays `deleted`, journaled before the end: `none` would be a lie of its own.)
     // A timeout alone does not excuse an undelivered result.
     assert_eq!(invariants_broken(&w), [6].into());
-    // Refused past the deadline (DESIGN.md invariant 6's exception): the timeout stands.
+    // Refused past the deadline (invariant 6's exception): the timeout stands.
     w.refused_terminal_status = true;
     assert_eq!(check(&w), vec![]);
 }

@@ -15,6 +15,7 @@ fn killed_count(detail: &str) -> Option<usize> {
     before.rsplit(' ').next()?.parse().ok()
 }
 
+// scenario: abandon-process-group
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivors_of_an_abandoned_group_are_killed_before_the_retry() {
     let mut s = Stack::new("abandon-process-group").await;

@@ -22,6 +22,7 @@ fn host_unreachable(run: &Value) -> Option<(usize, &Value)> {
         .find(|(_, c)| c["type"] == "HostUnreachable")
 }
 
+// scenario: agent-hung
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_hung_same_attempt_succeeds() {
     let mut s = Stack::new("agent-hung").await;

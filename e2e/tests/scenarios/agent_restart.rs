@@ -9,6 +9,7 @@ use tartan_api::{AttemptState, Outcome, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 
+// scenario: agent-killed slow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_mid_build_retries_once() {
     let mut s = Stack::new("agent-killed").await;

@@ -9,6 +9,7 @@ use tartan_api::{AttemptState, Outcome, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 
+// scenario: api-down-at-start slow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_started_while_the_api_is_down_deletes_the_vm_at_once() {
     let mut s = Stack::new("api-down-at-start").await;

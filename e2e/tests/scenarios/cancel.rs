@@ -5,6 +5,7 @@ use std::time::Duration;
 use tartan_api::{AttemptState, Outcome};
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for_async};
 
+// scenario: cancel-during-boot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_during_boot() {
     let mut s = Stack::new("cancel-boot").await;
@@ -39,6 +40,7 @@ async fn cancel_during_boot() {
     s.finish().await;
 }
 
+// scenario: owner-deleted needs-cm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_deleted_while_agent_down() {
     let mut s = Stack::new("owner-deleted").await;

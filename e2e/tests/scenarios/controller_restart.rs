@@ -6,6 +6,7 @@ use tartan_api::{AttemptState, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack, wait_for};
 
+// scenario: controller-killed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_killed_mid_build() {
     let mut s = Stack::new("controller-killed").await;

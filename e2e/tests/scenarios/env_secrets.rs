@@ -51,6 +51,7 @@ fn sha256(bytes: &[u8]) -> String {
         .to_string()
 }
 
+// scenario: env-secrets
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_reach_the_steps_masked_and_a_secret_not_allowed_or_missing_fails_before_the_clone() {
     let mut s = Stack::new("env-secrets").await;

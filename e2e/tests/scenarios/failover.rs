@@ -71,12 +71,14 @@ async fn two_replicas_mid_build(s: &mut Stack, leader: &LeaderOptions) -> Lease 
     lease
 }
 
+// scenario: failover-killed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_mid_build_standby_takes_over() {
     leader_killed("failover-killed", LeaderOptions::default()).await;
 }
 
 /// The same on the source's timings (lease 15 s): the failover time an operator sees.
+// scenario: failover-killed-source slow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_on_source_timings() {
     leader_killed("failover-killed-source", LeaderOptions::source_defaults()).await;
@@ -140,6 +142,7 @@ async fn leader_killed(name: &str, leader: LeaderOptions) {
     s.finish().await;
 }
 
+// scenario: failover-frozen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
     let mut s = Stack::new("failover-frozen").await;

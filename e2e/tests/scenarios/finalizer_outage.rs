@@ -10,6 +10,7 @@ use tartan_api::{AttemptState, FINALIZER};
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for, wait_for_async};
 
+// scenario: finalizer-outage slow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalizer_owed_during_a_long_outage_is_removed_once_the_api_answers() {
     let mut s = Stack::new("finalizer-outage").await;

@@ -12,6 +12,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::{condition_of, condition_text};
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
+// scenario: frozen-cancel
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
     let mut s = Stack::new("frozen-cancel").await;

@@ -6,6 +6,7 @@ use tartan_api::{AttemptState, Outcome, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
+// scenario: happy-path
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn happy_path() {
     let mut s = Stack::new("happy-path").await;

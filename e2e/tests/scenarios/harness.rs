@@ -1,5 +1,10 @@
 //! The harness itself, without an agent: the API and the controller as real processes, a
 //! CustomRun turned into a MacBuild, a planted VM, and the invariant check at the end.
+//!
+//! scenario: harness
+
+mod monitoring;
+mod scenario_names;
 
 use std::time::Duration;
 use tartan_e2e::{ControllerOptions, Stack};

@@ -10,6 +10,7 @@ use tartan_e2e::{AgentOptions, ControllerOptions, Stack, wait_for_async};
 
 const UNCACHED_DELAY: Duration = Duration::from_secs(3);
 
+// scenario: image-aware-claim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_holding_the_image_claims_first_and_the_other_only_after_the_delay() {
     let mut s = Stack::new("image-aware-claim").await;

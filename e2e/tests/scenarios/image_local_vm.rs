@@ -12,6 +12,7 @@ use tartan_api::AttemptState;
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
+// scenario: image-local-vm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_build_cannot_clone_another_builds_vm_by_naming_it_as_its_image() {
     let mut s = Stack::new("image-local-vm").await;

@@ -51,6 +51,7 @@ fn current_journal_size(state: &Path) -> (String, u64) {
     )
 }
 
+// scenario: journal-blip
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_failed_journal_append_mid_attempt_does_not_hold_the_build_and_slot_for_ever() {
     // Inherited by every process the stack starts: a file-size limit then fails writes with

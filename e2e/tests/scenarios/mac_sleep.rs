@@ -18,6 +18,8 @@
 //! On Linux SIGSTOP does not stop the monotonic clock, so this test cannot show a monotonic timer
 //! that forgets the sleep; it shows that nothing on the host needs the stopped time to have passed
 //! on its own clock, and bounds the time from the wake to the VM's deletion.
+//!
+//! scenario: mac-sleep
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;

@@ -7,6 +7,8 @@ mod agent_restart;
 mod api_down_at_start;
 mod cancel;
 mod controller_restart;
+mod disk_floor;
+mod doctor;
 mod env_secrets;
 mod failover;
 mod finalizer_outage;

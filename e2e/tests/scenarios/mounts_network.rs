@@ -6,10 +6,10 @@
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tart_double::run_flags::runs_file;
 use tartan_e2e::invariants::result;
 use tartan_e2e::stack::{IMAGE, condition_text};
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
-use tartan_tart::double::run_flags::runs_file;
 
 /// Adds `top` (top-level keys) and `tables` to agent `id`'s generated config.
 fn extend_config(s: &Stack, id: &str, top: &str, tables: &str) {
@@ -39,6 +39,7 @@ fn params(mounts: &str) -> Vec<(&'static str, Value)> {
     ]
 }
 
+// scenario: mounts
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_mounts_reach_tart_run_and_an_undeclared_one_fails_before_the_clone() {
     let mut s = Stack::new("mounts").await;
@@ -100,6 +101,7 @@ async fn declared_mounts_reach_tart_run_and_an_undeclared_one_fails_before_the_c
     s.finish().await;
 }
 
+// scenario: softnet
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn softnet_with_an_allow_list_reaches_tart_run() {
     let mut s = Stack::new("softnet").await;

@@ -14,6 +14,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 
+// scenario: old-journal-max-attempts
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_without_max_attempts_never_runs_more_attempts_than_the_macbuild_allows() {
     let mut s = Stack::new("old-journal-max-attempts").await;

@@ -51,6 +51,7 @@ async fn partitioned_build(name: &str, params_timeout: Option<&str>, run_timeout
     (s, vm)
 }
 
+// scenario: partition-healed emulator-only
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_healed_before_the_deadline_delivers_the_result() {
     let (s, vm) = partitioned_build("partition-healed", Some("300"), None).await;
@@ -114,6 +115,7 @@ async fn partition_healed_before_the_deadline_delivers_the_result() {
     s.finish().await;
 }
 
+// scenario: partition-past-deadline emulator-only
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_past_the_deadline_times_out_unconfirmed_and_the_vm_is_still_deleted() {
     // Host deadline and CustomRun timeout 20 s (+ 3 s controller grace); the gate never opens.

@@ -10,6 +10,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::IMAGE;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for_async};
 
+// scenario: quarantine
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_delete_quarantines_then_resolves() {
     let mut s = Stack::new("quarantine").await;
@@ -65,6 +66,7 @@ async fn failed_delete_quarantines_then_resolves() {
     s.finish().await;
 }
 
+// scenario: unknown-vm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_vm_blocks_the_slot_until_removed() {
     let mut s = Stack::new("unknown-vm").await;

@@ -11,6 +11,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
+// scenario: reboot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reboot_deletes_every_open_vm_and_retries_what_may_retry() {
     let mut s = Stack::new("reboot").await;

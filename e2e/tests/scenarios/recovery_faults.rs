@@ -56,6 +56,7 @@ async fn quarantined_with_results(name: &str) -> (Stack, String) {
 
 /// Defect 1: the restarted agent resolves the quarantine; the CustomRun must show the results
 /// journaled at `Retiring` (2/2 and the artifact), not empty ones.
+// scenario: results-kept
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_agent_resolving_a_quarantine_keeps_the_results() {
     let (mut s, vm) = quarantined_with_results("results-kept").await;
@@ -96,6 +97,7 @@ async fn restarted_agent_resolving_a_quarantine_keeps_the_results() {
 /// Defect 2: quarantined, the agent killed, the CustomRun cancelled while it is down: the
 /// restarted agent deletes the VM at once (not at the watchdog's deadline), releases the
 /// finalizer's hold, and frees the slot for the next build.
+// scenario: quarantine-cancelled
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_while_down_in_quarantine_the_vm_is_deleted_at_restart() {
     let (mut s, vm) = quarantined_with_results("quarantine-cancelled").await;
@@ -176,6 +178,7 @@ async fn cancelled_while_down_in_quarantine_the_vm_is_deleted_at_restart() {
 /// build it saw unclaimed waits for its only slot; that build is then claimed, run and retired
 /// (its terminal status write refused, so still in flight) — and, still unclaimed in the stale
 /// view, must never be claimed, admitted or cloned again: the journal says it is finished.
+// scenario: stale-view
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_build_is_never_claimed_again_from_a_stale_view() {
     let mut s = Stack::new("stale-view").await;

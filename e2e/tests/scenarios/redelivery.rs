@@ -7,6 +7,7 @@ use tartan_api::{AttemptState, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack};
 
+// scenario: redelivery
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_terminal_status_is_redelivered_after_restart() {
     let mut s = Stack::new("redelivery").await;

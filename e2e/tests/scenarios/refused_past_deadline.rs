@@ -13,6 +13,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack, wait_for_async};
 
+// scenario: refused-past-deadline
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_terminal_status_past_deadline_times_out() {
     let mut s = Stack::new("refused-past-deadline").await;

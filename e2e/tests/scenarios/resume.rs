@@ -110,6 +110,7 @@ fn copy_of_the_agent(s: &Stack) -> PathBuf {
     copy
 }
 
+// scenario: agent-upgrade
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_upgrade_mid_step_resumes_the_same_attempt() {
     let mut s = in_the_long_step("agent-upgrade", AgentOptions::default()).await;
@@ -135,6 +136,7 @@ async fn agent_upgrade_mid_step_resumes_the_same_attempt() {
 /// Two upgrades in a row: the second agent is stopped again at once, while it starts and
 /// recovers (before or during its resume probe). The third resumes the same attempt; the step
 /// ran once.
+// scenario: two-quick-restarts
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_quick_restarts_mid_step_resume_the_same_attempt() {
     let mut s = in_the_long_step("two-quick-restarts", AgentOptions::default()).await;
@@ -160,6 +162,7 @@ async fn two_quick_restarts_mid_step_resume_the_same_attempt() {
     s.finish().await;
 }
 
+// scenario: agent-killed-resume
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_alone_mid_step_resumes_the_same_attempt() {
     let mut s = in_the_long_step("agent-killed-resume", AgentOptions::default()).await;
@@ -173,6 +176,7 @@ async fn agent_killed_alone_mid_step_resumes_the_same_attempt() {
     s.finish().await;
 }
 
+// scenario: agent-group-killed-resume
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_group_killed_mid_step_resumes_the_same_attempt() {
     // launchd's kill of the agent's process group: the VM is in its own session and survives.
@@ -183,6 +187,7 @@ async fn agent_group_killed_mid_step_resumes_the_same_attempt() {
     s.finish().await;
 }
 
+// scenario: agent-and-vm-killed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_with_its_vms_retries_as_attempt_2() {
     let mut s = in_the_long_step("agent-and-vm-killed", AgentOptions::default()).await;
@@ -204,6 +209,7 @@ async fn agent_killed_with_its_vms_retries_as_attempt_2() {
     s.finish().await;
 }
 
+// scenario: resume-cancelled
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_while_the_agent_is_away_the_vm_is_deleted_on_its_return() {
     let mut s = in_the_long_step("resume-cancelled", AgentOptions::default()).await;
@@ -235,6 +241,7 @@ async fn cancelled_while_the_agent_is_away_the_vm_is_deleted_on_its_return() {
     s.finish().await;
 }
 
+// scenario: resume-past-deadline
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn away_past_the_deadline_the_watchdog_deletes_and_nothing_resumes() {
     let mut s = Stack::new("resume-past-deadline").await;
@@ -316,6 +323,7 @@ async fn assert_passed_as_attempt_1(s: &Stack) {
     );
 }
 
+// scenario: agent-upgrade-mid-boot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
     let opts = AgentOptions {
@@ -348,6 +356,7 @@ async fn agent_upgrade_mid_boot_waits_for_a_slow_guest() {
 
 /// `kill -9`ed alone while the image is still being cloned: its `tart clone` lives on. The next
 /// agent kills it before cloning again, so there is one clone and one VM.
+// scenario: agent-killed-mid-clone
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
     let mut s = booting_one_attempt_build("agent-killed-mid-clone", AgentOptions::default(), true).await;
@@ -375,6 +384,7 @@ async fn agent_killed_alone_mid_clone_resumes_the_same_attempt() {
 /// record says the boot "is resumed at the next start", and the next agent must keep that
 /// promise: clone again within the same attempt rather than interrupt it, which costs an
 /// attempt (here the only one: the build would fail `Interrupted`).
+// scenario: agent-upgrade-mid-clone
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_upgrade_mid_clone_resumes_the_same_attempt() {
     let mut s = booting_one_attempt_build("agent-upgrade-mid-clone", AgentOptions::default(), true).await;

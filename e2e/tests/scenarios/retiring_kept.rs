@@ -11,6 +11,7 @@ use tartan_e2e::invariants::result;
 use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 
+// scenario: retiring-kept
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_at_retiring_keeps_the_outcome() {
     let mut s = Stack::new("retiring-kept").await;

@@ -1,9 +1,10 @@
 //! A live stale writer (issue 14): agent A is frozen (SIGSTOP) mid-step past its lease; an
 //! operator hands the build on by resetting the MacBuild's claim (a fenced status patch, as
 //! `kubectl patch --subresource=status` would), and agent B claims it anew and runs it. Then A
-//! thaws and finishes its own copy: each of its status writes tests A's claim (holder and
-//! attempt), which is no longer on the MacBuild, so the API refuses them all (the fence). A deletes
-//! its own VM and never touches B's; B's build ends the CustomRun `True/TestsPassed`.
+//! thaws: its first status write tests A's claim (holder and attempt), which is no longer on the
+//! MacBuild, so the API refuses it (the fence), and A stops its copy at once, `Retiring
+//! (ClaimLost)` with no outcome, deletes its own VM and never touches B's; B's build ends the
+//! CustomRun `True/TestsPassed`.
 //!
 //! Each host has its own gate (the step runs in the VM's folder, under the agent's tart home), so
 //! that A ends while B is still running: A's refused writes and A's cleanup happen while B holds
@@ -12,7 +13,7 @@
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tartan_api::{AttemptState, FINALIZER, Outcome};
+use tartan_api::{AttemptState, FINALIZER, Reason};
 use tartan_e2e::invariants::result;
 use tartan_e2e::stack::{IMAGE, condition_text};
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
@@ -27,6 +28,7 @@ fn has_finalizer(mb: &serde_json::Value) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }
 
+// scenario: stale-writer
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
     let mut s = Stack::new("stale-writer").await;
@@ -93,7 +95,8 @@ async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
     let thawed = k8s_openapi::jiff::Timestamp::now();
     s.thaw_agent("agent-a");
     s.wait_lease_renewed("agent-a", thawed).await;
-    // A finishes its copy while B still runs.
+    // A's step ends while B still runs; the status write of that transition is fenced out, and A
+    // learns from it that the claim moved.
     std::fs::write(s.dir.join("gate-a"), b"open").unwrap();
     let retired_a = s
         .wait_journal("agent-a", "A retired its attempt", Duration::from_secs(30), |r| {
@@ -104,8 +107,8 @@ async fn a_thawed_stale_holder_is_fenced_out_and_cleans_up_only_its_own_vm() {
     assert!(
         s.journal("agent-a")
             .iter()
-            .any(|r| r.to == AttemptState::Retiring && r.outcome == Some(Outcome::Succeeded)),
-        "A's copy ran to its end:\n{}",
+            .any(|r| r.to == AttemptState::Retiring && r.reason == Some(Reason::ClaimLost) && r.outcome.is_none()),
+        "A stopped its copy once the claim moved, with no outcome of its own:\n{}",
         s.journal_text("agent-a")
     );
     assert!(!s.vms("agent-a").contains(&vm_a), "A deleted its own VM {vm_a}");

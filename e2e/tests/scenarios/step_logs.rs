@@ -22,6 +22,7 @@ fn check_logs_result(s: &Stack, run: &serde_json::Value) {
     );
 }
 
+// scenario: step-logs-failed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_steps_output_is_printed_by_kubectl_tartan_logs() {
     let mut s = Stack::new("step-logs-failed").await;
@@ -66,6 +67,7 @@ async fn a_failed_steps_output_is_printed_by_kubectl_tartan_logs() {
     s.finish().await;
 }
 
+// scenario: step-logs-follow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_tartan_logs_follows_a_running_build_until_it_ends() {
     let mut s = Stack::new("step-logs-follow").await;
@@ -146,6 +148,7 @@ async fn kubectl_tartan_logs_follows_a_running_build_until_it_ends() {
 
 /// The agent killed mid-step and started again resumes the same attempt; its new shipper goes on
 /// from the parts already in the folder: every line shows exactly once.
+// scenario: step-logs-restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_shipped_across_an_agent_restart_show_each_line_once() {
     let mut s = Stack::new("step-logs-restart").await;

@@ -52,6 +52,7 @@ fn assert_timed_out(s: &Stack, run: &Value, secs: u32) {
     );
 }
 
+// scenario: step-timeout
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_past_its_timeout_fails_the_build_step_timed_out() {
     let mut s = Stack::new("step-timeout").await;
@@ -67,6 +68,7 @@ async fn a_step_past_its_timeout_fails_the_build_step_timed_out() {
     s.finish().await;
 }
 
+// scenario: step-timeout-resumed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_step_keeps_the_timeout_of_its_original_start() {
     const LIMIT: u32 = 20;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tartan_api::AttemptState;
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack, wait_for};
 
+// scenario: task-fault
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_while_a_retry_is_requested_does_not_hold_the_slot_for_ever() {
     let mut s = Stack::new("task-fault").await;

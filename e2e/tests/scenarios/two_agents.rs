@@ -6,6 +6,7 @@ use std::time::Duration;
 use tartan_api::{AttemptState, Reason};
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
 
+// scenario: two-agents
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_one_macbuild() {
     let mut s = Stack::new("two-agents").await;

@@ -3,6 +3,8 @@
 //! agent resumes both attempts: `True/TestsPassed` as `#1`, each step run once. Killed with its VMs
 //! (the Mac's tart processes too), both attempts are interrupted and retried as `#2`. Either way the
 //! two builds never share a slot (invariant 1, checked by `finish`).
+//!
+//! scenario: two-slots-killed
 
 use serde_json::json;
 use std::time::Duration;

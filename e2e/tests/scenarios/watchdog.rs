@@ -60,6 +60,7 @@ async fn restarted_agent_records(s: &mut Stack, reason: Reason) {
     );
 }
 
+// scenario: watchdog-killed-agent
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_tart_children_survive_watchdog_deletes() {
     let (mut s, vm, _) = hung_build("watchdog-killed-agent").await;
@@ -86,6 +87,7 @@ async fn killed_agent_tart_children_survive_watchdog_deletes() {
     s.finish().await;
 }
 
+// scenario: no-watchdog
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_without_watchdog_restart_deletes() {
     let (mut s, vm, deadline) = hung_build("no-watchdog").await;
@@ -108,6 +110,7 @@ async fn killed_agent_without_watchdog_restart_deletes() {
     s.finish().await;
 }
 
+// scenario: watchdog-restarted
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_restarted_mid_wait_is_on_time() {
     let (mut s, vm, deadline) = hung_build("watchdog-restarted").await;
@@ -129,6 +132,7 @@ async fn watchdog_restarted_mid_wait_is_on_time() {
     s.finish().await;
 }
 
+// scenario: watchdog-delete-failed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_delete_failed_then_deleted() {
     let (mut s, vm, _) = hung_build("watchdog-delete-failed").await;

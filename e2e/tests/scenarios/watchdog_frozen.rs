@@ -13,6 +13,7 @@ use tartan_e2e::stack::condition_text;
 use tartan_e2e::{AgentOptions, ControllerOptions, Stack, wait_for_async};
 use tartan_watchdog::Action;
 
+// scenario: watchdog-frozen-agent slow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_agent_watchdog_deletes_at_deadline_plus_grace() {
     let mut s = Stack::new("watchdog-frozen-agent").await;
