@@ -121,3 +121,74 @@ fn find_in_finds_a_value_at_every_offset_for_every_piece_size() {
     assert_eq!(mask.find_in(&b"..zz\r\nyy"[..], 1).unwrap(), Some(2));
     assert_eq!(mask.find_in(&b"nothing here"[..], 3).unwrap(), None);
 }
+
+/// Masks `output` as a step follower does (pieces of `piece` bytes, the held-back rest passed
+/// again with the next), on a thread of its own: `None` if that takes longer than `bound`.
+fn mask_streamed_within(mask: &Masker, output: Vec<u8>, piece: usize, bound: std::time::Duration) -> Option<Vec<u8>> {
+    let mask = mask.clone();
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut out, mut pending) = (Vec::new(), Vec::new());
+        for chunk in output.chunks(piece) {
+            pending.extend_from_slice(chunk);
+            let (masked, used) = mask.mask(&pending, false);
+            out.extend(masked);
+            pending.drain(..used);
+        }
+        out.extend(mask.mask(&pending, true).0);
+        let _ = done.send(out);
+    });
+    result.recv_timeout(bound).ok()
+}
+
+/// Values as large as the env allows, made of one repeated byte with a line end each, and a step
+/// that prints that byte: every place of the output is the start of a value that the next byte
+/// may break. Deciding where to hold back by comparing each place with the values took minutes
+/// per piece (quadratic in the values' length: 64 KiB of `a`s and a `b` cost 0.34 s, 1 MiB
+/// would be 86 s); the automaton's tables decide it in one pass. The bound is a hang detector,
+/// two orders above what a debug build takes here.
+#[test]
+fn values_of_one_repeated_byte_at_the_env_limit_mask_a_stream_of_it_in_bounded_time() {
+    let value = |line_at: usize| {
+        let mut v = vec![b'a'; 1 << 20];
+        v[line_at] = b'\n';
+        v
+    };
+    let values: Vec<Vec<u8>> = (0..4).map(|i| value((1 << 19) + i * 1000)).collect();
+    let mask = Masker::new(values.iter().map(Vec::as_slice));
+    let mut output = vec![b'a'; 3 << 19];
+    output.extend_from_slice(b"b\nthe end\n");
+    let out = mask_streamed_within(&mask, output, 64 << 10, std::time::Duration::from_secs(300))
+        .expect("masking a stream of the repeated byte did not end within 300 s");
+    // 1.5 MiB of `a`s holds each value's longest line (512 KiB and more) and no whole value.
+    assert!(
+        out.starts_with(b"***"),
+        "{:?}",
+        String::from_utf8_lossy(&out[..out.len().min(80)])
+    );
+    assert!(out.ends_with(b"b\nthe end\n"));
+    assert!(out.len() < 1 << 19, "the lines were not masked: {} bytes", out.len());
+}
+
+/// Thousands of values that are each a suffix of the next (`aaaa`, `aaaaa`, …, as the lines of
+/// one multi-line Secret): each byte of a stream of `a`s ends thousands of occurrences at once.
+/// Listing each of them cost time in their count per byte; the longest one at each place is all
+/// a run needs.
+#[test]
+fn thousands_of_nested_values_mask_a_stream_in_bounded_time() {
+    let lines: Vec<Vec<u8>> = (4..2_500).map(|n| vec![b'a'; n]).collect();
+    let bundle = lines.join(&b'\n');
+    let mask = Masker::new([bundle.as_slice()]);
+    let mut output = b"x ".to_vec();
+    output.extend(vec![b'a'; 4 << 20]);
+    output.extend_from_slice(b" y\n");
+    let out = mask_streamed_within(&mask, output, 64 << 10, std::time::Duration::from_secs(300))
+        .expect("masking a stream of nested values did not end within 300 s");
+    assert!(
+        out.starts_with(b"x ***"),
+        "{:?}",
+        String::from_utf8_lossy(&out[..out.len().min(80)])
+    );
+    assert!(out.ends_with(b" y\n"));
+    assert!(!out.contains(&b'a'), "an `a` of the stream was left in clear");
+}

@@ -22,6 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use value_automaton::ValueAutomaton;
+
+mod value_automaton;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use tartan_api::{EnvVar, Reason};
@@ -45,10 +48,11 @@ pub const ENV_MAX_TOTAL_BYTES: usize = 4 << 20;
 /// one run; adjacent ones each show as [`MASK`].
 #[derive(Clone, Default)]
 pub struct Masker {
-    /// Unique, in byte order: [`held_from`](Self::held_from) looks prefixes up by binary search.
+    /// Unique, in byte order (masking compares maskers by them; the reference test reads them).
     values: Vec<Vec<u8>>,
-    /// Finds every occurrence of `values`, overlapping ones included; `None` when there are none.
-    matcher: Option<AhoCorasick>,
+    /// Finds every occurrence of `values`, and where one may be starting; `None` when there are
+    /// none. Shared by clones (each step's follower has one).
+    matcher: Option<Arc<ValueAutomaton>>,
     /// The longest value's length (0 if none).
     max_len: usize,
     /// The secrets as given, and each multi-line one with either line end (no single lines):
@@ -136,7 +140,7 @@ impl Masker {
             MATCHERS_BUILT.with(|n| n.set(n.get() + 1));
             // The automaton's limits (2^31 states) are far above what the values can make: at
             // most twice ENV_MAX_TOTAL_BYTES, or an earlier env file's PREVIOUS_MAX_BYTES, of them.
-            automaton(&values).expect("the values are far below the automaton's limits")
+            Arc::new(ValueAutomaton::new(&values).expect("the values are far below the automaton's limits"))
         });
         Masker {
             values,
@@ -164,18 +168,12 @@ impl Masker {
         self.max_len
     }
 
-    /// Whether `rest` is the start of a value longer than it (more output may complete it).
-    fn cut_at(&self, rest: &[u8]) -> bool {
-        // The first value after `rest` in byte order starts with it if any longer value does.
-        let next = self.values.partition_point(|v| v.as_slice() <= rest);
-        self.values.get(next).is_some_and(|v| v.starts_with(rest))
-    }
-
     /// The first place in `bytes` from which the rest may be the start of a value (only the last
     /// `max_len - 1` bytes can be).
-    fn held_from(&self, bytes: &[u8]) -> Option<usize> {
+    fn held_from(&self, matcher: &ValueAutomaton, bytes: &[u8]) -> Option<usize> {
         let from = bytes.len().saturating_sub(self.max_len.saturating_sub(1));
-        (from..bytes.len()).find(|&p| self.cut_at(&bytes[p..]))
+        let open = matcher.open_start_len(&bytes[from..]);
+        (open > 0).then(|| bytes.len() - open)
     }
 
     /// `text`, whole, with its values masked (a message quoting guest output).
@@ -264,18 +262,19 @@ impl Masker {
         let held = if last {
             None
         } else {
-            self.held_from(bytes).filter(|&p| p < limit)
+            self.held_from(matcher, bytes).filter(|&p| p < limit)
         };
         // Occurrences starting before `limit` end before this.
         let seen = bytes.len().min(limit.saturating_add(self.max_len));
-        // Runs, in order and disjoint: occurrences come by their end, and each one merges with
-        // the runs it overlaps (those ending after its start).
+        // Runs, in order and disjoint: occurrences come by their end (the longest of those ending
+        // at one place covers the others), and each one merges with the runs it overlaps (those
+        // ending after its start).
         let mut runs: Vec<(usize, usize)> = Vec::new();
-        for m in matcher.find_overlapping_iter(&bytes[..seen]) {
-            if m.start() >= limit {
+        for (occurrence_start, occurrence_end) in matcher.longest_occurrences(&bytes[..seen]) {
+            if occurrence_start >= limit {
                 continue;
             }
-            let mut start = m.start();
+            let mut start = occurrence_start;
             while let Some(&(s, e)) = runs.last() {
                 if e <= start {
                     break;
@@ -283,7 +282,7 @@ impl Masker {
                 start = start.min(s);
                 runs.pop();
             }
-            runs.push((start, m.end()));
+            runs.push((start, occurrence_end));
         }
         let stop = match held {
             Some(h) => runs.iter().find(|&&(s, e)| s < h && h < e).map_or(h, |&(s, _)| s),
