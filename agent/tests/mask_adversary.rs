@@ -192,3 +192,17 @@ fn thousands_of_nested_values_mask_a_stream_in_bounded_time() {
     assert!(out.ends_with(b" y\n"));
     assert!(!out.contains(&b'a'), "an `a` of the stream was left in clear");
 }
+
+/// The artifact scan looks for whole values: thousands of separate values of nested lengths
+/// (`aaaa` to 2,400 `a`s) beside one of 1 MiB made each deep state of the long one list every
+/// short one, past the automaton's 2^31 states (a panic on the agent's thread). Found at once now.
+#[test]
+fn an_artifact_scan_for_nested_values_and_a_long_one_finds_them() {
+    let mut values: Vec<Vec<u8>> = (4..2_400).map(|n| vec![b'a'; n]).collect();
+    values.push(vec![b'a'; 1 << 20]);
+    let mask = Masker::new(values.iter().map(Vec::as_slice));
+    let mut artifact = b"header\n".to_vec();
+    artifact.extend(vec![b'a'; 2 << 20]);
+    assert_eq!(mask.find_in(&artifact[..], 64 << 10).unwrap(), Some(7));
+    assert_eq!(mask.find_in(&b"header\naaa\n"[..], 64 << 10).unwrap(), None);
+}

@@ -21,7 +21,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use value_automaton::ValueAutomaton;
 
 mod value_automaton;
@@ -59,18 +58,15 @@ pub struct Masker {
     /// what [`find_in`](Self::find_in) looks for in an artifact.
     whole: Vec<Vec<u8>>,
     /// The automaton of `whole`, built at the first artifact scan and shared by clones.
-    whole_matcher: std::sync::Arc<std::sync::OnceLock<Option<AhoCorasick>>>,
+    whole_matcher: Arc<std::sync::OnceLock<Option<Arc<ValueAutomaton>>>>,
 }
 
-/// The automaton finding every occurrence of `values`. Standard semantics: the only kind that
-/// reports overlapping occurrences. A contiguous NFA, never a DFA: the crate may pick a DFA for
-/// few patterns, and its build is quadratic for a value that repeats a block (a 64 KiB `abab…`
-/// took over 40 s on the agent's thread); the NFA builds in linear time and searches near as fast.
-fn automaton(values: &[Vec<u8>]) -> Result<AhoCorasick, aho_corasick::BuildError> {
-    AhoCorasick::builder()
-        .match_kind(MatchKind::Standard)
-        .kind(Some(AhoCorasickKind::ContiguousNFA))
-        .build(values)
+/// The automaton of `values` (see [`ValueAutomaton`]). Values are at most twice
+/// ENV_MAX_TOTAL_BYTES, or an earlier env file's PREVIOUS_MAX_BYTES: far below its 2^31 states.
+fn automaton(values: &[Vec<u8>]) -> Arc<ValueAutomaton> {
+    #[cfg(test)]
+    MATCHERS_BUILT.with(|n| n.set(n.get() + 1));
+    Arc::new(ValueAutomaton::new(values).expect("the values are far below the automaton's limits"))
 }
 
 impl PartialEq for Masker {
@@ -135,13 +131,7 @@ impl Masker {
             .into_iter()
             .collect();
         let max_len = values.iter().map(Vec::len).max().unwrap_or(0);
-        let matcher = (!values.is_empty()).then(|| {
-            #[cfg(test)]
-            MATCHERS_BUILT.with(|n| n.set(n.get() + 1));
-            // The automaton's limits (2^31 states) are far above what the values can make: at
-            // most twice ENV_MAX_TOTAL_BYTES, or an earlier env file's PREVIOUS_MAX_BYTES, of them.
-            Arc::new(ValueAutomaton::new(&values).expect("the values are far below the automaton's limits"))
-        });
+        let matcher = (!values.is_empty()).then(|| automaton(&values));
         Masker {
             values,
             matcher,
@@ -191,10 +181,9 @@ impl Masker {
     /// would refuse every artifact that holds any certificate. Builds its matcher at the first
     /// scan (in linear time) and keeps it for the next ones.
     pub fn find_in(&self, mut input: impl std::io::Read, piece: usize) -> std::io::Result<Option<u64>> {
-        let built = self.whole_matcher.get_or_init(|| {
-            (!self.whole.is_empty())
-                .then(|| automaton(&self.whole).expect("the values are far below the automaton's limits"))
-        });
+        let built = self
+            .whole_matcher
+            .get_or_init(|| (!self.whole.is_empty()).then(|| automaton(&self.whole)));
         let Some(matcher) = built else {
             return Ok(None);
         };
@@ -212,8 +201,8 @@ impl Masker {
                 }
             };
             window.truncate(kept + n);
-            if let Some(m) = matcher.find(&window[..]) {
-                return Ok(Some(base + m.start() as u64));
+            if let Some((start, _)) = matcher.longest_occurrences(&window).next() {
+                return Ok(Some(base + start as u64));
             }
             if n == 0 {
                 return Ok(None);
