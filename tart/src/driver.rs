@@ -19,7 +19,7 @@ use crate::types::{VmInfo, VmListEntry};
 
 mod output;
 
-pub use output::{LOG_FILE_MODE, log_cap_note};
+pub use output::{LOG_FILE_MODE, OutputConsumer, log_cap_note};
 use output::{LogSink, pump};
 
 /// Per-command time limits. tart turns lock contention into a hang, so these are what gets a caller unstuck.
@@ -116,6 +116,10 @@ pub struct CaptureOptions {
     pub max_bytes: u64,
     /// The whole exec, including the guest command; on expiry the `tart exec` process is killed.
     pub timeout: Duration,
+    /// Once the cap is reached, kill the `tart exec` process and return at once, as
+    /// [`ExecOptions::stop_at_cap`]; otherwise output past the cap is read and counted until
+    /// the exec ends, so that its own end decides the outcome.
+    pub stop_at_cap: bool,
 }
 
 /// A `tart exec` whose output was kept in memory.
@@ -141,6 +145,15 @@ pub struct ExecOutcome {
     /// True if the log cap was reached.
     pub truncated: bool,
     pub elapsed: Duration,
+}
+
+/// A `tart exec` whose output went to a consumer ([`Tart::exec_into`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumed {
+    /// As for [`Tart::exec`]; an exec the consumer stopped has exit code -1.
+    pub outcome: ExecOutcome,
+    /// Why the consumer refused the output, if it did.
+    pub refused: Option<String>,
 }
 
 /// How a `tart run` ended.
@@ -562,10 +575,35 @@ impl Tart {
         options: &CaptureOptions,
     ) -> Result<Captured, TartError> {
         let sink = LogSink::memory(options.max_bytes);
-        // A capture keeps reading past its cap (only the first bytes are kept) so that the exec's
-        // own end, not the cap, decides its outcome.
-        let (outcome, output) = self.exec_with(name, argv, input, sink, options.timeout, false).await?;
-        Ok(Captured { outcome, output })
+        let (outcome, sink) = self
+            .exec_with(name, argv, input, sink, options.timeout, options.stop_at_cap)
+            .await?;
+        Ok(Captured {
+            outcome,
+            output: sink.into_memory(),
+        })
+    }
+
+    /// `tart exec NAME argv…` with the output handed to `consumer` as it comes (at most
+    /// `options.log_cap` bytes; `options.log_path` is not used), never written by the driver:
+    /// for output the caller checks before it writes any of it. A consumer's refusal stops the
+    /// exec and is returned as [`Consumed::refused`]. Otherwise as [`exec`](Self::exec), with the
+    /// tail of tart's stderr only (as [`exec_capture`](Self::exec_capture)).
+    pub async fn exec_into(
+        &self,
+        name: &str,
+        argv: &[String],
+        consumer: Box<dyn OutputConsumer>,
+        options: &ExecOptions,
+    ) -> Result<Consumed, TartError> {
+        let sink = LogSink::consumer(consumer, options.log_cap);
+        let (outcome, sink) = self
+            .exec_with(name, argv, None, sink, options.timeout, options.stop_at_cap)
+            .await?;
+        Ok(Consumed {
+            outcome,
+            refused: sink.refused,
+        })
     }
 
     /// `tart exec -i NAME argv…` with `input` as the guest command's stdin (then EOF): the way to
@@ -584,8 +622,8 @@ impl Tart {
             .map(|(o, _)| o)
     }
 
-    /// Runs the exec into `sink`; returns the outcome and what a memory sink kept (empty for a
-    /// file).
+    /// Runs the exec into `sink`; returns the outcome and the sink (what a memory sink kept, why
+    /// a consumer refused).
     async fn exec_with(
         &self,
         name: &str,
@@ -594,7 +632,7 @@ impl Tart {
         mut sink: LogSink,
         timeout: Duration,
         stop_at_cap: bool,
-    ) -> Result<(ExecOutcome, Vec<u8>), TartError> {
+    ) -> Result<(ExecOutcome, LogSink), TartError> {
         if argv.is_empty() {
             return Err(TartError::Usage {
                 command: "exec",
@@ -652,7 +690,8 @@ impl Tart {
             }
             Ok(Ok(Some(status))) => status,
             Ok(Ok(None)) => {
-                // Stopped at the cap: what follows is not wanted, and may never end.
+                // Stopped at the cap or by the consumer: what follows is not wanted, and may
+                // never end.
                 let _ = child.start_kill();
                 let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
                 sink.flush();
@@ -660,10 +699,11 @@ impl Tart {
                     exit_code: -1,
                     tail: sink.tail(),
                     output_bytes: sink.total,
-                    truncated: true,
+                    // False when the consumer, not the cap, stopped it.
+                    truncated: sink.truncated,
                     elapsed: started.elapsed(),
                 };
-                return Ok((outcome, sink.into_memory()));
+                return Ok((outcome, sink));
             }
         };
         sink.flush();
@@ -691,7 +731,7 @@ impl Tart {
             truncated: sink.truncated,
             elapsed: started.elapsed(),
         };
-        Ok((outcome, sink.into_memory()))
+        Ok((outcome, sink))
     }
 
     /// `tart ip NAME --wait N`.

@@ -22,8 +22,8 @@ pub use discovery::{
     ClientFilter, KillReport, client_pids, kill_vm_processes, process_alive, run_pid, tart_home, vm_config_path, vm_dir,
 };
 pub use driver::{
-    ARGV_LOG_MAX, CaptureOptions, Captured, ExecOptions, ExecOutcome, LOG_FILE_MODE, RunExit, RunOptions, RunningVm,
-    SetOptions, Tart, Timeouts, argv_for_log, log_cap_note,
+    ARGV_LOG_MAX, CaptureOptions, Captured, Consumed, ExecOptions, ExecOutcome, LOG_FILE_MODE, OutputConsumer, RunExit,
+    RunOptions, RunningVm, SetOptions, Tart, Timeouts, argv_for_log, log_cap_note,
 };
 pub use error::TartError;
 pub use lock::LockProbe;

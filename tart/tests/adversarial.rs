@@ -134,6 +134,7 @@ esac"#,
     let options = tartan_tart::CaptureOptions {
         max_bytes: 1 << 20,
         timeout: Duration::from_secs(10),
+        stop_at_cap: false,
     };
     let got = tart.exec_capture("mb-x", &argv("print"), None, &options).await.unwrap();
     assert_eq!(got.outcome.exit_code, 0);
@@ -164,6 +165,70 @@ esac"#,
     assert!(matches!(e, TartError::ExecTimeout { .. }), "{e}");
     assert!(!e.to_string().contains("secret"), "{e}");
     // Nothing but the fake tart and its pid file was written.
+    let mut files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["pid", "tart"]);
+}
+
+/// What an [`exec_into`](Tart::exec_into) consumer saw, shared with the test.
+#[derive(Clone, Default)]
+struct Seen(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl tartan_tart::OutputConsumer for Seen {
+    fn consume(&mut self, data: &[u8]) -> Result<(), String> {
+        let mut seen = self.0.lock().unwrap();
+        seen.extend_from_slice(data);
+        match seen.windows(6).any(|w| w == b"FORBID") {
+            true => Err("the output holds FORBID".into()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// `exec_into` hands the output to the consumer only (no file is written), up to the cap; a
+/// consumer's refusal stops an exec whose guest would go on for ever, at once, and says why.
+#[tokio::test]
+async fn an_exec_into_a_consumer_writes_nothing_and_stops_when_it_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tart, _) = fake_tart(
+        dir.path(),
+        r#"case $3 in
+  forbid) printf 'before '; printf 'FORBID'; while :; do printf 'after'; sleep 0.01; done ;;
+  *) printf 'all of it' ;;
+esac"#,
+    );
+    let options = |cap| tartan_tart::ExecOptions {
+        log_cap: cap,
+        ..tartan_tart::ExecOptions::new(dir.path().join("unused.log"), Duration::from_secs(20))
+    };
+    let seen = Seen::default();
+    let got = tart
+        .exec_into("mb-x", &["print".into()], Box::new(seen.clone()), &options(1 << 20))
+        .await
+        .unwrap();
+    assert_eq!((got.outcome.exit_code, got.refused), (0, None));
+    assert_eq!(seen.0.lock().unwrap().as_slice(), b"all of it");
+    let capped = Seen::default();
+    let got = tart
+        .exec_into("mb-x", &["print".into()], Box::new(capped.clone()), &options(3))
+        .await
+        .unwrap();
+    assert!(got.outcome.truncated);
+    assert_eq!(capped.0.lock().unwrap().as_slice(), b"all");
+    let started = Instant::now();
+    let got = tart
+        .exec_into("mb-x", &["forbid".into()], Box::new(Seen::default()), &options(1 << 20))
+        .await
+        .unwrap();
+    assert_eq!(got.refused.as_deref(), Some("the output holds FORBID"));
+    assert_eq!((got.outcome.exit_code, got.outcome.truncated), (-1, false));
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the refused exec was not stopped"
+    );
     let mut files: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())

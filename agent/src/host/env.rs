@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use value_automaton::ValueAutomaton;
+pub use value_automaton::ValueScreen;
 
 mod value_automaton;
 use k8s_openapi::api::core::v1::Secret;
@@ -174,43 +175,41 @@ impl Masker {
         String::from_utf8_lossy(&self.mask(text.as_bytes(), true).0).into_owned()
     }
 
-    /// Where the first whole value occurs in `input`, read in pieces of `piece` bytes (and the
-    /// last bytes of the one before, as many as the longest value less one, so a value across two
-    /// pieces is found): memory is bounded whatever the input's size. Whole values only, not
-    /// their single lines: a public line of a Secret (a CA bundle's `-----BEGIN CERTIFICATE-----`)
-    /// would refuse every artifact that holds any certificate. Builds its matcher at the first
-    /// scan (in linear time) and keeps it for the next ones.
+    /// Where the first whole value occurs in `input`, read in pieces of `piece` bytes through a
+    /// [`screen`](Self::screen): memory is bounded whatever the input's size. Whole values only,
+    /// not their single lines: a public line of a Secret (a CA bundle's
+    /// `-----BEGIN CERTIFICATE-----`) would refuse every artifact that holds any certificate.
     pub fn find_in(&self, mut input: impl std::io::Read, piece: usize) -> std::io::Result<Option<u64>> {
-        let built = self
-            .whole_matcher
-            .get_or_init(|| (!self.whole.is_empty()).then(|| automaton(&self.whole)));
-        let Some(matcher) = built else {
+        let Some(mut screen) = self.screen() else {
             return Ok(None);
         };
-        let keep = self.whole.iter().map(Vec::len).max().unwrap_or(1) - 1;
-        let mut window: Vec<u8> = Vec::with_capacity(keep + piece);
-        // Stream offset of window[0].
-        let mut base = 0u64;
+        let mut buf = vec![0u8; piece.max(1)];
         loop {
-            let kept = window.len();
-            window.resize(kept + piece.max(1), 0);
-            let n = loop {
-                match input.read(&mut window[kept..]) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    other => break other?,
-                }
+            let n = match input.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => other?,
             };
-            window.truncate(kept + n);
-            if let Some((start, _)) = matcher.longest_occurrences(&window).next() {
-                return Ok(Some(base + start as u64));
-            }
             if n == 0 {
                 return Ok(None);
             }
-            let cut = window.len().saturating_sub(keep);
-            window.drain(..cut);
-            base += cut as u64;
+            if let Err(at) = screen.feed(&buf[..n]) {
+                return Ok(Some(at));
+            }
         }
+    }
+
+    /// A screen for whole values (the secrets as given, multi-line ones with either line end) of a stream read
+    /// once as it comes: what it passes on holds no value, and what may be the start of one is
+    /// held back until the stream shows it is not. `None` when there is nothing to look for.
+    pub fn screen(&self) -> Option<ValueScreen> {
+        self.whole_automaton().map(ValueScreen::new)
+    }
+
+    /// The automaton of [`whole`](Self::whole), built at the first use and shared by clones.
+    fn whole_automaton(&self) -> Option<Arc<ValueAutomaton>> {
+        self.whole_matcher
+            .get_or_init(|| (!self.whole.is_empty()).then(|| automaton(&self.whole)))
+            .clone()
     }
 
     /// Masks `bytes`, a piece of a stream. Unless `last` (nothing follows), a piece that ends
@@ -290,18 +289,6 @@ impl Masker {
         let decided = if held.is_some() { stop } else { stop.max(at) };
         (out, decided)
     }
-}
-
-/// Where the first Secret value occurs in file `path` (see [`Masker::find_in`]), read on the
-/// blocking pool.
-pub async fn find_value_in_file(mask: &Masker, path: &std::path::Path) -> std::io::Result<Option<u64>> {
-    if mask.is_empty() {
-        return Ok(None);
-    }
-    let (mask, path) = (mask.clone(), path.to_path_buf());
-    tokio::task::spawn_blocking(move || mask.find_in(std::fs::File::open(path)?, 1 << 20))
-        .await
-        .map_err(std::io::Error::other)?
 }
 
 /// `value` as one POSIX `sh` word: single-quoted, each `'` written as `'\''`. Any byte but NUL

@@ -32,6 +32,7 @@ pub mod artifacts;
 pub mod disk;
 pub mod env;
 pub mod executor;
+pub mod guest_copy;
 pub mod guest_job;
 pub mod junit;
 pub mod log_shipper;

@@ -17,7 +17,7 @@ pub(super) async fn pump(
     let (mut out_open, mut err_open) = (true, true);
     let mut exited: Option<ExitStatus> = None;
     while exited.is_none() {
-        if stop_at_cap && sink.truncated {
+        if (stop_at_cap && sink.truncated) || sink.refused.is_some() {
             return Ok(None);
         }
         tokio::select! {
@@ -67,6 +67,16 @@ pub(super) enum Target {
     File(std::fs::File),
     /// Kept in memory only ([`Tart::exec_capture`]).
     Memory(Vec<u8>),
+    /// Handed to the caller's consumer piece by piece ([`Tart::exec_into`]).
+    Consumer(Box<dyn OutputConsumer>),
+}
+
+/// Takes an exec's output as it comes (stdout and stderr interleaved, at most the cap): for
+/// output the caller must check before any of it is written anywhere.
+pub trait OutputConsumer: Send {
+    /// Takes the next piece. An error stops the exec at once (its `tart exec` is killed and its
+    /// outcome is that of an exec stopped at the cap, without `truncated`); the error says why.
+    fn consume(&mut self, data: &[u8]) -> Result<(), String>;
 }
 
 /// The exec log: the first `cap` bytes go to the file (or memory), the last `tail_cap` bytes stay
@@ -80,6 +90,8 @@ pub(super) struct LogSink {
     pub(super) total: u64,
     pub(super) truncated: bool,
     pub(super) write_failed: bool,
+    /// Why the consumer refused the output (the exec is then stopped).
+    pub(super) refused: Option<String>,
     pub(super) tail: VecDeque<u8>,
     pub(super) tail_cap: usize,
     pub(super) stderr_tail: VecDeque<u8>,
@@ -106,6 +118,7 @@ impl LogSink {
             total: 0,
             truncated: false,
             write_failed: false,
+            refused: None,
             tail: VecDeque::new(),
             tail_cap,
             stderr_tail: VecDeque::new(),
@@ -122,17 +135,28 @@ impl LogSink {
             total: 0,
             truncated: false,
             write_failed: false,
+            refused: None,
             tail: VecDeque::new(),
             tail_cap: 0,
             stderr_tail: VecDeque::new(),
         }
     }
 
-    /// What a memory sink kept (empty for a file).
+    /// A sink that hands the first `cap` bytes to `consumer`; its tail is stderr's, as a memory
+    /// sink's.
+    pub(super) fn consumer(consumer: Box<dyn OutputConsumer>, cap: u64) -> Self {
+        LogSink {
+            target: Target::Consumer(consumer),
+            path: PathBuf::from("(the caller's consumer)"),
+            ..LogSink::memory(cap)
+        }
+    }
+
+    /// What a memory sink kept (empty for a file or a consumer).
     pub(super) fn into_memory(self) -> Vec<u8> {
         match self.target {
             Target::Memory(kept) => kept,
-            Target::File(_) => Vec::new(),
+            Target::File(_) | Target::Consumer(_) => Vec::new(),
         }
     }
 
@@ -178,6 +202,14 @@ impl LogSink {
                 kept.extend_from_slice(data);
                 return;
             }
+            Target::Consumer(consumer) => {
+                if self.refused.is_none()
+                    && let Err(why) = consumer.consume(data)
+                {
+                    self.refused = Some(why);
+                }
+                return;
+            }
         };
         if let Err(e) = file.write_all(data)
             && !self.write_failed
@@ -194,7 +226,7 @@ impl LogSink {
     }
 
     pub(super) fn tail(&self) -> String {
-        if matches!(self.target, Target::Memory(_)) {
+        if !matches!(self.target, Target::File(_)) {
             return self.stderr_tail();
         }
         let (a, b) = self.tail.as_slices();

@@ -145,3 +145,53 @@ impl ValueAutomaton {
         })
     }
 }
+
+/// A stream read once, as it comes, for whole values (see [`Masker::screen`](super::Masker::screen)).
+pub struct ValueScreen {
+    automaton: std::sync::Arc<ValueAutomaton>,
+    state: StateID,
+    /// The end of what was fed that a value may be starting with: not yet passed on.
+    held: Vec<u8>,
+    /// Bytes fed so far.
+    fed: u64,
+}
+
+impl ValueScreen {
+    pub(super) fn new(automaton: std::sync::Arc<ValueAutomaton>) -> ValueScreen {
+        let state = automaton
+            .nfa
+            .start_state(Anchored::No)
+            .expect("a contiguous NFA starts unanchored");
+        ValueScreen {
+            automaton,
+            state,
+            held: Vec::new(),
+            fed: 0,
+        }
+    }
+
+    /// Takes the next piece of the stream: returns the bytes (of this piece and held from before)
+    /// that no value can be part of, or the offset in the stream where a value occurs. The end
+    /// that may be the start of a value is held back, at most as many bytes as the longest value
+    /// less one.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Vec<u8>, u64> {
+        let automaton = &self.automaton;
+        for (i, &byte) in data.iter().enumerate() {
+            self.state = automaton.nfa.next_state(Anchored::No, self.state, byte);
+            let len = automaton.longest_value.get(self.state.as_usize()).copied().unwrap_or(0);
+            if len > 0 {
+                return Err(self.fed + i as u64 + 1 - u64::from(len));
+            }
+        }
+        self.fed += data.len() as u64;
+        self.held.extend_from_slice(data);
+        let open = automaton.open_start.get(self.state.as_usize()).copied().unwrap_or(0) as usize;
+        let clean = self.held.len() - open.min(self.held.len());
+        Ok(self.held.drain(..clean).collect())
+    }
+
+    /// At the stream's end (no value found): the bytes held back.
+    pub fn finish(self) -> Vec<u8> {
+        self.held
+    }
+}

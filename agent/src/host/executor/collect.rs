@@ -4,12 +4,13 @@
 
 use std::path::Path;
 use std::time::Duration;
-use tartan_tart::ExecOptions;
+use tartan_tart::{ExecOptions, OutputConsumer};
 
 use super::{AttemptExecutor, Performed};
 use crate::host::artifacts::{
     Destination, DestinationPolicy, DestinationRefused, allowed_destination, artifact_key, upload,
 };
+use crate::host::guest_copy::{MemoryCopy, ScreenedCopy};
 use crate::host::junit::count_report;
 use crate::machine::Event;
 
@@ -18,28 +19,29 @@ impl AttemptExecutor {
         let Some(report) = self.attempt.spec.test_report.clone() else {
             return Performed::Done;
         };
-        let host = self.tmp_dir().join("test-report.xml");
+        // In memory (at most the report cap), never on the host disk: the report is the build's
+        // own text, and a failure message quoting the environment is common.
+        let copy = MemoryCopy::default();
         let read = match self.ensure_mask().await {
-            Ok(()) => self.read_guest_file(&report, &host, self.cfg.report_cap).await,
+            Ok(()) => {
+                self.read_guest_file(&report, self.cfg.report_cap, Box::new(copy.clone()))
+                    .await
+            }
             Err(e) => Err(format!("the Secrets to mask in it could not be read again ({e})")),
         };
         let counted = match read {
             Err(e) => Err(format!("test report {report} could not be read from the guest: {e}")),
-            // Counted as it streams from the host copy, off the runtime's threads: never held
-            // whole, never built into a tree.
+            // Counted off the runtime's threads, as a stream: never built into a tree.
             Ok(_) => {
-                let (file, what) = (host.clone(), report.clone());
-                let mask = self.masker();
-                let counted = tokio::task::spawn_blocking(move || match std::fs::File::open(&file) {
-                    Err(e) => Err(format!("reading {}: {e}", file.display())),
-                    Ok(f) => count_report(&what, f).map_err(|e| e.masked(&mask).to_string()),
+                let (bytes, what, mask) = (copy.take(), report.clone(), self.masker());
+                let counted = tokio::task::spawn_blocking(move || {
+                    count_report(&what, bytes.as_slice()).map_err(|e| e.masked(&mask).to_string())
                 });
                 counted
                     .await
                     .unwrap_or_else(|e| Err(format!("counting test report {report} failed: {e}")))
             }
         };
-        let _ = std::fs::remove_file(&host);
         match counted {
             Ok(c) => {
                 tracing::info!(vm = %self.attempt.vm, total = c.total, failed = c.failed(), skipped = c.skipped, "test report counted");
@@ -91,26 +93,13 @@ impl AttemptExecutor {
                 Err(e) => return failed(e.to_string()),
             };
             let host = self.tmp_dir().join(format!("artifact-{i}"));
-            let size = match self.read_guest_file(path, &host, self.cfg.artifact_cap).await {
+            let size = match self.read_artifact(path, &host).await {
                 Ok(n) => n,
-                Err(e) => return failed(format!("artifact {path} could not be read from the guest: {e}")),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&host);
+                    return failed(e);
+                }
             };
-            // Secret values leave the VM only masked, and masking would corrupt the file.
-            let mask = self.masker();
-            let holds = match crate::host::env::find_value_in_file(&mask, &host).await {
-                Ok(None) => None,
-                Ok(Some(at)) => Some(format!(
-                    "artifact {path} holds the value of a Secret of spec.env (at byte {at}); it is not published"
-                )),
-                Err(e) => Some(format!(
-                    "artifact {path} could not be checked for Secret values ({e} reading {}); it is not published",
-                    host.display()
-                )),
-            };
-            if let Some(refused) = holds {
-                let _ = std::fs::remove_file(&host);
-                return failed(refused);
-            }
             crate::crash_point!("artifacts.upload.before");
             let result = upload(&dest, &key, &host, &self.cfg.upload, &self.cfg.artifacts).await;
             crate::crash_point!("artifacts.upload.after");
@@ -130,25 +119,37 @@ impl AttemptExecutor {
         Performed::Event(passed)
     }
 
-    /// Copies guest file `path` to host file `to` (at most `cap` bytes) through `tart exec`
+    /// Copies guest artifact `path` to host file `to` for its upload, screened for Secret values
+    /// on its way ([`ScreenedCopy`]): a value is never written, and stops the read (masking
+    /// would corrupt the file: it is refused, not published). Returns the size.
+    async fn read_artifact(&self, path: &str, to: &Path) -> Result<u64, String> {
+        let copy = ScreenedCopy::create(to, self.masker().screen())?;
+        let read = self
+            .read_guest_file(path, self.cfg.artifact_cap, Box::new(copy.clone()))
+            .await;
+        let found = copy.found();
+        match (read, found) {
+            (_, Some(at)) => Err(format!(
+                "artifact {path} holds the value of a Secret of spec.env (at byte {at}); it is not published"
+            )),
+            (Err(e), None) => Err(format!("artifact {path} could not be read from the guest: {e}")),
+            (Ok(size), None) => copy
+                .finish()
+                .map(|()| size)
+                .map_err(|e| format!("artifact {path} could not be copied to {}: {e}", to.display())),
+        }
+    }
+
+    /// Reads guest file `path` (at most `cap` bytes) into `consumer` through `tart exec`
     /// ([`READ_GUEST_FILE`]): only a regular file within the cap is read; anything else (a
     /// folder, a FIFO, a device such as `/dev/zero`, a file over the cap, sparse or not) is
     /// refused in the guest with a message naming it. The guest is not trusted with the limits:
-    /// the exec is killed at the cap ([`ExecOptions::stop_at_cap`]) and after
-    /// [`guest_read_limit`]. Returns the size.
-    async fn read_guest_file(&self, path: &str, to: &Path, cap: u64) -> Result<u64, String> {
-        let vm = &self.attempt.vm;
-        if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
-        }
-        match std::fs::remove_file(to) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing stale {}: {e}", to.display())),
-        }
+    /// the exec is killed at the cap ([`ExecOptions::stop_at_cap`]), after [`guest_read_limit`],
+    /// and when the consumer refuses what came. Returns the size.
+    async fn read_guest_file(&self, path: &str, cap: u64, consumer: Box<dyn OutputConsumer>) -> Result<u64, String> {
         let limit = guest_read_limit(cap, self.cfg.guest_read_floor);
         let options = ExecOptions {
-            log_path: to.to_path_buf(),
+            log_path: Default::default(),
             log_cap: cap,
             tail_bytes: 2048,
             timeout: limit.min(self.exec_timeout()),
@@ -158,14 +159,23 @@ impl AttemptExecutor {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        // What the guest printed (the file's bytes, its complaints) is quoted only masked.
+        // What the guest printed (its complaints) is quoted only masked.
         let mask = self.masker();
-        let out = self.tart.exec(vm, &argv, &options).await.map_err(|e| match e {
-            tartan_tart::TartError::ExecTimeout { .. } => {
-                format!("{path} did not come out of the guest within {limit:?}; the read was killed")
-            }
-            e => mask.mask_text(&e.to_string()),
-        })?;
+        let vm = &self.attempt.vm;
+        let read = self
+            .tart
+            .exec_into(vm, &argv, consumer, &options)
+            .await
+            .map_err(|e| match e {
+                tartan_tart::TartError::ExecTimeout { .. } => {
+                    format!("{path} did not come out of the guest within {limit:?}; the read was killed")
+                }
+                e => mask.mask_text(&e.to_string()),
+            })?;
+        if let Some(why) = read.refused {
+            return Err(why);
+        }
+        let out = read.outcome;
         if out.truncated {
             return Err(format!(
                 "{path} is larger than the {cap}-byte limit; the read was stopped there"

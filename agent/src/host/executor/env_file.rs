@@ -76,6 +76,7 @@ impl AttemptExecutor {
         let options = tartan_tart::CaptureOptions {
             max_bytes: crate::host::env::PREVIOUS_MAX_BYTES + (64 << 10),
             timeout: Duration::from_secs(60).min(self.exec_timeout()),
+            stop_at_cap: false,
         };
         let argv = crate::host::env::write_script_argv(&self.guest_vm_dir());
         let out = self

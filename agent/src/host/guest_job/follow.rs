@@ -307,6 +307,7 @@ impl Follower<'_> {
         let options = CaptureOptions {
             max_bytes: max_out,
             timeout: self.cfg.exec_timeout,
+            stop_at_cap: false,
         };
         let Captured { outcome, output } = self.tart.exec_capture(&self.job.vm, argv, None, &options).await?;
         if outcome.exit_code != 0 {
