@@ -111,10 +111,15 @@ impl Masker {
             // The whole value with either line end: lines shorter than MIN_MASKED_LEN are not
             // masked alone, and a value written with `\r\n` may be printed with `\n` or the
             // other way round.
-            set.insert(lines.join(&b"\n"[..]));
-            set.insert(lines.join(&b"\r\n"[..]));
-            whole.insert(lines.join(&b"\n"[..]));
-            whole.insert(lines.join(&b"\r\n"[..]));
+            // And without its final line end: a Secret made from a file ends with one, which
+            // `$(…)`, a JSON string or a file's end drops.
+            let kept = lines.len() - lines.iter().rev().take_while(|line| line.is_empty()).count();
+            for lines in [&lines[..], &lines[..kept]] {
+                for joined in [lines.join(&b"\n"[..]), lines.join(&b"\r\n"[..])] {
+                    set.insert(joined.clone());
+                    whole.insert(joined);
+                }
+            }
         }
         let raw: Vec<Vec<u8>> = set.into_iter().filter(|v| v.len() >= MIN_MASKED_LEN).collect();
         // Text made from output with `from_utf8_lossy` (a status message's tail) holds a value,
@@ -165,6 +170,12 @@ impl Masker {
         let from = bytes.len().saturating_sub(self.max_len.saturating_sub(1));
         let open = matcher.open_start_len(&bytes[from..]);
         (open > 0).then(|| bytes.len() - open)
+    }
+
+    /// Where in `bytes` a value may be starting that the bytes end before it does: the earliest
+    /// such place, if any (only the last `max_len - 1` bytes can be one).
+    pub fn open_start(&self, bytes: &[u8]) -> Option<usize> {
+        self.matcher.as_ref().and_then(|matcher| self.held_from(matcher, bytes))
     }
 
     /// `text`, whole, with its values masked (a message quoting guest output).
@@ -434,6 +445,13 @@ pub fn parse_write(out: &[u8]) -> Result<Previous, String> {
 /// The variables of an env file [`render_env_file`] wrote, in order; `Err` (saying where, never
 /// what) for any other text: a file a step changed.
 pub fn parse_env_file(file: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    // The agent never writes one (a Secret value holding one is refused), and the masker's
+    // automaton relies on values without it.
+    if let Some(at) = file.iter().position(|&b| b == 0) {
+        return Err(format!(
+            "byte {at}: a NUL byte, which no environment variable can carry"
+        ));
+    }
     let mut vars = Vec::new();
     let mut rest = file;
     while !rest.is_empty() {

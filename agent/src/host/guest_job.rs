@@ -307,6 +307,18 @@ pub fn parse_poll(out: &[u8], from: u64, max: u64) -> Result<PollReply, String> 
 }
 
 /// Some bytes for an error message: lossy, escaped, the first 200 bytes.
+/// Why `out` is no poll reply ([`parse_poll`]'s error), with Secret values masked in the header
+/// before it is quoted: the header is the guest's text (the step can write its job's exit file),
+/// and quoting escapes it, after which no mask matches a value holding `"` or `\`.
+pub fn poll_error(out: &[u8], from: u64, max: u64, mask: &crate::host::env::Masker) -> String {
+    let end = out.iter().position(|&b| b == b'\n').unwrap_or(out.len());
+    let masked = [mask.mask(&out[..end], true).0.as_slice(), &out[end..]].concat();
+    match parse_poll(&masked, from, max) {
+        Err(why) => why,
+        Ok(_) => "the poll's header holds a Secret value; it is not quoted".into(),
+    }
+}
+
 fn show(bytes: &[u8]) -> String {
     let cut = &bytes[..bytes.len().min(200)];
     let more = if bytes.len() > 200 { "…" } else { "" };
@@ -496,8 +508,9 @@ pub struct Take {
 ///
 /// A full chunk always makes progress: a poll asks for two values' length more than a chunk
 /// ([`poll_bytes`]), which tells any value and any value overlapping it; only a run of values
-/// overlapping each other longer than a chunk is decided at the chunk's end as if the output
-/// ended there (otherwise the follower would ask for the same bytes again and again).
+/// overlapping each other longer than a chunk is decided up to where a value may start in it,
+/// or at the chunk's end as if the output ended there when none may (otherwise the follower
+/// would ask for the same bytes again and again).
 pub fn take(
     offset: u64,
     chunk: &[u8],
@@ -510,7 +523,14 @@ pub fn take(
     let (write, note, next) = advance(offset, chunk.len() as u64, size, cap);
     let (mut bytes, mut used) = mask.mask_until(chunk, write as usize, complete);
     if used == 0 && write > 0 && full && !complete {
-        (bytes, used) = mask.mask_until(chunk, write as usize, true);
+        // A run of overlapping values covers the read up to where a value may start: decide up
+        // to that place (occurrences reaching past it show as the mask) and read again from it,
+        // so that a value starting there is whole in the next read. Deciding the whole read as
+        // if the output ended there logged such a value's rest in clear.
+        match mask.open_start(chunk).filter(|&at| at > 0 && at < write as usize) {
+            Some(at) => (bytes, used) = (mask.mask_until(chunk, at, true).0, at),
+            None => (bytes, used) = mask.mask_until(chunk, write as usize, true),
+        }
     }
     if (used as u64) < write {
         return Take {

@@ -251,7 +251,7 @@ impl Follower<'_> {
             .call("poll", &poll_argv(&self.job.dir, from, max), max + 4096)
             .await?;
         crate::crash_point!("step.poll.after");
-        parse_poll(&out, from, max).map_err(|d| self.protocol("poll", d))
+        parse_poll(&out, from, max).map_err(|_| self.protocol("poll", poll_error(&out, from, max, &self.cfg.mask)))
     }
 
     /// Runs `argv` in the guest (a script that exits 0 and writes only to stdout) and returns its
