@@ -584,8 +584,9 @@ impl Tart {
         })
     }
 
-    /// `tart exec NAME argv…` with the output handed to `consumer` as it comes (at most
-    /// `options.log_cap` bytes; `options.log_path` is not used), never written by the driver:
+    /// `tart exec NAME argv…` with its stdout handed to `consumer` as it comes (at most
+    /// `options.log_cap` bytes; `options.log_path` is not used; stderr goes only to the tail and
+    /// is not counted in `output_bytes`), never written by the driver:
     /// for output the caller checks before it writes any of it. A consumer's refusal stops the
     /// exec and is returned as [`Consumed::refused`]. Otherwise as [`exec`](Self::exec), with the
     /// tail of tart's stderr only (as [`exec_capture`](Self::exec_capture)).

@@ -71,8 +71,8 @@ pub(super) enum Target {
     Consumer(Box<dyn OutputConsumer>),
 }
 
-/// Takes an exec's output as it comes (stdout and stderr interleaved, at most the cap): for
-/// output the caller must check before any of it is written anywhere.
+/// Takes an exec's stdout as it comes (at most the cap; stderr only goes to the outcome's tail):
+/// for output the caller must check before any of it is written anywhere.
 pub trait OutputConsumer: Send {
     /// Takes the next piece. An error stops the exec at once (its `tart exec` is killed and its
     /// outcome is that of an exec stopped at the cap, without `truncated`); the error says why.
@@ -168,6 +168,12 @@ impl LogSink {
     }
 
     pub(super) fn write(&mut self, data: &[u8], is_stderr: bool) {
+        if is_stderr && matches!(self.target, Target::Consumer(_)) {
+            // A consumer takes the command's output (a file's bytes): what tart or the guest's
+            // shell says on stderr, even of a command that succeeds, is kept for messages only.
+            Self::push(&mut self.stderr_tail, data, 4096);
+            return;
+        }
         self.total += data.len() as u64;
         Self::push(&mut self.tail, data, self.tail_cap);
         if is_stderr {
