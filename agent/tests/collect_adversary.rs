@@ -15,7 +15,6 @@ mod host_common;
 use host_common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -122,9 +121,9 @@ fn retiring(records: &[Record]) -> (Option<Reason>, String) {
 /// may (`sh: warning: setlocale: LC_ALL: cannot change locale`).
 fn warning_tart(rig: &mut Rig) {
     let wrapper = rig.home.path().join("tart-with-warning");
-    std::fs::write(
+    tartan_testkit::write_program(
         &wrapper,
-        format!(
+        &format!(
             r#"#!/bin/sh
 case "$*" in
   *"only regular files are read"*) '{double}' "$@"; rc=$?; echo 'sh: warning: setlocale: LC_ALL: cannot change locale (en_US.UTF-8)' >&2; exit $rc ;;
@@ -133,9 +132,7 @@ exec '{double}' "$@"
 "#,
             double = tartan_testkit::tart_double().display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let timeouts = tartan_tart::Timeouts {
         clone: Duration::from_secs(120),
         set: Duration::from_secs(20),
@@ -289,15 +286,13 @@ async fn held_a_value_cut_by_the_cap_never_reaches_the_host_disk() {
     let dir = tempfile::tempdir().unwrap();
     let cap: u64 = 1 << 20;
     let program = dir.path().join("tart");
-    std::fs::write(
+    tartan_testkit::write_program(
         &program,
-        format!(
+        &format!(
             "#!/bin/sh\nhead -c {} /dev/zero | tr '\\0' a; printf '%s' '{SECRET}'; exit 0\n",
             cap - 10
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let tart = tartan_tart::Tart::new(&program, Some(dir.path().join("home")));
     let host = dir.path().join("artifact-0");
     let mask = Masker::new([SECRET.as_bytes()]);

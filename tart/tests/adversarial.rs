@@ -2,7 +2,8 @@
 //! or fails with terminal escapes. The driver must answer each with a clear, bounded error —
 //! never a panic, never a hang past its timeout, never a child left running.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tartan_tart::{Tart, TartError, Timeouts};
@@ -11,12 +12,10 @@ use tartan_tart::{Tart, TartError, Timeouts};
 fn fake_tart(dir: &Path, body: &str) -> (Tart, PathBuf) {
     let program = dir.join("tart");
     let pid_file = dir.join("pid");
-    std::fs::write(
+    common::write_program(
         &program,
-        format!("#!/bin/sh\necho $$ > '{}'\n{body}\n", pid_file.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        &format!("#!/bin/sh\necho $$ > '{}'\n{body}\n", pid_file.display()),
+    );
     let tart = Tart::new(&program, Some(dir.join("home"))).with_timeouts(Timeouts {
         list: Duration::from_secs(2),
         ..Timeouts::default()

@@ -7,7 +7,8 @@
 //! (3) a clean file comes out byte for byte identical; nothing is lost or reported as success
 //! that was not.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,8 +17,7 @@ use tartan_tart::{ExecOptions, OutputConsumer, Tart};
 /// A `tart` whose every invocation runs `body` (a shell snippet).
 fn fake_tart(dir: &Path, body: &str) -> Tart {
     let program = dir.join("tart");
-    std::fs::write(&program, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_program(&program, &format!("#!/bin/sh\n{body}\n"));
     Tart::new(&program, Some(dir.join("home")))
 }
 

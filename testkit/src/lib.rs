@@ -53,4 +53,4 @@ pub use real::RealCluster;
 pub fn customrun_crd() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/customrun-crd.yaml")
 }
-pub use support::{server_socket_fds, tart_double, wait_for, workspace_bin};
+pub use support::{server_socket_fds, tart_double, wait_for, workspace_bin, write_program};
