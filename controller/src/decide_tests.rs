@@ -660,12 +660,13 @@ fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
         "lease expiry at 118s comes first"
     );
     assert!(unreachable(&p).is_none());
-    // Cancel already requested: no second patch.
+    // Cancel already requested (and the ask recorded in the run at 100 s): no second patch.
     let asked = BuildView {
         cancel_requested: true,
         ..b.clone()
     };
-    let p = decide(&started(), Some(&asked), Some(&lease(secs(140))), &timing(), secs(141));
+    let seen = after(started(), Some(&b), Some(&lease(secs(98))), secs(100));
+    let p = decide(&seen, Some(&asked), Some(&lease(secs(140))), &timing(), secs(141));
     assert_eq!(p.action, BuildAction::None);
     assert_eq!(
         p.requeue_after,
@@ -703,6 +704,33 @@ fn timeout_with_live_lease_cancels_and_waits_for_vm_deleted_up_to_grace() {
          live (last renewed 2026-10-05T02:54:24Z) but has not confirmed the VM deleted; the MacBuild is deleted once \
          the agent confirms its VM is gone"
     );
+}
+
+/// The cancel request reached the MacBuild but the run's status write that recorded when was lost:
+/// the next reconcile, past the deadline's grace, ended the run `unconfirmed` at once although the
+/// holder was live and asked only just before. The ask is taken as made now and waited on.
+#[test]
+fn a_cancel_request_whose_record_in_the_run_was_lost_still_gives_a_live_holder_its_grace() {
+    let asked = BuildView {
+        cancel_requested: true,
+        ..claimed(Stage::Running)
+    };
+    let p = decide(&started(), Some(&asked), Some(&lease(secs(199))), &timing(), secs(200));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    assert_eq!(p.action, BuildAction::None, "no second cancel patch");
+    assert_eq!(extra(&p).cancel_requested_at.as_deref(), Some("2026-10-05T02:55:20Z"));
+    // Still waiting just before 200 + 45 s with the ask now recorded; given up at 245 s.
+    let run = after(started(), Some(&asked), Some(&lease(secs(199))), secs(200));
+    let p = decide(&run, Some(&asked), Some(&lease(secs(240))), &timing(), secs(244));
+    assert_eq!(state(&p), ("Unknown".into(), "TimingOut".into()));
+    let p = decide(&run, Some(&asked), Some(&lease(secs(240))), &timing(), secs(245));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()), "{}", msg(&p));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
+    // Unreachable, it gets no more than the deadline's grace (once the run names the holder).
+    let run = after(started(), Some(&asked), Some(&lease(secs(150))), secs(200));
+    let p = decide(&run, Some(&asked), Some(&lease(secs(150))), &timing(), secs(200));
+    assert_eq!(state(&p), ("False".into(), "CustomRunTimedOut".into()), "{}", msg(&p));
+    assert_eq!(result(&p, "vmRetirement"), "unconfirmed");
 }
 
 /// A controller down (or far behind) over a run's deadline and grace used to end it at once
@@ -766,25 +794,22 @@ fn a_claimed_macbuild_is_deleted_only_once_the_run_names_its_holder() {
     // The run's status recorded the MacBuild unclaimed; later writes (the claim, the cancel ask)
     // were lost.
     let unclaimed_seen = after(started(), Some(&build()), None, secs(2));
-    let expired = lease(secs(100));
-    let live = lease(secs(160));
-    for (what, r, l) in [
-        ("expired holder, first seen past the grace", &unclaimed_seen, &expired),
-        ("live holder asked to cancel, ask not recorded", &unclaimed_seen, &live),
-        (
-            "expired holder, run status from before the MacBuild",
-            &started(),
-            &expired,
-        ),
+    // A live holder's lease is renewed as time goes on; an expired one's is not.
+    let holder = |live: bool, at: i64| lease(secs(if live { at - 5 } else { 100 }));
+    for (what, r, live) in [
+        ("expired holder, first seen past the grace", &unclaimed_seen, false),
+        // The ask is taken as made when first seen: the grace runs from then.
+        ("live holder asked to cancel, ask not recorded", &unclaimed_seen, true),
+        ("expired holder, run status from before the MacBuild", &started(), false),
     ] {
-        let now = secs(170);
+        let mut now = 170;
         // Whatever is decided, if it deletes: its status write may fail, and then the MacBuild
         // is gone (the agent's finalizer let it go once the VM was deleted).
         let mut run = r.clone();
-        for _ in 0..3 {
-            let p = decide(&run, Some(&asked), Some(l), &timing(), now);
+        for _ in 0..6 {
+            let p = decide(&run, Some(&asked), Some(&holder(live, now)), &timing(), secs(now));
             if matches!(p.action, BuildAction::Delete { .. }) {
-                let gone = decide(&run, None, None, &timing(), now);
+                let gone = decide(&run, None, None, &timing(), secs(now));
                 assert_eq!(state(&gone), ("False".into(), "CustomRunTimedOut".into()), "{what}");
                 assert_eq!(result(&gone, "vmRetirement"), "deleted", "{what}: {}", msg(&gone));
                 assert_eq!(result(&gone, "attempt"), "build-42-mac-build#1", "{what}");
@@ -793,19 +818,26 @@ fn a_claimed_macbuild_is_deleted_only_once_the_run_names_its_holder() {
                 assert_eq!(result(&p, "vmRetirement"), "unconfirmed", "{what}");
                 break;
             }
-            // Not deleting yet: the status names the holder first, and comes back at once.
+            // Not deleting yet: the status names the holder first, and comes back within the
+            // grace.
             assert_eq!(p.finished, None, "{what}");
             assert_eq!(extra(&p).holder.as_deref(), Some(AGENT), "{what}");
             assert_eq!(extra(&p).attempt.as_deref(), Some("build-42-mac-build#1"), "{what}");
-            assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_secs(1)), "{what}");
+            let wait = p.requeue_after.expect("comes back");
+            assert!(wait <= Duration::from_secs(45), "{what}: {wait:?}");
             run.status = Some(p.status);
+            now += wait.as_secs_f64().ceil() as i64;
         }
         assert!(
             matches!(
-                decide(&run, Some(&asked), Some(l), &timing(), now).action,
+                decide(&run, Some(&asked), Some(&holder(live, now)), &timing(), secs(now)).action,
                 BuildAction::Delete { .. }
             ),
             "{what}: the MacBuild is deleted once the holder is recorded"
+        );
+        assert!(
+            !live || now >= 215,
+            "{what}: a live holder was given its grace from 170 s ({now} s)"
         );
     }
 }

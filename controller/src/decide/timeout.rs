@@ -40,20 +40,21 @@ pub(super) fn decide_timeout(
         );
     }
     // A live holder gets the grace from our cancel request: when we first ask after the
-    // deadline's grace (down or behind at the deadline), the ask is recorded and waited on. An
-    // unreachable holder cannot answer, so its grace is the deadline's alone.
+    // deadline's grace (down or behind at the deadline), the ask is recorded and waited on. A
+    // request the MacBuild shows but the run does not (the status write that recorded it was
+    // lost) is taken as made now: its time is unknown, and ending at once would give a live
+    // holder no grace at all. An unreachable holder cannot answer, so its grace is the deadline's
+    // alone.
     let mut give_up = add(deadline, timing.grace);
     if matches!(live, Liveness::Live { .. }) {
-        let asked_at = d.extra.cancel_requested_at.as_deref().and_then(parse_time);
-        let asked_at = match asked_at {
-            Some(at) => Some(at),
-            None if !b.cancel_requested => Some(now),
-            None => None,
-        };
-        if let Some(at) = asked_at {
-            d.extra.cancel_requested_at = Some(rfc3339(at));
-            give_up = give_up.max(add(at, timing.grace));
-        }
+        let asked_at = d
+            .extra
+            .cancel_requested_at
+            .as_deref()
+            .and_then(parse_time)
+            .unwrap_or(now);
+        d.extra.cancel_requested_at = Some(rfc3339(asked_at));
+        give_up = give_up.max(add(asked_at, timing.grace));
     }
     if now >= give_up {
         // What happens to the MacBuild next differs: a live agent releases it once it confirms
