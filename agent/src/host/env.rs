@@ -70,6 +70,35 @@ fn automaton(values: &[Vec<u8>]) -> Arc<ValueAutomaton> {
     Arc::new(ValueAutomaton::new(values).expect("the values are far below the automaton's limits"))
 }
 
+/// The lossy UTF-8 forms of value `v` (not UTF-8) that text made lossy may hold: of the whole
+/// value, and of it without the continuation bytes it starts with and the incomplete sequence it
+/// ends with, since a lead byte before it or continuation bytes after it in the output decode
+/// together with those into one U+FFFD, which the value's own lossy form does not have there.
+fn lossy_forms(v: &[u8]) -> Vec<Vec<u8>> {
+    let is_continuation = |b: &u8| (0x80..0xC0).contains(b);
+    let start = v.iter().take(3).take_while(|b| is_continuation(b)).count();
+    let width = |lead: u8| match lead {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        _ => 1,
+    };
+    // A lead byte in the last three whose sequence the value does not complete.
+    let open_tail = (v.len().saturating_sub(3)..v.len())
+        .rev()
+        .find(|&p| !is_continuation(&v[p]))
+        .filter(|&p| v[p] >= 0xC0 && width(v[p]) > v.len() - p)
+        .map_or(0, |p| v.len() - p);
+    let end = v.len() - open_tail;
+    let mut forms: Vec<Vec<u8>> = [(0, v.len()), (start, v.len()), (0, end), (start, end)]
+        .into_iter()
+        .filter(|&(a, b)| b > a && b - a >= MIN_MASKED_LEN)
+        .map(|(a, b)| String::from_utf8_lossy(&v[a..b]).into_owned().into_bytes())
+        .collect();
+    forms.dedup();
+    forms
+}
+
 impl PartialEq for Masker {
     fn eq(&self, other: &Masker) -> bool {
         self.values == other.values
@@ -128,7 +157,7 @@ impl Masker {
         let lossy: Vec<Vec<u8>> = raw
             .iter()
             .filter(|v| std::str::from_utf8(v).is_err())
-            .map(|v| String::from_utf8_lossy(v).into_owned().into_bytes())
+            .flat_map(|v| lossy_forms(v))
             .collect();
         let values: Vec<Vec<u8>> = raw
             .into_iter()
