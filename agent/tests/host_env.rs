@@ -534,7 +534,6 @@ async fn after_a_restart_past_the_steps_an_artifact_holding_a_secret_is_still_re
 /// the attempt runs saw it; the report is now counted from memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_test_report_quoting_a_secret_never_lands_on_the_host_disk_in_clear() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let rig = Rig::new();
     let line = "second-line-of-the-token";
     // A large report (counting it takes a while) whose one failure quotes the value.
@@ -546,27 +545,7 @@ async fn a_test_report_quoting_a_secret_never_lands_on_the_host_disk_in_clear() 
     let (secrets, _) = access(&["ci/registry"]);
     spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
     let (mut a, mut exec) = executor(&rig, "report-on-disk", spec, secrets);
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (stop, state) = (stop.clone(), rig.state.path().to_path_buf());
-        std::thread::spawn(move || {
-            let mut seen = BTreeSet::new();
-            while !stop.load(Ordering::Relaxed) {
-                seen.extend(files_containing(&state, line.as_bytes()));
-            }
-            seen
-        })
-    };
-    let mut journal = MemJournal::new();
-    let end = tokio::time::timeout(
-        LIMIT,
-        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut journal),
-    )
-    .await
-    .expect("attempt finished in time")
-    .unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let seen = watcher.join().unwrap();
+    let (end, _, seen) = drive_watching(&mut exec, &mut a, rig.state.path(), line.as_bytes()).await;
     assert_eq!(end, S::Retired);
     assert_eq!(
         seen,
@@ -581,7 +560,6 @@ async fn a_test_report_quoting_a_secret_never_lands_on_the_host_disk_in_clear() 
 /// stops there and the artifact is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_artifact_holding_a_secret_never_lands_on_the_host_disk_in_clear() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let rig = Rig::new();
     let dest = tempfile::tempdir().unwrap();
     let mut spec = spec(vec![step(
@@ -595,27 +573,7 @@ async fn an_artifact_holding_a_secret_never_lands_on_the_host_disk_in_clear() {
     let (secrets, _) = access(&["ci/registry"]);
     spec.env = vec![EnvVar::from_secret("TOKEN", "registry", "token")];
     let (mut a, mut exec) = executor(&rig, "artifact-on-disk", spec, secrets);
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (stop, state) = (stop.clone(), rig.state.path().to_path_buf());
-        std::thread::spawn(move || {
-            let mut seen = BTreeSet::new();
-            while !stop.load(Ordering::Relaxed) {
-                seen.extend(files_containing(&state, SECRET.as_bytes()));
-            }
-            seen
-        })
-    };
-    let mut journal = MemJournal::new();
-    let end = tokio::time::timeout(
-        LIMIT,
-        drive(&mut exec, &mut a, admit(600), &Config::default(), &mut journal),
-    )
-    .await
-    .expect("attempt finished in time")
-    .unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let seen = watcher.join().unwrap();
+    let (end, records, seen) = drive_watching(&mut exec, &mut a, rig.state.path(), SECRET.as_bytes()).await;
     assert_eq!(end, S::Retired);
     assert_eq!(
         seen,
@@ -627,7 +585,6 @@ async fn an_artifact_holding_a_secret_never_lands_on_the_host_disk_in_clear() {
         Vec::<String>::new(),
         "the artifact was published"
     );
-    let records = journal.records.lock().unwrap().clone();
     let retiring = records.iter().find(|r| r.to == S::Retiring).unwrap();
     assert_eq!(
         retiring.reason,
@@ -642,4 +599,35 @@ async fn an_artifact_holding_a_secret_never_lands_on_the_host_disk_in_clear() {
         "{}",
         retiring.detail
     );
+}
+
+/// Drives attempt `a` to its end (within [`LIMIT`]) while a thread scans `dir` for `needle`
+/// without pause: returns the end state, the journal's records and the files that held it at
+/// any moment.
+async fn drive_watching(
+    exec: &mut AttemptExecutor,
+    a: &mut Attempt,
+    dir: &Path,
+    needle: &[u8],
+) -> (S, Vec<tartan_agent::record::Record>, BTreeSet<String>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, dir, needle) = (stop.clone(), dir.to_path_buf(), needle.to_vec());
+        std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                seen.extend(files_containing(&dir, &needle));
+            }
+            seen
+        })
+    };
+    let mut journal = MemJournal::new();
+    let end = tokio::time::timeout(LIMIT, drive(exec, a, admit(600), &Config::default(), &mut journal))
+        .await
+        .expect("attempt finished in time")
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let records = journal.records.lock().unwrap().clone();
+    (end, records, watcher.join().unwrap())
 }
