@@ -972,6 +972,17 @@ uncached_claim_delay = "30s"
             ]
         );
         assert!(parse("").unwrap().mounts.is_empty());
+        // One inside another, either way round: refused (adversary round 7).
+        let inner = cache.join("seed");
+        std::fs::create_dir_all(&inner).unwrap();
+        for (first, second) in [(&cache, &inner), (&inner, &cache)] {
+            let err = load(&format!(
+                "[[mounts]]\nname = \"a\"\nhost_path = {first:?}\n[[mounts]]\nname = \"b\"\nhost_path = {second:?}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("one mount may not be inside another"), "{err}");
+        }
         let one = |name: &str, path: &str| load(&format!("[[mounts]]\nname = {name:?}\nhost_path = {path:?}\n"));
         let cases: Vec<(String, String, &str)> = vec![
             ("SPM".into(), cache.display().to_string(), "mount name \"SPM\" must be"),

@@ -355,8 +355,8 @@ pub(super) fn overlaps(dir: &Path, protected: &[(&'static str, PathBuf)], around
 }
 
 /// Checks `[[mounts]]`: unique names a MacBuild can ask for, host folders that are absolute,
-/// plainly written (no `..`), existing, fit for tart's `--dir` syntax, neither inside nor around
-/// the agent's own folders (`protected`, as for artifact destinations) nor the folders artifacts
+/// plainly written (no `..`), existing, fit for tart's `--dir` syntax, not overlapping each other,
+/// neither inside nor around the agent's own folders (`protected`, as for artifact destinations) nor the folders artifacts
 /// go to (`artifact_folders`: the `file://` default destination and the allowed roots), each
 /// checked as written and resolved. Returns them with their folders resolved.
 ///
@@ -424,6 +424,24 @@ pub(super) fn check_mounts(
                     folder.display()
                 )));
             }
+        }
+        // One strictly inside the other (the same folder twice, say read-write and read-only, is
+        // the operator's choice: a share's own folder cannot be replaced from the guest).
+        let nested = |o: &&MountConfig| {
+            let (inside, around) = (
+                within_ignoring_case(&resolved, &o.host_path),
+                within_ignoring_case(&o.host_path, &resolved),
+            );
+            inside != around
+        };
+        if let Some(other) = out.iter().find(nested) {
+            return Err(at(format!(
+                "{} overlaps mount {:?} ({}); one mount may not be inside another (a build given the outer one \
+                 could replace the inner one's folder with a link): move them apart",
+                written.display(),
+                other.name,
+                other.host_path.display()
+            )));
         }
         let share = tartan_tart::DirShare {
             name: m.name.clone(),

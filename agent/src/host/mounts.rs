@@ -74,9 +74,13 @@ pub fn shares_for(asked: &[MountRequest], declared: &[MountConfig]) -> Result<Ve
                 m.name
             )));
         };
-        if !d.host_path.is_dir() {
+        // Resolved at load: resolving it again must give the same folder, or one of its
+        // components was replaced by a link since (or it is gone).
+        let still = std::fs::canonicalize(&d.host_path).is_ok_and(|now| now == d.host_path);
+        if !still || !d.host_path.is_dir() {
             return Err(MountRefused::Unusable(format!(
-                "mount {:?}: host folder {} is gone or not a folder (it was when the agent started)",
+                "mount {:?}: host folder {} is gone, not a folder, or now reached through a link (it was a \
+                 plain folder when the agent started); nothing was cloned",
                 d.name,
                 d.host_path.display()
             )));
@@ -94,6 +98,32 @@ pub fn shares_for(asked: &[MountRequest], declared: &[MountConfig]) -> Result<Ve
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// Found by an adversary: a folder declared as a mount, replaced by a link after the agent
+    /// started (by a build given a mount around it, or anyone), was shared as what the link
+    /// points to (`is_dir` follows it).
+    #[test]
+    fn a_mount_folder_replaced_by_a_link_since_the_start_is_not_shared() {
+        let base = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(base.path()).unwrap();
+        let (seed, elsewhere) = (base.join("seed"), base.join("state"));
+        std::fs::create_dir_all(&seed).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let declared = [MountConfig {
+            name: "seed".into(),
+            host_path: seed.clone(),
+            read_only: true,
+        }];
+        let asked = [MountRequest { name: "seed".into() }];
+        assert_eq!(shares_for(&asked, &declared).unwrap().len(), 1);
+        std::fs::remove_dir(&seed).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &seed).unwrap();
+        let refused = shares_for(&asked, &declared).unwrap_err();
+        assert!(
+            matches!(&refused, MountRefused::Unusable(why) if why.contains("through a link")),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn folders_overlap_whatever_their_case() {
