@@ -134,13 +134,9 @@ async fn finding_a_destination_inside_another_builds_attempt_folder_breaks_its_u
         destination: format!("file://{}/{victim_vm}/out/App.ipa/", root.display()),
     });
     let (b, _, records_b) = run(&rig, "intruder", spec_b, rig.config()).await;
-    assert_eq!(
-        ending(&records_b).outcome,
-        Some(Outcome::Succeeded),
-        "B's destination was allowed: {}",
-        ending(&records_b).detail
-    );
-    assert!(root.join(&victim_vm).join("out/App.ipa").join(&b.vm).is_dir());
+    // Fixed: refused before anything is cloned, and nothing of B is in A's folder.
+    refused_as_inside_another_attempt(&records_b);
+    assert!(!root.join(&victim_vm).exists(), "B ({}) wrote into A's folder", b.vm);
 
     // A: an ordinary build publishing out/App.ipa to the root.
     let mut spec_a = spec(vec![step("build", "mkdir -p out && printf app > out/App.ipa")]);
@@ -203,12 +199,7 @@ async fn finding_another_builds_log_parts_below_an_attempts_s3_logs_folder_count
     });
     spec_b.steps.push(step("pack", "printf b > b.txt"));
     let (_, _, records_b) = run(&rig, "s3-intruder", spec_b, cfg.clone()).await;
-    assert_eq!(
-        ending(&records_b).outcome,
-        Some(Outcome::Succeeded),
-        "{}",
-        ending(&records_b).detail
-    );
+    refused_as_inside_another_attempt(&records_b);
 
     // A: an ordinary build whose step log is short.
     let spec_a = spec(vec![step("build", "echo victim says hello")]);
@@ -444,7 +435,7 @@ async fn held_another_builds_log_parts_below_an_attempts_file_logs_folder_are_no
         destination: format!("file://{}/{victim_vm}/logs/", root.display()),
     });
     let (_, _, records_b) = run(&rig, "file-intruder", spec_b, cfg.clone()).await;
-    assert_eq!(ending(&records_b).outcome, Some(Outcome::Succeeded));
+    refused_as_inside_another_attempt(&records_b);
     let (a, _, records_a) = run(
         &rig,
         "file-victim",
@@ -467,4 +458,18 @@ async fn held_another_builds_log_parts_below_an_attempts_file_logs_folder_are_no
     parts.sort();
     let shipped: Vec<u8> = parts.into_iter().flat_map(|(_, b)| b).collect();
     assert_eq!(String::from_utf8_lossy(&shipped), String::from_utf8_lossy(&host));
+}
+
+/// The fix for the two findings above: a destination with a part named as a build's VM is
+/// refused at the admission, before anything is cloned, saying why.
+fn refused_as_inside_another_attempt(records: &[Record]) {
+    let end = ending(records);
+    assert!(
+        end.detail.contains("named as a build's VM is") && end.detail.contains("nothing was cloned"),
+        "{:?} {}",
+        end.reason,
+        end.detail
+    );
+    let states: Vec<S> = records.iter().map(|r| r.to).collect();
+    assert_eq!(states, vec![S::Admitted, S::Retiring, S::Retired]);
 }

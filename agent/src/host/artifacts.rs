@@ -74,6 +74,11 @@ pub enum DestinationRefused {
     #[error(transparent)]
     Malformed(#[from] DestinationError),
     #[error(
+        "artifact destination {url:?} is refused: its part {segment:?} is named as a build's VM is, and each \
+         build writes below its own VM's name: a destination there would write into another build's files"
+    )]
+    InsideAttemptFolder { url: String, segment: String },
+    #[error(
         "artifact destination {url:?} is refused: this agent accepts a file:// destination only under \
          [artifacts] allowed_file_roots, which lists none, or equal to its [artifacts] destination ({})",
         .default.as_deref().unwrap_or("not set")
@@ -134,7 +139,11 @@ pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<De
         (named, _) => named,
     };
     let is_default = policy.default.as_deref() == Some(url);
-    match Destination::parse(url)? {
+    let parsed = Destination::parse(url)?;
+    if !is_default && matches!(parsed, Destination::S3 { .. }) {
+        refuse_attempt_folders(url, &parsed)?;
+    }
+    match parsed {
         Destination::S3 { bucket, prefix } => {
             let default_bucket = match policy.default.as_deref().map(Destination::parse) {
                 Some(Ok(Destination::S3 { bucket, .. })) => Some(bucket),
@@ -179,6 +188,12 @@ pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<De
                     dir: protected,
                 });
             }
+            if !is_default {
+                // As written and as resolved (through a link).
+                for dir in [&dir, &resolved] {
+                    refuse_attempt_folders(url, &Destination::File { dir: dir.clone() })?;
+                }
+            }
             let default_dir = match policy.default.as_deref().map(Destination::parse) {
                 Some(Ok(Destination::File { dir })) => resolve(&dir).ok(),
                 _ => None,
@@ -207,6 +222,30 @@ pub fn allowed_destination(named: &str, policy: &DestinationPolicy) -> Result<De
                 })
             }
         }
+    }
+}
+
+/// Refuses a destination with a folder (or S3 prefix segment) named as a build's VM is: every
+/// build writes below `<destination>/<its vm>/`, so such a destination is inside another build's
+/// attempt folder (its VM name is on its status), where its writes would collide with that
+/// build's artifacts and step logs.
+fn refuse_attempt_folders(url: &str, dest: &Destination) -> Result<(), DestinationRefused> {
+    let segments: Vec<String> = match dest {
+        Destination::S3 { prefix, .. } => prefix.split('/').map(str::to_string).collect(),
+        Destination::File { dir } => dir
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect(),
+    };
+    match segments
+        .into_iter()
+        .find(|s| tartan_api::names::check_vm_name(&s.to_ascii_lowercase()).is_ok())
+    {
+        Some(segment) => Err(DestinationRefused::InsideAttemptFolder {
+            url: url.to_string(),
+            segment,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -255,8 +294,8 @@ pub fn artifact_key(vm: &str, path: &str) -> Result<String, DestinationError> {
     }
     // `<vm>/logs/` holds the step logs the shipper writes and reads back (its listing counts the
     // parts shipped): an artifact there would replace a log or forge one.
-    // Any case: a Mac's disk usually ignores it, so `LOGS/` is the same folder there.
-    if segments[0].eq_ignore_ascii_case(tartan_api::logs::LOGS_FOLDER) {
+    // Any case, folded as a Mac's disk folds it: `LOGS/` and `logſ/` are that folder there.
+    if crate::host::mounts::case_fold(segments[0]) == tartan_api::logs::LOGS_FOLDER {
         return Err(bad("is in the logs/ folder, where the build's step logs are shipped"));
     }
     Ok(format!("{vm}/{}", segments.join("/")))

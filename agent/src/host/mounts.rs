@@ -24,7 +24,7 @@ pub fn within_ignoring_case(path: &std::path::Path, dir: &std::path::Path) -> bo
 /// lower-cased, then the letters whose simple case folding differs from their lower case (long
 /// s, final sigma, micro sign, the Greek symbol forms) mapped to their folded letter. No Unicode
 /// normalization (std has none): a name written precomposed and another decomposed differ.
-fn case_fold(name: &str) -> String {
+pub fn case_fold(name: &str) -> String {
     name.to_lowercase()
         .chars()
         .map(|c| match c {

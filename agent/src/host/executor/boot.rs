@@ -8,6 +8,7 @@ use tartan_api::deadline::{DeadlineFile, write_deadline_file};
 use tartan_tart::{ExecOptions, RunOptions, SetOptions, TartError};
 
 use super::{AttemptExecutor, Performed};
+use crate::host::artifacts::artifact_key;
 use crate::host::steps::{log_dir, step_log};
 use crate::machine::Event;
 
@@ -22,6 +23,12 @@ impl AttemptExecutor {
             return self.fail_start(format!("image refused: {refused}; nothing was cloned"));
         }
         if let Some(Err(refused)) = self.artifact_destination() {
+            return self.fail_start(format!("{refused}; nothing was cloned"));
+        }
+        // A path the upload would refuse whatever the guest holds is refused before the build
+        // runs, not after.
+        let paths = self.attempt.spec.artifacts.iter().flat_map(|a| &a.paths);
+        if let Some(Err(refused)) = paths.map(|p| artifact_key(&self.attempt.vm, p)).find(Result::is_err) {
             return self.fail_start(format!("{refused}; nothing was cloned"));
         }
         match crate::host::mounts::shares_for(&self.attempt.spec.mounts, &self.cfg.mounts) {

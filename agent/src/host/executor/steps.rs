@@ -82,9 +82,14 @@ impl AttemptExecutor {
         // After the env file's write: it may have added values to mask.
         // The steps before this one are finished, so their logs' sizes, and with them this step's
         // cap, are the same when a restarted agent re-attaches to it.
-        let earlier: u64 = commands[..index as usize]
+        // Each log once: commands may share one (the checkout's two commands write one log).
+        let earlier_logs: std::collections::BTreeSet<std::path::PathBuf> = commands[..index as usize]
             .iter()
-            .map(|c| std::fs::metadata(step_log(&self.cfg.state_dir, &vm, &c.name)).map_or(0, |m| m.len()))
+            .map(|c| step_log(&self.cfg.state_dir, &vm, &c.name))
+            .collect();
+        let earlier: u64 = earlier_logs
+            .iter()
+            .map(|log| std::fs::metadata(log).map_or(0, |m| m.len()))
             .fold(0, u64::saturating_add);
         let log_cap = step_log_cap(self.cfg.step_log_cap, self.cfg.build_log_budget, earlier);
         if log_cap < self.cfg.step_log_cap {
