@@ -13,6 +13,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+/// The longest `spec.timeoutSeconds` (and step `timeoutSeconds`) a MacBuild may have: 7 days (the
+/// schema's `maximum`; the controller caps a longer CustomRun timeout to it).
+pub const MAX_TIMEOUT_SECONDS: u32 = 604_800;
+
 /// `timeoutSeconds` when the spec leaves it out.
 pub const DEFAULT_TIMEOUT_SECONDS: u32 = 3600;
 /// `maxAttempts` when the spec leaves it out.

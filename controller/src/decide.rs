@@ -364,6 +364,9 @@ impl Draft {
     }
 
     fn set_succeeded(&mut self, status: &str, why: &str, message: String) {
+        // Messages quote what pipeline authors wrote (a param, an env key, a step name): cleaned
+        // and bounded as the text copied from a MacBuild is, for the status and the Event alike.
+        let message = tartan_api::text::clean_str(&message, crate::view::MESSAGE_MAX);
         let cond = self.condition(SUCCEEDED, status, why, message.clone(), self.old_succeeded.as_ref());
         let changed = self
             .old_succeeded

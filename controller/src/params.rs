@@ -16,7 +16,7 @@
 //! | `artifact-paths` | array, or a comma-separated string | `spec.artifacts.paths` |
 //! | `artifact-destination` | string (e.g. `s3://ci-artifacts/app/`) | `spec.artifacts.destination` |
 //! | `max-attempts` | string integer 1–3 (attempts the agent may make; Tekton `retries` are refused) | `spec.maxAttempts` |
-//! | `timeout-seconds` | string integer (host execution timeout; capped by the CustomRun timeout) | `spec.timeoutSeconds` |
+//! | `timeout-seconds` | string integer 1–604800 (host execution timeout; capped by the CustomRun timeout) | `spec.timeoutSeconds` |
 //! | `cpu` | string integer | `spec.resources.cpu` |
 //! | `memory-mib` | string integer | `spec.resources.memoryMiB` |
 //! | `host-selector` | object, or `key=value,key=value` string; keys and values as Kubernetes labels allow them | `spec.hostSelector` |
@@ -387,7 +387,10 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
                 spec.insert("maxAttempts".into(), json!(param_int(p, 1, 3)?));
             }
             "timeout-seconds" => {
-                spec.insert("timeoutSeconds".into(), json!(param_int(p, 1, i64::from(u32::MAX))?));
+                spec.insert(
+                    "timeoutSeconds".into(),
+                    json!(param_int(p, 1, i64::from(tartan_api::crd::MAX_TIMEOUT_SECONDS))?),
+                );
             }
             "cpu" => {
                 object_at(&mut spec, "resources").insert("cpu".into(), json!(param_int(p, 1, 1024)?));
@@ -431,9 +434,10 @@ pub fn macbuild_spec(run: &CustomRunSpec, timeout: Option<Duration>) -> Result<V
             .map_err(|e| SpecError::Params(format!("param \"artifact-destination\": {e}")))?;
     }
     if let Some(limit) = timeout {
-        // Whole seconds, rounded up, at least 1.
+        // Whole seconds, rounded up, at least 1, and at most what a MacBuild allows: a CustomRun
+        // may wait longer (Tekton allows any duration), but one host execution is at most that.
         let cap = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
-        let cap = cap.max(1);
+        let cap = cap.clamp(1, u64::from(tartan_api::crd::MAX_TIMEOUT_SECONDS));
         let wanted = spec.get("timeoutSeconds").and_then(Value::as_u64);
         let secs = wanted.map_or(cap, |w| w.min(cap));
         spec.insert("timeoutSeconds".into(), json!(secs));
