@@ -208,8 +208,14 @@ pub fn new_macbuild(run: &CustomRun, spec: serde_json::Value) -> Result<MacBuild
     if let Some(embedded) = run.spec.custom_spec.as_ref().and_then(|s| s.metadata.as_ref()) {
         labels.extend(embedded.labels.clone());
     }
-    // Ours to set once the run is finished: a MacBuild born with it would be hidden from our watch.
-    labels.remove(FINISHED_LABEL);
+    // Ours and the agents' to set (`tartan.dev/finished` once the run is finished: a MacBuild
+    // born with it would be hidden from our watch; `tartan.dev/agent` names the holder): none
+    // comes from the pipeline's labels.
+    let ours = |key: &str| {
+        key.split_once('/')
+            .is_some_and(|(prefix, _)| prefix == tartan_api::GROUP)
+    };
+    labels.retain(|key, _| !ours(key));
     labels.insert(label::CUSTOM_RUN.into(), name.clone());
     labels.insert(CUSTOM_RUN_LABEL.into(), name.clone());
     let mut owner = run.controller_owner_ref(&()).ok_or(NewMacBuildError::NoUid)?;
@@ -478,9 +484,12 @@ mod tests {
 
     #[test]
     fn a_new_macbuild_never_carries_the_finished_label() {
+        // Nor any other of ours from the pipeline (adversary round 8: `tartan.dev/agent` listed an
+        // unclaimed build under a host).
         let mut run: CustomRun = serde_json::from_value(json!({
             "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
-            "metadata": {"name": "r", "namespace": "ci", "uid": "u1", "labels": {FINISHED_LABEL: "true", "team": "ios"}},
+            "metadata": {"name": "r", "namespace": "ci", "uid": "u1", "labels": {
+                FINISHED_LABEL: "true", "team": "ios", "tartan.dev/agent": "mac-01", "tartan.dev.evil/x": "kept"}},
             "spec": {"customRef": {"apiVersion": "tartan.dev/v1alpha1", "kind": "MacBuild"}},
         }))
         .unwrap();
@@ -488,6 +497,8 @@ mod tests {
         let mb = new_macbuild(&run, spec.clone()).unwrap();
         let labels = mb.metadata.labels.unwrap();
         assert!(!labels.contains_key(FINISHED_LABEL) && labels["team"] == "ios");
+        assert!(!labels.contains_key("tartan.dev/agent") && labels["tartan.dev.evil/x"] == "kept");
+        assert_eq!(labels[CUSTOM_RUN_LABEL], "r");
         assert!(marked_finished(&run.metadata));
         run.metadata.labels = None;
         assert!(!marked_finished(&run.metadata));
