@@ -128,7 +128,22 @@ fn argv_names_vm(cmd: &[std::ffi::OsString], name: &str, programs: &[String]) ->
         return false;
     };
     let base = Path::new(argv0).file_name().and_then(OsStr::to_str).unwrap_or_default();
-    programs.iter().any(|p| p == base) && rest.iter().any(|a| a == name)
+    programs.iter().any(|p| p == base) && vm_of_tart_argv(rest).is_some_and(|vm| vm == name)
+}
+
+/// The VM a `tart` command line (without argv0) acts on: the first argument after the
+/// subcommand that is not a flag, or for `clone` the second (the VM it makes; the first is only
+/// read). An argument elsewhere that equals a VM name (`tart exec devbox grep mb-x log`, the
+/// guest's argv of another VM) names no VM: killing that process would hit another user's work.
+/// Flags are taken as written `--flag=value` (as this driver writes them), so a foreign client
+/// writing `--flag value` before the name is not matched: it is left alone.
+fn vm_of_tart_argv(rest: &[std::ffi::OsString]) -> Option<&OsStr> {
+    let (command, args) = rest.split_first()?;
+    let mut positionals = args.iter().filter(|a| !a.to_string_lossy().starts_with('-'));
+    if command == "clone" {
+        positionals.next()?;
+    }
+    positionals.next().map(|a| a.as_os_str())
 }
 
 fn environ_home_matches(environ: &[std::ffi::OsString], home: &Path) -> bool {
@@ -271,6 +286,24 @@ mod tests {
         ));
         assert!(!argv_names_vm(&argv(&["tart", "run", "mb-x2"]), "mb-x", &progs));
         assert!(!argv_names_vm(&argv(&["sleep", "mb-x"]), "mb-x", &progs));
+        // Where the VM's name stands, not anywhere (adversary round 9: another VM's exec
+        // mentioning it, a clone made from it).
+        for (line, names) in [
+            (&["tart", "exec", "-i", "mb-x", "sh"][..], true),
+            (&["tart", "exec", "devbox", "grep", "mb-x", "/var/log/build.log"], false),
+            (&["tart", "clone", "ghcr.io/img:1", "mb-x"], true),
+            (&["tart", "clone", "mb-x", "keep-for-debugging"], false),
+            (
+                &["tart", "run", "--no-graphics", "--dir=cache:/srv/cache:ro", "mb-x"],
+                true,
+            ),
+            (&["tart", "ip", "mb-x", "--wait", "60"], true),
+            (&["tart", "stop", "other", "--timeout", "30", "mb-x"], false),
+            (&["tart", "delete", "mb-x"], true),
+            (&["tart"], false),
+        ] {
+            assert_eq!(argv_names_vm(&argv(line), "mb-x", &progs), names, "{line:?}");
+        }
         assert!(!argv_names_vm(&argv(&["mb-x"]), "mb-x", &progs));
         assert!(!argv_names_vm(&[], "mb-x", &progs));
     }

@@ -158,8 +158,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tokio::pin!(shutdown);
 
     loop {
+        let mut bad = Vec::new();
         if last_scan.is_none_or(|t| t.elapsed() >= config.rescan) {
-            rescan(&dir, &mut picture, &ctx.record);
+            bad = rescan(&dir, &mut picture);
             last_scan = Some(Instant::now());
         }
 
@@ -184,6 +185,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             };
             tracing::info!(vm = %job.vm, deadline = %job.deadline, attempt = job.failures + 1, "VM overdue; deleting it");
             jobs.spawn(reap::reap(ctx.clone(), job));
+        }
+        if !bad.is_empty() {
+            // Off the loop, after the VMs due: the jobs and the loop go on meanwhile.
+            let ctx = ctx.clone();
+            tokio::task::spawn_blocking(move || record_all(&ctx.record, bad));
         }
 
         // Sleep until the next VM is due, the next rescan, or a job finishing (which may free a
@@ -241,8 +247,11 @@ fn take_own_lock(state_dir: &Path) -> Result<File, Error> {
     }
 }
 
-/// Brings the picture up to date with the folder: reads new and changed files, forgets removed ones.
-fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
+/// Brings the picture up to date with the folder: reads new and changed files, forgets removed
+/// ones. Returns the record lines of the bad files it met, for the caller to write once the VMs
+/// due are on their way: thousands of bad files (each line synced) must not hold back a VM.
+fn rescan(dir: &Path, picture: &mut Picture) -> Vec<Line> {
+    let mut bad = Vec::new();
     let listing = match scan::list(dir) {
         Ok(listing) => {
             picture.list_error = None;
@@ -257,7 +266,7 @@ fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
                 tracing::error!("{msg}");
                 picture.list_error = Some(msg);
             }
-            return;
+            return bad;
         }
     };
     let changes = plan::diff(&picture.listing, &listing);
@@ -284,8 +293,7 @@ fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
                 }
             },
             Ok(view) => {
-                bad_file(
-                    record,
+                bad.push(bad_file(
                     vm,
                     Some(view.deadline),
                     format!(
@@ -294,7 +302,7 @@ fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
                         view.vm,
                         tartan_api::VM_PREFIX
                     ),
-                );
+                ));
                 picture.tracked.remove(vm);
             }
             Err(ReadError::Missing) => {
@@ -302,20 +310,28 @@ fn rescan(dir: &Path, picture: &mut Picture, record: &Record) {
                 listing.remove(name);
             }
             Err(ReadError::Bad(why)) => {
-                bad_file(record, vm, None, format!("{why}; left in place for an operator"));
+                bad.push(bad_file(vm, None, format!("{why}; left in place for an operator")));
                 picture.tracked.remove(vm);
             }
         }
     }
     picture.listing = listing;
+    bad
 }
 
-/// Called once per version of a bad file (the rescan reads a file again only when it changes).
-fn bad_file(record: &Record, vm: &str, deadline: Option<Timestamp>, detail: String) {
+/// The record line of a bad file, once per version of it (the rescan reads a file again only
+/// when it changes).
+fn bad_file(vm: &str, deadline: Option<Timestamp>, detail: String) -> Line {
     tracing::warn!(vm, "bad deadline file: {detail}");
-    let line = Line::new(Timestamp::now(), vm, deadline, Action::BadDeadlineFile, detail);
-    if let Err(e) = record.append(&line) {
-        tracing::error!(vm, "{e}");
+    Line::new(Timestamp::now(), vm, deadline, Action::BadDeadlineFile, detail)
+}
+
+/// Appends `lines` to the record, each synced.
+fn record_all(record: &Record, lines: Vec<Line>) {
+    for line in lines {
+        if let Err(e) = record.append(&line) {
+            tracing::error!(vm = %line.vm, "{e}");
+        }
     }
 }
 
@@ -436,7 +452,8 @@ mod tests {
             }
         }
         fn rescan(&mut self) {
-            rescan(&self.dir, &mut self.picture, &self.record);
+            let bad = rescan(&self.dir, &mut self.picture);
+            record_all(&self.record, bad);
         }
         fn actions(&self) -> Vec<(String, Action)> {
             read_lines(self.record.path())
