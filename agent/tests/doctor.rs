@@ -244,10 +244,7 @@ async fn each_broken_setup_fails_its_own_check() {
     assert_fails(code, &checks, &[("tart", "cannot run `/nonexistent/tart --version`")]);
     assert_eq!(check(&checks, "images")["verdict"], "skip");
     let failing = fx.root.join("failing-tart");
-    fs::write(&failing, "#!/bin/sh\necho 'dyld: Library not loaded' >&2\nexit 1\n").unwrap();
-    let mut perms = fs::metadata(&failing).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    fs::set_permissions(&failing, perms).unwrap();
+    executable(&failing, "#!/bin/sh\necho 'dyld: Library not loaded' >&2\nexit 1\n");
     fs::write(&config, text.replace(&double, &format!("{failing:?}"))).unwrap();
     let (code, checks) = fx.doctor(&config, &[]);
     assert_fails(code, &checks, &[("tart", "Library not loaded")]);
@@ -367,10 +364,7 @@ async fn launch_agents_not_loaded_or_not_running_fail() {
     fs::create_dir_all(&fake).unwrap();
     fs::create_dir_all(&home).unwrap();
     let launchctl = fake.join("launchctl");
-    fs::write(&launchctl, FAKE_LAUNCHCTL).unwrap();
-    let mut perms = fs::metadata(&launchctl).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    fs::set_permissions(&launchctl, perms).unwrap();
+    executable(&launchctl, FAKE_LAUNCHCTL);
     let env = [
         ("TARTAN_ALLOW_LAUNCHCTL_ON_LINUX", "1"),
         ("TARTAN_LAUNCHCTL", launchctl.to_str().unwrap()),
@@ -402,10 +396,7 @@ async fn launch_agents_not_loaded_or_not_running_fail() {
 }
 
 fn executable(path: &Path, text: &str) {
-    fs::write(path, text).unwrap();
-    let mut perms = fs::metadata(path).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    fs::set_permissions(path, perms).unwrap();
+    tartan_testkit::write_program(path, text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

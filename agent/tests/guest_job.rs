@@ -635,7 +635,7 @@ fn a_start_killed_right_after_making_its_folder_still_launches_the_job() {
     let home = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let wrapper = bin.path().join("mkdir");
-    std::fs::write(
+    tartan_testkit::write_program(
         &wrapper,
         r#"#!/bin/sh
 PATH=${PATH#*:} mkdir "$@" || exit $?
@@ -648,9 +648,7 @@ done
 echo "no start script among the ancestors of $$" >&2
 exit 1
 "#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let job = Job::new("mb-killed-start", 0, "s", sh("echo launched"));
     let argv = start_argv(&job);
     let status = std::process::Command::new(&argv[0])

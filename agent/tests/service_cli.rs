@@ -50,12 +50,7 @@ impl Fixture {
         fs::create_dir_all(&home).unwrap();
         fs::create_dir_all(&fake).unwrap();
         let script = fake.join("launchctl");
-        fs::write(&script, FAKE_LAUNCHCTL).unwrap();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-        }
+        tartan_testkit::write_program(&script, FAKE_LAUNCHCTL);
         Fixture { _tmp: tmp, home, fake }
     }
 
@@ -509,9 +504,7 @@ impl Fixture {
     fn install_fake_agent(&self, version_line: &str) -> PathBuf {
         let fake_agent = self.fake.join("old/tartan-agent");
         fs::create_dir_all(fake_agent.parent().unwrap()).unwrap();
-        fs::write(&fake_agent, format!("#!/bin/sh\necho '{version_line}'\n")).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&fake_agent, fs::Permissions::from_mode(0o755)).unwrap();
+        tartan_testkit::write_program(&fake_agent, &format!("#!/bin/sh\necho '{version_line}'\n"));
         let plist = self.agents_dir().join("dev.tartan.agent.plist");
         let mut job = LaunchAgent::from_bytes(&fs::read(&plist).unwrap(), "agent plist").unwrap();
         job.program_arguments[0] = fake_agent.display().to_string();

@@ -290,15 +290,13 @@ async fn a_sigstopped_agent_holding_the_state_lock_does_not_block_it() {
 /// A tart wrapper whose `delete` of `slow_vm` creates `<release>.entered`, then blocks until
 /// `release` exists (at most 30 s), then runs the double.
 fn slow_delete_tart(host: &Host, slow_vm: &str, release: &std::path::Path) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let path = host.root.join("tart-slow-delete");
     let script = format!(
         "#!/bin/sh\nif [ \"$1\" = delete ] && [ \"$2\" = {slow_vm} ]; then\n  : > '{r}.entered'\n  i=0\n  while [ ! -e '{r}' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\nfi\nexec '{}' \"$@\"\n",
         host.double.display(),
         r = release.display(),
     );
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    tartan_testkit::write_program(&path, &script);
     path
 }
 
