@@ -289,7 +289,8 @@ pub fn artifact_key(vm: &str, path: &str) -> Result<String, DestinationError> {
     // or isolate would show the name other than it is.
     if path.chars().any(is_bidi_control) {
         return Err(bad(
-            "contains bidirectional control characters (U+202A-U+202E, U+2066-U+2069)",
+            "contains bidirectional, invisible or line-breaking format characters (U+061C, U+200B-U+200F, \
+             U+2028-U+202E, U+2066-U+2069, U+FEFF)",
         ));
     }
     // `<vm>/logs/` holds the step logs the shipper writes and reads back (its listing counts the
@@ -301,8 +302,13 @@ pub fn artifact_key(vm: &str, path: &str) -> Result<String, DestinationError> {
     Ok(format!("{vm}/{}", segments.join("/")))
 }
 
+/// Characters that make a name show other than it is: bidi overrides, isolates and marks,
+/// zero-width ones, and the Unicode line and paragraph separators (a fake second line).
 fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    matches!(
+        c,
+        '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}'
+    )
 }
 
 /// How hard to try an upload.
