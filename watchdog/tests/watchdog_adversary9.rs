@@ -7,6 +7,7 @@ use common::{Host, InProcess, plus, secs_f, time_of, wait_for};
 use k8s_openapi::jiff::Timestamp;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -68,17 +69,25 @@ async fn a_foreign_tart_client_whose_argument_merely_equals_the_vm_name_is_not_k
 /// comes after all 3000 bad lines; measured 5-6.5 s late on this Linux box, and each line is an
 /// F_FULLFSYNC on macOS, so tens of seconds there; SIGTERM is not seen meanwhile either).
 /// Severity: low-medium (needs write access to the deadline folder; delays, does not prevent).
-/// Fixed: the bad files' lines are written off the loop after the VMs due are dispatched. The
-/// order of the lines decides; the lateness bound is only a hang detector.
+/// Fixed: the bad files' lines are written off the loop after the VMs due are dispatched.
+///
+/// What decides is the order of the watchdog's own log events: the overdue VM's dispatch
+/// ("VM overdue; deleting it") must come before the first bad line is appended to the record.
+/// That order is a happens-before in the loop, not a race: the order of the record's lines is
+/// not (where fsync is nearly free, the writer finishes all 3000 lines while `tart delete` runs).
+/// The lateness bound is only a hang detector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_bad_files_do_not_hold_back_an_overdue_vm() {
+    let events = EventLog::install();
     let mut host = Host::new();
     host.running_vm("mb-real").await;
     let n = 3000;
     for i in 0..n {
         host.write_raw(&format!("mb-bad-{i:05}.json"), "{\"version\":1,\"vm\":");
     }
-    let deadline = plus(Timestamp::now(), secs_f(-0.5));
+    // Already past deadline + grace when the watchdog starts: due on its first pass, the same
+    // pass whose rescan finds the bad files.
+    let deadline = plus(Timestamp::now(), secs_f(-5.0));
     host.write_deadline("mb-real", deadline);
     let started = Timestamp::now();
     let watchdog = InProcess::start(host.config(secs_f(1.0)));
@@ -96,21 +105,64 @@ async fn thousands_of_bad_files_do_not_hold_back_an_overdue_vm() {
     })
     .await;
     watchdog.stop().await.unwrap();
-    let lines = host.lines();
-    let bad = lines
+    let bad = host
+        .lines()
         .iter()
         .filter(|l| l.action.as_str() == "bad-deadline-file")
         .count();
     assert_eq!(bad, n, "each bad file recorded once");
-    let bad_before = lines
+    let log = events.lines();
+    let dispatched = log
         .iter()
-        .take_while(|l| l.vm != "mb-real")
-        .filter(|l| l.action.as_str() == "bad-deadline-file")
+        .position(|l| l.contains("VM overdue; deleting it") && l.contains("mb-real"))
+        .expect("the watchdog logs the overdue VM's dispatch");
+    let recorded_before = log[..dispatched]
+        .iter()
+        .filter(|l| l.contains(r#""action":"bad-deadline-file""#) && l.contains("mb-bad-"))
         .count();
-    assert!(
-        bad_before < n && late <= secs_f(30.0),
-        "the real overdue VM was deleted {late} after it was due, after {bad_before} of {n} bad files \
-         had been recorded: the rescan (one fsync'd record line per bad file, on the loop itself) \
-         held it back"
+    assert_eq!(
+        recorded_before, 0,
+        "{recorded_before} of {n} bad files were appended to the record before the overdue VM \
+         was dispatched: the rescan's record lines (one fsync each) held it back"
     );
+    assert!(
+        late <= secs_f(30.0),
+        "the real overdue VM was deleted {late} after it was due"
+    );
+}
+
+/// Every log event of this test binary, formatted, in the order they were written. Installed as
+/// the global subscriber: the watchdog runs on the runtime's threads, not the test's.
+#[derive(Clone, Default)]
+struct EventLog(Arc<Mutex<Vec<u8>>>);
+
+impl EventLog {
+    fn install() -> EventLog {
+        let log = EventLog::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one global subscriber per test binary");
+        log
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes).lines().map(str::to_owned).collect()
+    }
+}
+
+impl std::io::Write for EventLog {
+    // The formatter hands over each event whole, so one lock per write keeps events apart.
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
