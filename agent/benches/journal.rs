@@ -41,6 +41,7 @@ fn record(i: u64) -> Record {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

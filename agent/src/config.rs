@@ -18,9 +18,11 @@ use std::time::Duration;
 use tartan_api::VM_PREFIX;
 use tartan_api::destination::{Destination, check_bucket};
 
+mod pool;
 mod resolve;
 mod timing;
 
+pub use pool::{DEFAULT_POOL_MAX_IDLE, PoolConfig};
 use resolve::*;
 
 /// The example config shipped as `agent/examples/agent.toml`: every key with its default.
@@ -88,6 +90,8 @@ pub struct Config {
     pub network: tartan_tart::RunNetwork,
     /// The Secrets a MacBuild's `spec.env` may read.
     pub secrets: SecretsConfig,
+    /// `[pool]`: warm VMs booted ahead of builds (off unless it lists images).
+    pub pool: PoolConfig,
 }
 
 /// One `[[mounts]]` entry: host folder `host_path` (resolved, existing), shared into a VM that
@@ -403,6 +407,8 @@ struct RawConfig {
     softnet_allow: Vec<String>,
     #[serde(default)]
     secrets: SecretsConfig,
+    #[serde(default)]
+    pool: pool::RawPool,
 }
 
 #[derive(Deserialize, Default)]
@@ -523,6 +529,7 @@ impl Config {
         )?;
         let timing = Timing::resolve(raw.timing)?;
         check_secrets(&raw.secrets, &raw.namespaces)?;
+        let pool = PoolConfig::resolve(raw.pool, slots, &raw.local_images)?;
         Ok(Config {
             agent_id,
             state_dir,
@@ -546,6 +553,7 @@ impl Config {
             mounts,
             network,
             secrets: raw.secrets,
+            pool,
         })
     }
 

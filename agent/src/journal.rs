@@ -362,7 +362,7 @@ impl Journal {
         let mut frames = Vec::with_capacity(512 * records.len());
         for (record, seq) in records.iter_mut().zip(seqs.clone()) {
             record.seq = seq;
-            record.version = RECORD_VERSION;
+            record.version = record.layout_version();
             format::encode_frame(record, &mut frames).map_err(|what| JournalError::Encode { seq, what })?;
         }
         let label = if seqs.end - seqs.start == 1 {

@@ -15,7 +15,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::fmt;
 use tartan_api::{AttemptState, Outcome, Reason};
 
-use crate::record::{BuildRef, RECORD_VERSION, Record};
+use crate::pool::WarmProfile;
+use crate::record::{BuildRef, PLAIN_RECORD_VERSION, Record};
 
 mod open;
 mod requested;
@@ -118,6 +119,9 @@ pub struct Attempt {
     /// fenced out): it stops, deletes its VM and frees its slot, and writes nothing more to the
     /// MacBuild (no status, no finalizer release: the build is the new holder's).
     pub claim_lost: bool,
+    /// It was admitted into a warm VM of the pool (its `Admitted` record names the VM and its
+    /// profile): that VM exists from the admission on, and it is never cloned or booted.
+    pub adopted: bool,
 }
 
 impl Attempt {
@@ -146,6 +150,7 @@ impl Attempt {
             generation: None,
             boot_started: false,
             claim_lost: false,
+            adopted: false,
         }
     }
 
@@ -186,7 +191,21 @@ impl Attempt {
         };
         self.boot_started |= may_have_cloned(Some(r.to)) || may_have_cloned(r.from);
         self.claim_lost |= r.reason == Some(Reason::ClaimLost);
-        if r.to == AttemptState::Running && matches!(r.reason, Some(Reason::GuestReady | Reason::StepStarted)) {
+        if r.to == AttemptState::Admitted
+            && r.warm.is_some()
+            && let Some(vm) = &r.vm
+        {
+            // The warm VM exists already: it is this attempt's VM, to delete like a booted one.
+            self.adopted = true;
+            self.boot_started = true;
+            self.vm = vm.clone();
+        }
+        if r.to == AttemptState::Running
+            && matches!(
+                r.reason,
+                Some(Reason::GuestReady | Reason::StepStarted | Reason::Adopted)
+            )
+        {
             self.step_since = Some(r.time);
         }
         self.last_seq = Some(r.seq);
@@ -201,12 +220,12 @@ impl Attempt {
     /// The record to journal for `t` (the status snapshot is the runtime's to fill in).
     pub fn record(&self, t: &Transition, seq: u64) -> Record {
         Record {
-            version: RECORD_VERSION,
+            version: PLAIN_RECORD_VERSION,
             seq,
             time: t.at,
             build: Some(self.build.clone()),
             attempt: Some(self.number),
-            vm: Some(self.vm.clone()),
+            vm: Some(t.adoption.as_ref().map_or_else(|| self.vm.clone(), |w| w.vm.clone())),
             from: t.from,
             to: t.to,
             reason: t.reason,
@@ -218,6 +237,7 @@ impl Attempt {
             step: t.step,
             generation: self.generation,
             status: None,
+            warm: t.adoption.as_ref().map(|w| w.profile.clone()),
         }
     }
 
@@ -295,8 +315,18 @@ pub enum Event {
     /// The fenced claim write failed: another agent (`holder`) owns the MacBuild. Sent to an open
     /// attempt when a status write of it was fenced out (its claim moved on meanwhile).
     ClaimLost { holder: String },
+    /// The claim is won and a ready warm VM serves the build: admit it into that VM's slot,
+    /// with that VM as the attempt's (no clone, no boot), and fix the deadline as [`Event::Admit`].
+    Adopt {
+        slot: u8,
+        slots: u8,
+        timeout: SignedDuration,
+        adoption: Adoption,
+    },
     /// The admission's actions are done (deadline file written): clone and start the VM.
     Boot,
+    /// The adopted warm VM's guest answered `tart exec`, `after` the admission.
+    Adopted { after: SignedDuration },
     /// `tart exec` answered, `after` the start of booting.
     GuestReady { after: SignedDuration },
     /// Step `index - 1` exited 0 and step `index` (0-based, of `of`), named `name`, is next:
@@ -402,8 +432,10 @@ macro_rules! event_kinds {
 
 event_kinds! {
     Admit,
+    Adopt,
     ClaimLost,
     Boot,
+    Adopted,
     GuestReady,
     StepStarting,
     Detach,
@@ -452,6 +484,9 @@ pub enum Action {
     StartVm { vm: String },
     /// Poll `tart exec <vm> true` → `GuestReady`, or `VmStartFailed` when it never answers.
     ProbeReady { vm: String },
+    /// Ask the adopted warm VM's guest once more (`tart exec <vm> true`) → `Adopted`, or
+    /// `VmStartFailed` when it does not answer within the probe timeout.
+    ProbeAdopted { vm: String },
     /// Start step `index` in the guest as a detached job unless it was started already, and
     /// follow it to its exit → `StepStarting` for the next one, `StepsSucceeded` after the last,
     /// or `StepFailed`.
@@ -485,6 +520,14 @@ pub enum Action {
     AdmitNextAttempt { attempt: u32, deadline: Timestamp },
 }
 
+/// A ready warm VM of the pool that an attempt takes at its admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adoption {
+    pub vm: String,
+    /// What the VM was cloned and booted as.
+    pub profile: WarmProfile,
+}
+
 /// The result of [`step`]: the record to journal and the actions to perform after it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
@@ -501,6 +544,8 @@ pub struct Transition {
     pub deadline: Option<Timestamp>,
     /// The step this transition starts (`StepStarted` only).
     pub step: Option<u32>,
+    /// The warm VM the attempt takes (an admission by [`Event::Adopt`] only).
+    pub adoption: Option<Adoption>,
     /// The time of the decision (`now`).
     pub at: Timestamp,
     pub actions: Vec<Action>,
@@ -681,6 +726,7 @@ pub fn request(a: &Attempt, retry_of: Option<&NextAttempt>, now: Timestamp) -> T
         slot: None,
         deadline,
         step: None,
+        adoption: None,
         at: now,
         actions: vec![Action::ClaimBuild { attempt: a.number }],
     }
@@ -735,6 +781,7 @@ impl Rule<'_> {
             slot: None,
             deadline: None,
             step: None,
+            adoption: None,
             at: self.now,
             actions,
         }

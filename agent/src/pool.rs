@@ -20,13 +20,15 @@ use tartan_api::MacBuildSpec;
 use crate::cluster::placement::normalize_image;
 
 /// What one kind of warm VM is: an image with the resources it is set to before its boot.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WarmProfile {
     /// As `tart list` names it ([`normalize_image`]).
     pub image: String,
     /// Virtual CPUs (`None`: the image's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<u32>,
     /// Memory in MiB (`None`: the image's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u32>,
 }
 

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use tartan_api::{AttemptState, Outcome, Reason};
 
+use crate::pool::WarmProfile;
+
 /// The MacBuild an attempt belongs to. The uid tells a recreated MacBuild of the same name apart.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BuildRef {
@@ -34,8 +36,14 @@ impl fmt::Display for BuildRef {
     }
 }
 
-/// The current version of the record layout; a record with a newer version is refused, not guessed at.
-pub const RECORD_VERSION: u32 = 1;
+/// The newest record layout this agent reads; a record with a newer version is refused, not
+/// guessed at. Version 2 adds `warm` (the warm pool's records); every other record is still
+/// written as version 1 ([`Record::layout_version`]), so a journal of an agent without a pool
+/// stays readable by an agent that knows only version 1.
+pub const RECORD_VERSION: u32 = 2;
+
+/// The layout of every record without `warm`.
+pub const PLAIN_RECORD_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Record {
@@ -88,9 +96,22 @@ pub struct Record {
     /// For terminal records: the MacBuild status to submit (again, if it did not arrive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
+    /// The warm pool: on a warm VM's own records (no `build`), what it was cloned and booted as;
+    /// on an attempt's `Admitted` record, the warm VM it adopted (then `vm` names that VM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmProfile>,
 }
 
 impl Record {
+    /// The layout version this record needs: 2 when it has a `warm` field, else 1.
+    pub fn layout_version(&self) -> u32 {
+        if self.warm.is_some() {
+            RECORD_VERSION
+        } else {
+            PLAIN_RECORD_VERSION
+        }
+    }
+
     /// The journal's short attempt id (`a1`), or `-` for records without an attempt.
     pub fn attempt_label(&self) -> String {
         match self.attempt {
@@ -136,7 +157,7 @@ mod tests {
 
     fn record(seq: u64, from: Option<AttemptState>, to: AttemptState, reason: Reason, detail: &str) -> Record {
         Record {
-            version: RECORD_VERSION,
+            version: PLAIN_RECORD_VERSION,
             seq,
             time: "2026-10-05T02:41:40.304Z".parse().unwrap(),
             build: Some(BuildRef {
@@ -157,6 +178,7 @@ mod tests {
             step: None,
             generation: None,
             status: None,
+            warm: None,
         }
     }
 

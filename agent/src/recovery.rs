@@ -24,7 +24,7 @@ use crate::machine::{
     self, Action, Attempt, AttemptKey, Config, DeleteContext, Event, NextAttempt, SlotHolder, attempt_holders,
     decide_retry, free_slot,
 };
-use crate::record::{BuildRef, RECORD_VERSION, Record};
+use crate::record::{BuildRef, PLAIN_RECORD_VERSION, Record};
 
 /// This agent's identity: the claim holder name it writes into MacBuilds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,13 +122,29 @@ pub struct UnknownVm {
     pub slot: Option<u8>,
 }
 
-/// The journal folded into attempts and open unknown-VM quarantines.
+/// A warm VM of the pool that its records leave open (not `Retired`): it holds its slot until
+/// its deletion is confirmed (or it was handed to a build).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmEntry {
+    pub vm: String,
+    pub profile: crate::pool::WarmProfile,
+    /// Its last recorded state: `Booting` (cloned or being cloned), `Running` (ready),
+    /// `Retiring` (its deletion asked for) or `Quarantined` (its deletion failed).
+    pub state: AttemptState,
+    pub slot: Option<u8>,
+    /// Its first record's time: when its clone was asked for.
+    pub since: Timestamp,
+}
+
+/// The journal folded into attempts, open unknown-VM quarantines and open warm VMs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Replay {
     /// Every attempt, in the order of its first record.
     pub attempts: Vec<Attempt>,
     /// Unknown VMs quarantined and not resolved.
     pub unknown: Vec<UnknownVm>,
+    /// Warm VMs not retired.
+    pub warm: Vec<WarmEntry>,
 }
 
 /// Folds replayed records. `max_attempts` comes from each attempt's `Requested` record (journals
@@ -148,6 +164,7 @@ pub fn replay(records: &[Record], cfg: &Config) -> Replay {
                     }
                 }
             },
+            (None, _) if r.warm.is_some() => fold_warm(&mut out.warm, r),
             (None, _) => {
                 let Some(vm) = &r.vm else { continue };
                 out.unknown.retain(|u| &u.vm != vm);
@@ -163,6 +180,27 @@ pub fn replay(records: &[Record], cfg: &Config) -> Replay {
         }
     }
     out
+}
+
+/// Folds one record of a warm VM into the open ones.
+fn fold_warm(warm: &mut Vec<WarmEntry>, r: &Record) {
+    let (Some(vm), Some(profile)) = (&r.vm, &r.warm) else {
+        return;
+    };
+    match warm.iter_mut().find(|w| &w.vm == vm) {
+        _ if r.to == AttemptState::Retired => warm.retain(|w| &w.vm != vm),
+        Some(w) => {
+            w.state = r.to;
+            w.slot = r.slot.or(w.slot);
+        }
+        None => warm.push(WarmEntry {
+            vm: vm.clone(),
+            profile: profile.clone(),
+            state: r.to,
+            slot: r.slot,
+            since: r.time,
+        }),
+    }
 }
 
 impl Replay {
@@ -189,13 +227,16 @@ impl Replay {
         }
     }
 
-    /// Every slot holder: attempts in slot-holding states and quarantined unknown VMs.
+    /// Every slot holder: attempts in slot-holding states, quarantined unknown VMs and open
+    /// warm VMs.
     pub fn slot_holders(&self) -> Vec<SlotHolder> {
         let mut h = attempt_holders(&self.attempts);
         h.extend(
             self.unknown
                 .iter()
-                .map(|u| u.slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot)),
+                .map(|u| u.slot)
+                .chain(self.warm.iter().map(|w| w.slot))
+                .map(|slot| slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot)),
         );
         h
     }
@@ -356,7 +397,7 @@ impl RecoveryAction {
             _ => return None,
         };
         Some(Record {
-            version: RECORD_VERSION,
+            version: PLAIN_RECORD_VERSION,
             seq,
             time: now,
             build: None,
@@ -373,6 +414,7 @@ impl RecoveryAction {
             step: None,
             generation: None,
             status: None,
+            warm: None,
         })
     }
 }
@@ -529,6 +571,11 @@ fn plan_unknown_vms(rp: &Replay, ours: &[&ObservedVm], cfg: &Config, out: &mut V
     let attempts = &rp.attempts;
     let present = |vm: &str| ours.iter().any(|v| v.name == vm);
     let mut holders = attempt_holders(attempts);
+    holders.extend(
+        rp.warm
+            .iter()
+            .map(|w| w.slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot)),
+    );
     for u in &rp.unknown {
         if present(&u.vm) {
             holders.push(u.slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot));
@@ -544,6 +591,8 @@ fn plan_unknown_vms(rp: &Replay, ours: &[&ObservedVm], cfg: &Config, out: &mut V
         .filter(|a| a.state.may_have_vm())
         .map(|a| a.vm.as_str())
         .chain(rp.unknown.iter().map(|u| u.vm.as_str()))
+        // The pool's own VMs are the pool's to delete (the runtime does, first thing).
+        .chain(rp.warm.iter().map(|w| w.vm.as_str()))
         .collect();
     let mut strays: Vec<&&ObservedVm> = ours.iter().filter(|v| !accounted.contains(v.name.as_str())).collect();
     strays.sort_by(|a, b| a.name.cmp(&b.name));

@@ -95,6 +95,8 @@ pub fn next_status(
             status.attempts.last_mut().expect("just pushed")
         }
     };
+    // An adopting attempt's VM is the warm one from its admission on.
+    entry.vm.clone_from(&attempt.vm);
     if record.to == AttemptState::Admitted && entry.started_at.is_none() {
         entry.started_at = Some(Time(now));
     }
@@ -166,10 +168,11 @@ fn conditions_for(
     }
 
     out.push(match record.to {
-        AttemptState::Running if record.reason == Some(Reason::GuestReady) => Condition::new(
+        // `Adopted`: the build started in a warm VM of the pool (the detail names it).
+        AttemptState::Running if matches!(record.reason, Some(Reason::GuestReady | Reason::Adopted)) => Condition::new(
             ConditionType::VMReady,
             ConditionStatus::True,
-            Reason::GuestReady,
+            record.reason.unwrap_or(Reason::GuestReady),
             detail.clone(),
             now,
         ),
@@ -318,6 +321,7 @@ mod tests {
             step: None,
             generation: None,
             status: None,
+            warm: None,
         }
     }
 

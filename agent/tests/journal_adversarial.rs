@@ -34,6 +34,7 @@ fn record(detail: String) -> Record {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

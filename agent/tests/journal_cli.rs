@@ -30,6 +30,7 @@ fn record(from: Option<AttemptState>, to: AttemptState, reason: Reason, detail: 
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

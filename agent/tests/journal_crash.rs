@@ -49,6 +49,7 @@ fn record(detail: String) -> Record {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

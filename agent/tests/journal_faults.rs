@@ -30,6 +30,7 @@ fn record(detail: &str) -> Record {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

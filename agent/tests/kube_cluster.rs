@@ -1039,6 +1039,7 @@ async fn each_transition_becomes_an_event_on_the_macbuild() {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     };
     events.transition(&record(
         120,

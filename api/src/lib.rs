@@ -25,7 +25,8 @@ pub use crd::{
 pub use crd::{EnvVar, EnvVarSource, SecretKeySelector};
 pub use names::{
     AGENT_FIELD_MANAGER, AGENT_LABEL, CONTROLLER_FIELD_MANAGER, CUSTOM_RUN_LABEL, FINISHED_LABEL, UNFINISHED_SELECTOR,
-    VM_NAME_MAX_LEN, attempt_id, check_label_key, check_label_value, check_vm_name, parse_attempt_id, vm_name,
+    VM_NAME_MAX_LEN, WARM_VM_PREFIX, attempt_id, check_label_key, check_label_value, check_vm_name, is_warm_vm,
+    parse_attempt_id, vm_name,
 };
 pub use vocab::{
     API_VERSION, AttemptState, ConditionType, FINALIZER, GROUP, KIND, Outcome, Reason, UnknownName, VERSION, VM_PREFIX,

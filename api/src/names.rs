@@ -57,6 +57,15 @@ pub fn vm_name(namespace: &str, name: &str, uid: &str, attempt: u32) -> String {
     }
 }
 
+/// The start of a warm pool VM's name (`mb--warm-<seq>-<hex>`). No name [`vm_name`] makes starts
+/// so: after the prefix comes a namespace, and a namespace starts with a letter or digit.
+pub const WARM_VM_PREFIX: &str = "mb--warm-";
+
+/// Whether `vm` is a warm pool VM's name (made by the agent's pool, not for one build).
+pub fn is_warm_vm(vm: &str) -> bool {
+    vm.starts_with(WARM_VM_PREFIX)
+}
+
 /// Checks that `vm` is a name Tartan may create, delete or name a file after: it starts with
 /// [`VM_PREFIX`], is at most [`VM_NAME_MAX_LEN`] long and uses only `[a-z0-9-]` (so no `/`, no
 /// `..`). Returns what is wrong otherwise. Every name [`vm_name`] returns passes.
@@ -349,6 +358,19 @@ mod tests {
         let vm = vm_name("...", "___", "u", 1);
         assert_eq!(vm.len(), VM_PREFIX.len() + 8);
         assert_eq!(check_vm_name(&vm), Ok(()));
+    }
+
+    #[test]
+    fn no_build_vm_name_is_a_warm_vm_name_and_warm_names_are_valid() {
+        for ns in ["pool", "warm", "a", "0", "x-warm"] {
+            for name in ["-warm-1", "warm", "b"] {
+                let vm = vm_name(ns, name, "u", 1);
+                assert!(!is_warm_vm(&vm), "{vm}");
+            }
+        }
+        let warm = format!("{WARM_VM_PREFIX}123-0badcafe");
+        assert!(is_warm_vm(&warm));
+        assert_eq!(check_vm_name(&warm), Ok(()));
     }
 
     #[test]

@@ -172,6 +172,12 @@ reasons! {
     Reason CancelRequested => "CancelRequested",
     /// The MacBuild's owner (the CustomRun) was deleted.
     Reason OwnerDeleted => "OwnerDeleted",
+    /// The attempt took a warm VM of the agent's pool, booted ahead of it: no clone, no boot.
+    /// On the warm VM's own record: it was handed to that attempt, with its slot.
+    Reason Adopted => "Adopted",
+    /// A warm VM of the agent's pool gives up its slot: a build of another image needs it, it
+    /// waited `max_idle` without a build, or the pool no longer asks for it.
+    Reason Evicted => "Evicted",
     /// The MacBuild is claimed; no slot is reserved yet.
     AttemptState Requested => "Requested",
     /// A slot is reserved and the host execution deadline is fixed.

@@ -508,22 +508,29 @@ async fn get_raw(client: &kube::Client, ns: &str, run: Option<&str>, mut out: im
     if builds.is_empty() {
         anyhow::bail!("no MacBuilds in namespace {ns}");
     }
-    let rows: Vec<[String; 6]> = builds
+    let rows: Vec<[String; 7]> = builds
         .iter()
         .map(|mb| {
             let st = mb.status.clone().unwrap_or_default();
+            // Whether the current attempt started in a warm VM of its agent's pool.
+            let start = match st.vm.as_deref() {
+                Some(vm) if tartan_api::is_warm_vm(vm) => "warm",
+                Some(_) => "cold",
+                None => "-",
+            };
             [
                 mb.metadata.name.clone().unwrap_or_default(),
                 st.phase.map_or("-", |p| p.as_str()).to_string(),
                 st.claim.as_ref().map_or("-".into(), |c| c.attempt.clone()),
                 st.claim.as_ref().map_or("-".into(), |c| c.holder.clone()),
+                start.to_string(),
                 age(mb),
                 st.logs.unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
-    let head = ["NAME", "PHASE", "ATTEMPT", "AGENT", "AGE", "LOGS"];
-    let widths: Vec<usize> = (0..6)
+    let head = ["NAME", "PHASE", "ATTEMPT", "AGENT", "START", "AGE", "LOGS"];
+    let widths: Vec<usize> = (0..7)
         .map(|i| {
             rows.iter()
                 .map(|r| r[i].len())

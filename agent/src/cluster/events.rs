@@ -174,6 +174,7 @@ mod tests {
             step: None,
             generation: None,
             status: None,
+            warm: None,
         }
     }
 

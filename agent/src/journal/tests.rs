@@ -26,6 +26,7 @@ fn draft(attempt: u32, to: AttemptState, detail: &str) -> Record {
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 
@@ -124,7 +125,7 @@ fn sequence_numbers_continue_across_appends_reopen_and_rotation() {
     assert_eq!(seqs(&o.replay.records), (1..24).collect::<Vec<_>>());
     assert!(o.replay.warnings.is_empty(), "{:?}", o.replay.warnings);
     assert_eq!(o.replay.records[5].detail, "second run 2");
-    assert_eq!(o.replay.records[5].version, RECORD_VERSION);
+    assert_eq!(o.replay.records[5].version, crate::record::PLAIN_RECORD_VERSION);
     assert_eq!(o.journal.next_seq(), 24);
 }
 

@@ -15,7 +15,10 @@ use super::{
 /// `Admitted × event`.
 pub(super) fn from_admitted(r: &Rule, event: Event) -> Result<Transition, Refusal> {
     match event {
+        // An adopted warm VM is booted already: cloning onto its name is never asked for.
+        Event::Boot if r.a.adopted => Err(r.not_allowed()),
         Event::Boot => Ok(boot(r)),
+        Event::Adopted { after } if r.a.adopted => Ok(adopted(r, after)),
         Event::Resume {
             after,
             clone_again: true,
@@ -138,6 +141,26 @@ fn guest_ready(r: &Rule, after: SignedDuration) -> Transition {
         S::Running,
         Some(Reason::GuestReady),
         format!("tart exec ready after {}", secs2(after)),
+        actions,
+    )
+}
+
+/// The adopted warm VM's guest answered: the steps start, with no clone and no boot.
+fn adopted(r: &Rule, after: SignedDuration) -> Transition {
+    let mut actions = deliver(r.a);
+    actions.push(Action::RunStep {
+        vm: r.vm(),
+        index: 0,
+        since: r.now,
+    });
+    r.t(
+        S::Running,
+        Some(Reason::Adopted),
+        format!(
+            "started from warm VM {}; tart exec answered after {}",
+            r.vm(),
+            secs2(after)
+        ),
         actions,
     )
 }

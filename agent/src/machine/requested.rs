@@ -4,12 +4,18 @@
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tartan_api::{AttemptState as S, Outcome, Reason};
 
-use super::{Action, Event, Refusal, Rule, Transition, finish, withdrawal_reason, withdrawal_text};
+use super::{Action, Adoption, Event, Refusal, Rule, Transition, finish, withdrawal_reason, withdrawal_text};
 
 /// `Requested × event`.
 pub(super) fn from_requested(r: &Rule, event: Event) -> Result<Transition, Refusal> {
     match event {
-        Event::Admit { slot, slots, timeout } => admit(r, slot, slots, timeout),
+        Event::Admit { slot, slots, timeout } => admit(r, slot, slots, timeout, None),
+        Event::Adopt {
+            slot,
+            slots,
+            timeout,
+            adoption,
+        } => admit(r, slot, slots, timeout, Some(adoption)),
         Event::ClaimLost { holder } => Ok(claim_lost_unadmitted(r, holder)),
         ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. }) => Ok(withdrawn_unadmitted(r, &ev)),
         Event::DeadlinePassed { .. } => retry_window_closed(r),
@@ -17,8 +23,16 @@ pub(super) fn from_requested(r: &Rule, event: Event) -> Result<Transition, Refus
     }
 }
 
-/// The claim is won and `slot` is free: admit and fix the deadline.
-fn admit(r: &Rule, slot: u8, slots: u8, timeout: SignedDuration) -> Result<Transition, Refusal> {
+/// The claim is won and `slot` is free (or held by the warm VM of `adoption`, which the attempt
+/// takes with it): admit and fix the deadline. The deadline file is written for the attempt's VM
+/// (the warm VM's file is replaced: the watchdog then keeps the build's deadline for it).
+fn admit(
+    r: &Rule,
+    slot: u8,
+    slots: u8,
+    timeout: SignedDuration,
+    adoption: Option<Adoption>,
+) -> Result<Transition, Refusal> {
     let (a, state, kind, now, cfg) = (r.a, r.state, r.kind, r.now, r.cfg);
     if !(1..=2).contains(&slots) || slot >= slots {
         return Err(Refusal::BadSlot {
@@ -46,15 +60,27 @@ fn admit(r: &Rule, slot: u8, slots: u8, timeout: SignedDuration) -> Result<Trans
         }
         None => now.checked_add(timeout).unwrap_or(Timestamp::MAX),
     };
+    let (vm, adopting) = match &adoption {
+        Some(w) => (w.vm.clone(), format!(", adopting warm VM {}", w.vm)),
+        None => (r.vm(), String::new()),
+    };
     let mut tr = r.t(
         S::Admitted,
         Some(Reason::SlotFree),
-        format!("slot {}/{slots}, deadline {deadline}", slot + 1),
-        vec![Action::WriteDeadlineFile { vm: r.vm(), deadline }],
+        format!("slot {}/{slots}, deadline {deadline}{adopting}", slot + 1),
+        vec![Action::WriteDeadlineFile {
+            vm: vm.clone(),
+            deadline,
+        }],
     );
     tr.actions.extend(super::deliver(a));
+    if adoption.is_some() {
+        // Last: its event (`Adopted`) ends the list.
+        tr.actions.push(Action::ProbeAdopted { vm });
+    }
     tr.slot = Some(slot);
     tr.deadline = Some(deadline);
+    tr.adoption = adoption;
     Ok(tr)
 }
 

@@ -68,6 +68,114 @@ fn vm() -> String {
     "mb-ci-build-42-mac-build-c49f62f4".to_string()
 }
 
+fn warm_vm() -> String {
+    format!("{}17-0badcafe", tartan_api::WARM_VM_PREFIX)
+}
+
+fn warm_adoption() -> Adoption {
+    Adoption {
+        vm: warm_vm(),
+        profile: crate::pool::WarmProfile::new("ghcr.io/cirruslabs/macos-sequoia-xcode:16", Some(4), None),
+    }
+}
+
+/// A build admitted into a warm VM: its `Admitted` record names the warm VM and its profile, the
+/// VM is the attempt's from then on, it is never cloned or booted, and the steps start once the
+/// guest answers; interrupted there, the warm VM is deleted like any booted one.
+#[test]
+fn an_adopted_attempt_takes_the_warm_vm_and_never_boots() {
+    let t0 = ts("2026-10-05T02:26:06.653639Z");
+    let a = Attempt::new(mk_build(), 1, vm(), 2);
+    let mut d = Driver::new(a.clone(), 40);
+    d.journal(&request(&a, None, t0));
+    let t = step(
+        &d.a,
+        Event::Adopt {
+            slot: 1,
+            slots: 2,
+            timeout: secs(1800),
+            adoption: warm_adoption(),
+        },
+        t0,
+        &Config::default(),
+    )
+    .unwrap();
+    let record = d.a.record(&t, 41);
+    assert_eq!(record.vm.as_deref(), Some(warm_vm().as_str()));
+    assert_eq!(record.warm, Some(warm_adoption().profile));
+    assert_eq!(record.layout_version(), 2, "a record with `warm` is of layout 2");
+    assert_eq!(
+        t.actions,
+        vec![
+            Action::WriteDeadlineFile {
+                vm: warm_vm(),
+                deadline: ts(DEADLINE)
+            },
+            Action::DeliverStatus,
+            Action::ProbeAdopted { vm: warm_vm() },
+        ]
+    );
+    d.journal(&t);
+    assert!(d.a.adopted && d.a.boot_started);
+    assert_eq!(d.a.vm, warm_vm());
+    assert_eq!(d.a.slot, Some(1));
+    let refused = step(&d.a, Event::Boot, t0, &Config::default()).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "Boot is not a transition of an attempt in state Admitted"
+    );
+
+    // Replayed from its records, the attempt is the same.
+    let replayed = crate::recovery::replay(&[], &Config::default());
+    assert!(replayed.warm.is_empty());
+    let mut again = Attempt::new(mk_build(), 1, vm(), 2);
+    again.observe(&a.record(&request(&a, None, t0), 40));
+    again.observe(&record);
+    assert!(again.adopted && again.vm == warm_vm());
+
+    // Interrupted before the guest answered: the warm VM is deleted.
+    let fault = step(&d.a, Event::AgentRestarted { killed: 0 }, t0, &Config::default()).unwrap();
+    assert!(
+        fault
+            .actions
+            .iter()
+            .any(|x| matches!(x, Action::StopAndDeleteVm { vm, .. } if *vm == warm_vm())),
+        "{:?}",
+        fault.actions
+    );
+
+    let running = d.go(
+        Event::Adopted {
+            after: SignedDuration::from_millis(40),
+        },
+        t0 + secs(1),
+    );
+    assert_eq!(
+        running,
+        vec![
+            Action::DeliverStatus,
+            Action::RunStep {
+                vm: warm_vm(),
+                index: 0,
+                since: t0 + secs(1)
+            }
+        ]
+    );
+    assert_eq!(d.a.step_since, Some(t0 + secs(1)), "step 0 counts from the adoption");
+    assert!(
+        d.lines[2].ends_with(&format!(
+            "Admitted -> Running (Adopted) started from warm VM {}; tart exec answered after 0.04s",
+            warm_vm()
+        )),
+        "{}",
+        d.lines[2]
+    );
+    assert!(d.lines[1].contains(&format!(
+        "slot 2/2, deadline {DEADLINE}, adopting warm VM {}",
+        warm_vm()
+    )));
+}
+
 /// A sample of each event kind, with the `now` at which it is sent.
 fn sample(kind: EventKind) -> (Event, Timestamp) {
     let before = ts(DEADLINE) - secs(600);
@@ -78,10 +186,19 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
             slots: 1,
             timeout: secs(1800),
         },
+        EventKind::Adopt => Event::Adopt {
+            slot: 0,
+            slots: 1,
+            timeout: secs(1800),
+            adoption: warm_adoption(),
+        },
         EventKind::ClaimLost => Event::ClaimLost {
             holder: "mac-mini-08".into(),
         },
         EventKind::Boot => Event::Boot,
+        EventKind::Adopted => Event::Adopted {
+            after: SignedDuration::from_millis(40),
+        },
         EventKind::GuestReady => Event::GuestReady {
             after: SignedDuration::from_millis(13_910),
         },
@@ -153,7 +270,7 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
     use EventKind as E;
     let open = matches!(state, S::Admitted | S::Booting | S::Running | S::Collecting);
     match (state, kind) {
-        (S::Requested, E::Admit) => Some(S::Admitted),
+        (S::Requested, E::Admit | E::Adopt) => Some(S::Admitted),
         (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
         (_, E::ClaimLost) if open => Some(S::Retiring),
         (S::Admitted, E::Boot) => Some(S::Booting),
@@ -222,7 +339,8 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
             }
         }
     }
-    assert_eq!(allowed, 66, "the size of the allowed set");
+    // (`Adopted` is allowed only to an attempt admitted into a warm VM: see the adoption test.)
+    assert_eq!(allowed, 67, "the size of the allowed set");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! [`claim_and_run`] and [`admit`]); whatever path ends the task drops what it still holds, which
 //! frees the slot.
 
-use super::core::Shared;
+use super::core::{Placed, Shared};
 use super::slots::SlotReservation;
 use crate::cluster::claim::{self, ClaimOutcome};
 use crate::host::{
@@ -317,13 +317,19 @@ pub async fn admit(
                 .claim_won(&build.uid, claim.epoch, macbuild.status.clone())
                 .await;
             let slot = reservation.slot();
+            let adoption = reservation.adoption().cloned();
             // Held by the task until the `Admitted` record ends it (or a failed write leaves it
             // for the take-over).
             task.slot = Some(reservation);
-            Event::Admit {
-                slot,
-                slots: shared.config.slots,
-                timeout,
+            let slots = shared.config.slots;
+            match adoption {
+                Some(adoption) => Event::Adopt {
+                    slot,
+                    slots,
+                    timeout,
+                    adoption,
+                },
+                None => Event::Admit { slot, slots, timeout },
             }
         }
         Ok(ClaimOutcome::Lost { reason }) => {
@@ -337,14 +343,26 @@ pub async fn admit(
             }
         }
     };
-    let mut exec = executor_for(shared, attempt, mb.spec.clone(), &task.cancel);
     let event = match (
         &first,
         machine::step(attempt, first.clone(), Timestamp::now(), &shared.machine),
     ) {
         // Too little time is left for a retry: it ends here instead of being admitted.
-        (Event::Admit { .. }, Err(Refusal::RetryWindowClosed { .. })) => Event::DeadlinePassed { at_start: None },
+        (Event::Admit { .. } | Event::Adopt { .. }, Err(Refusal::RetryWindowClosed { .. })) => {
+            Event::DeadlinePassed { at_start: None }
+        }
         _ => first,
+    };
+    // An adopting attempt's VM is the warm one from its admission on.
+    let mut exec = match &event {
+        Event::Adopt { adoption, .. } => {
+            let adopting = Attempt {
+                vm: adoption.vm.clone(),
+                ..attempt.clone()
+            };
+            executor_for(shared, &adopting, mb.spec.clone(), &task.cancel)
+        }
+        _ => executor_for(shared, attempt, mb.spec.clone(), &task.cancel),
     };
     let generation = mb.metadata.generation;
     run_attempt(shared, &mut exec, attempt, event, generation, &mut task.slot).await
@@ -387,11 +405,13 @@ async fn claim_with_retries(
 }
 
 /// The reservation `held` if there is one, else waits until a slot is free for build `uid` and
-/// reserves it; `None` once `until` has passed.
+/// reserves it (a ready warm VM serving `spec` is reserved for it to adopt, and a warm VM of
+/// another image gives its slot up for it); `None` once `until` has passed.
 pub async fn wait_for_slot(
     shared: &Shared,
     held: Option<SlotReservation>,
     uid: &str,
+    spec: &MacBuildSpec,
     until: Timestamp,
 ) -> Option<SlotReservation> {
     if held.is_some() {
@@ -399,7 +419,7 @@ pub async fn wait_for_slot(
     }
     loop {
         let notified = shared.builds.slot_freed().notified();
-        if let Some(reservation) = shared.builds.reserve(uid, shared.config.slots).await {
+        if let Placed::Reserved(reservation) = shared.builds.place(uid, shared.config.slots, spec).await {
             return Some(reservation);
         }
         let left = until.duration_since(Timestamp::now());
@@ -455,7 +475,7 @@ pub async fn follow_retries(shared: Arc<Shared>, build: BuildRef, mut rest: Rest
             continue;
         }
         let until = next.deadline - shared.machine.retry_min_remaining;
-        let Some(reservation) = wait_for_slot(&shared, task.slot.take(), &build.uid, until).await else {
+        let Some(reservation) = wait_for_slot(&shared, task.slot.take(), &build.uid, &latest.spec, until).await else {
             tracing::warn!(%build, attempt = next.attempt, "no slot before the retry window closed");
             let ending = Event::DeadlinePassed { at_start: None };
             rest = request_and_end(&shared, &latest, &next, ending, &mut task).await;
@@ -751,7 +771,7 @@ pub async fn resume_admission(shared: &Shared, mb: &MacBuild, mut a: Attempt, ta
     let until = a
         .deadline
         .unwrap_or_else(|| Timestamp::now() + SignedDuration::from_secs(i64::from(mb.spec.timeout_seconds)));
-    match wait_for_slot(shared, task.slot.take(), &a.build.uid, until).await {
+    match wait_for_slot(shared, task.slot.take(), &a.build.uid, &mb.spec, until).await {
         Some(reservation) => admit(shared, mb, &mut a, reservation, task).await,
         None => {
             let start = Start::Event(Event::DeadlinePassed { at_start: None });

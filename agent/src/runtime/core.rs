@@ -33,6 +33,9 @@ use tartan_api::{AttemptState, BuildResults, MacBuild, MacBuildStatus, Outcome, 
 use tartan_tart::Tart;
 use tokio::sync::{Mutex, Notify};
 
+mod warm;
+pub use warm::{Placed, PoolTally, PoolWork, warm_deadline, warm_vm_name};
+
 /// What this agent knows of one build (by uid) besides its attempts.
 #[derive(Default)]
 struct BuildEntry {
@@ -73,6 +76,13 @@ struct Core {
     /// Quarantined VMs with the prefix and no attempt: they block a slot until an operator
     /// removes them (vm → slot, if one was recorded).
     unknown: BTreeMap<String, Option<u8>>,
+    /// The warm pool's VMs not yet retired ([`warm`]).
+    warm: BTreeMap<String, warm::WarmState>,
+    /// Claimed builds waiting for the slot a warm VM gives up: no refill takes a slot before them.
+    waiting: BTreeSet<String>,
+    /// The pool's counts ([`warm::PoolTally`]; the idle seconds of retired warm VMs apart).
+    pool_tally: warm::PoolTally,
+    pool_idle_seconds: f64,
 }
 
 impl Core {
@@ -96,7 +106,8 @@ impl Core {
         self.builds.get(uid).is_some_and(|b| b.task.is_some())
     }
 
-    /// Who holds a slot now: open attempts, quarantined unknown VMs and reservations.
+    /// Who holds a slot now: open attempts, quarantined unknown VMs, warm VMs and reservations
+    /// (a warm VM reserved for adoption counts once, as its reservation).
     fn slot_holders(&self, book: &SlotBook) -> Vec<SlotHolder> {
         let mut holders = attempt_holders(self.attempts.values());
         holders.extend(
@@ -104,6 +115,7 @@ impl Core {
                 .values()
                 .map(|slot| slot.map_or(SlotHolder::Unnumbered, SlotHolder::Slot)),
         );
+        holders.extend(self.warm_holders(&book.adopting()));
         holders.extend(book.holders());
         holders
     }
@@ -137,6 +149,8 @@ impl Core {
 pub struct Builds {
     core: Mutex<Core>,
     slots: Arc<SlotBook>,
+    /// Wakes the warm pool's task.
+    pool_changed: Notify,
 }
 
 /// The attempts' gauges for `/metrics`, read under one lock.
@@ -156,8 +170,13 @@ impl Builds {
                 attempts: BTreeMap::new(),
                 builds: BTreeMap::new(),
                 unknown: BTreeMap::new(),
+                warm: BTreeMap::new(),
+                waiting: BTreeSet::new(),
+                pool_tally: warm::PoolTally::default(),
+                pool_idle_seconds: 0.0,
             }),
             slots: SlotBook::new(),
+            pool_changed: Notify::new(),
         }
     }
 
@@ -287,6 +306,7 @@ impl Builds {
             .values()
             .filter(|a| a.state != AttemptState::Retired)
             .map(|a| a.vm.clone())
+            .chain(core.warm.keys().cloned())
             .collect()
     }
 
@@ -316,6 +336,7 @@ impl Builds {
         for u in &replayed.unknown {
             core.unknown.insert(u.vm.clone(), u.slot);
         }
+        Builds::load_warm(&mut core, &replayed.warm);
         for r in records {
             if let (Some(b), Some(status)) = (&r.build, r.saved_status()) {
                 core.entry(&b.uid).status = Some(status);
@@ -461,11 +482,21 @@ impl Shared {
         if snapshot_is_journaled(&record) {
             record.status = Some(serde_json::to_value(&snapshot).map_err(JournalWriteError::EncodeStatus)?);
         }
+        // An adoption's `Admitted` record and the warm VM's `Retired (Adopted)` one are one write:
+        // the VM and its slot pass to the attempt, never held by both or by neither.
+        let mut batch = vec![record];
+        batch.extend(core.handed_over(&batch[0]));
         let written =
-            tokio::task::block_in_place(|| core.journal.append(&mut record)).map_err(JournalWriteError::Append)?;
+            tokio::task::block_in_place(|| core.journal.append_batch(&mut batch)).map_err(JournalWriteError::Append)?;
         // The journal numbers a record with its `next_seq` (a failed append's number is reused).
-        debug_assert_eq!(written, seq, "the journal numbered the record unexpectedly");
+        debug_assert_eq!(written.start, seq, "the journal numbered the record unexpectedly");
+        let mut batch = batch.into_iter();
+        let record = batch.next().expect("the attempt's record");
         tracing::info!(target: "journal", "{record}");
+        for handed in batch {
+            core.take_in_handed_over(&handed);
+        }
+        core.count_admission(&record, !self.config.pool.spec.entries.is_empty());
         core.attempts.insert(after.key(), after.clone());
         core.entry(&uid).status = Some(snapshot.clone());
         // The slot follows the record, in this locked step: never held by no one in between.
@@ -571,7 +602,8 @@ impl Shared {
         if done.is_empty() {
             return Ok(0);
         }
-        let unknown: BTreeSet<String> = core.unknown.keys().cloned().collect();
+        // Unknown VMs' and open warm VMs' records stay; retired warm VMs' go.
+        let unknown: BTreeSet<String> = core.unknown.keys().chain(core.warm.keys()).cloned().collect();
         let compaction = tokio::task::block_in_place(|| {
             core.journal.compact(|r| match &r.build {
                 Some(b) => !done.contains(&b.uid),

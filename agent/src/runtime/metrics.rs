@@ -77,6 +77,52 @@ pub async fn serve(
     )))
 }
 
+/// The warm pool's figures (docs/warm-pool.md): what it holds, what it served and what it cost.
+fn register_pool(registry: &mut Registry, tally: super::core::PoolTally) {
+    let gauge = |v: usize| {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g
+    };
+    let counter = |v: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(v);
+        c
+    };
+    registry.register(
+        "warm_vms_ready",
+        "Warm VMs booted and free for a build",
+        gauge(tally.ready),
+    );
+    registry.register(
+        "warm_vms_preparing",
+        "Warm VMs being cloned or booted",
+        gauge(tally.preparing),
+    );
+    registry.register(
+        "warm_adoptions",
+        "Builds started in a warm VM (no clone, no boot)",
+        counter(tally.adoptions),
+    );
+    registry.register(
+        "warm_misses",
+        "Builds started cold while the pool was configured",
+        counter(tally.misses),
+    );
+    registry.register(
+        "warm_evictions",
+        "Warm VMs deleted for a build of another image",
+        counter(tally.evictions),
+    );
+    let idle = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    idle.inc_by(tally.idle_slot_seconds);
+    registry.register(
+        "warm_idle_slot_seconds",
+        "Slot-seconds held by warm VMs without a build (booting or waiting)",
+        idle,
+    );
+}
+
 async fn healthz(State(scrape): State<Arc<Scrape>>) -> (StatusCode, String) {
     let recovery = scrape.shared.recovery_waits.lock().expect("not poisoned").clone();
     let disk = scrape.shared.disk.check().pressure;
@@ -202,6 +248,7 @@ async fn metrics(State(scrape): State<Arc<Scrape>>) -> String {
         journal_next_seq.set(i64::try_from(gauges.journal_next_seq).unwrap_or(i64::MAX));
     }
     lease_fresh.set(i64::from(scrape.lease.borrow().can_claim(Instant::now())));
+    register_pool(&mut registry, scrape.shared.builds.pool_tally().await);
     let watchdog_actions = Family::<ActionLabels, Counter>::default();
     registry.register(
         "watchdog_actions",

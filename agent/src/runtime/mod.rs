@@ -14,9 +14,10 @@ pub mod core;
 pub mod metrics;
 pub mod recover;
 pub mod slots;
+pub mod warm_pool;
 pub mod watchdog_tally;
 
-use self::core::{Builds, Shared};
+use self::core::{Builds, Placed, Shared};
 use crate::cluster::claim::claimable;
 use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
@@ -127,6 +128,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let image_listing = tokio::spawn(list_images(shared.tart.clone(), held_tx, published_tx.clone()));
     recover::recover(&shared, replay.records).await?;
+    let pool = warm_pool::spawn(Arc::clone(&shared), held.clone(), published_tx.clone());
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
     let apis = macbuild_apis(&client, &shared.config.namespaces);
@@ -194,6 +196,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     metrics.abort();
     image_listing.abort();
+    pool.abort();
     lease.stop();
     match fault {
         // Non-zero, so that launchd (and whoever reads its log) knows this was no clean stop.
@@ -221,7 +224,7 @@ fn macbuild_apis(client: &kube::Client, namespaces: &[String]) -> Vec<Api<MacBui
 
 /// Puts the free slots on the Lease's facts (for other agents' claim waits) when they changed.
 async fn publish_free_slots(shared: &Shared, published: &tokio::sync::watch::Sender<BTreeMap<String, String>>) {
-    let free = shared.builds.free_slots(shared.config.slots).await;
+    let free = shared.builds.claimable_slots(shared.config.slots).await;
     published.send_if_modified(|facts| {
         let value = free.to_string();
         let old = facts.insert(placement::FREE_SLOTS_ANNOTATION.to_string(), value.clone());
@@ -452,11 +455,20 @@ async fn scan(
         .filter(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok())
         .collect();
     // When each build comes due for this agent: first seen claimable, plus its wait.
+    let warm = shared.builds.ready_warm_profiles().await;
     let due_of = |mb: &MacBuild| {
         let uid = mb.metadata.uid.as_deref().unwrap_or_default();
         let since = claimable_since.get(uid).copied().unwrap_or(now);
-        let holds = placement::holds_image(&mb.spec.image, held);
-        since + placement::claim_wait(mb, &shared.config.agent_id, holds, peers, leases_judged_at, &timing)
+        let holding = if warm.iter().any(|w| w.serves(&mb.spec)) {
+            placement::Holding::Warm
+        } else if placement::holds_image(&mb.spec.image, held) {
+            placement::Holding::Cached
+        } else {
+            placement::Holding::Uncached
+        };
+        let wait =
+            placement::claim_wait_holding(mb, &shared.config.agent_id, holding, peers, leases_judged_at, &timing);
+        since + wait
     };
     let mut order: Vec<(tokio::time::Instant, &Arc<MacBuild>)> =
         candidates.into_iter().map(|mb| (due_of(mb), mb)).collect();
@@ -492,8 +504,9 @@ async fn scan(
         if disk_floor_holds_back(shared, mb).await {
             continue;
         }
-        let Some(reservation) = shared.builds.reserve(&uid, shared.config.slots).await else {
-            // No slot: nothing more is claimed in this round (the waits of the rest still count).
+        let Placed::Reserved(reservation) = shared.builds.place(&uid, shared.config.slots, &mb.spec).await else {
+            // No slot (or one a warm VM gives up for this build once deleted): nothing more is
+            // claimed in this round (the waits of the rest still count).
             slots_left = false;
             continue;
         };
@@ -509,6 +522,7 @@ async fn scan(
     }
     // A build claimed, finished or gone starts a new wait if it ever becomes claimable again.
     claimable_since.retain(|uid, _| still_claimable.contains(uid));
+    shared.builds.retain_waiting(&still_claimable).await;
     shared.disk.retain_waiting(&still_claimable);
     next_due
 }

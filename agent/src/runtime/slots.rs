@@ -22,11 +22,14 @@
 //! The book has a std mutex of its own, held for a few map operations and never across an await,
 //! so that `Drop` can release a slot anywhere. Lock order: `Builds`' lock, then the book's.
 
-use crate::machine::SlotHolder;
+use crate::machine::{Adoption, SlotHolder};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
+
+/// A reservation: the build, the slot, and the warm VM the build is to adopt in that slot.
+type Entry = (String, u8, Option<Adoption>);
 
 /// The reservations in force, and the signal for whoever waits for a slot.
 #[derive(Default)]
@@ -37,8 +40,8 @@ pub struct SlotBook {
 
 #[derive(Default)]
 struct Held {
-    /// Reservation number → (build uid, slot).
-    by_number: BTreeMap<u64, (String, u8)>,
+    /// Reservation number → what it reserves.
+    by_number: BTreeMap<u64, Entry>,
     next_number: u64,
 }
 
@@ -58,13 +61,23 @@ impl SlotBook {
         self.held()
             .by_number
             .values()
-            .map(|(_, s)| SlotHolder::Slot(*s))
+            .map(|(_, s, _)| SlotHolder::Slot(*s))
             .collect()
     }
 
     /// Whether build `uid` has a slot reserved.
     pub fn holds(&self, uid: &str) -> bool {
-        self.held().by_number.values().any(|(u, _)| u == uid)
+        self.held().by_number.values().any(|(u, _, _)| u == uid)
+    }
+
+    /// The warm VMs reserved for a build to adopt: no other build takes them, and the pool
+    /// neither evicts nor expires them.
+    pub fn adopting(&self) -> std::collections::BTreeSet<String> {
+        self.held()
+            .by_number
+            .values()
+            .filter_map(|(_, _, a)| a.as_ref().map(|a| a.vm.clone()))
+            .collect()
     }
 
     /// How many reservations are in force.
@@ -92,15 +105,28 @@ impl SlotBook {
     /// [`super::core::Builds`]' lock ([`super::core::Builds::reserve`]), or takes it over from the
     /// attempt retiring out of it in the same locked step ([`SlotBook::hand_to_retry`]).
     pub(super) fn reserve_free(self: &Arc<Self>, uid: &str, slot: u8) -> SlotReservation {
+        self.reserve(uid, slot, None)
+    }
+
+    /// Records a reservation of the slot of the ready warm VM of `adoption` for `uid` to adopt
+    /// it (found ready and not reserved under [`super::core::Builds`]' lock). Until the
+    /// reservation ends the VM keeps its slot in the pool's books; this reservation stands for
+    /// it (it is not counted twice).
+    pub(super) fn reserve_adopting(self: &Arc<Self>, uid: &str, slot: u8, adoption: Adoption) -> SlotReservation {
+        self.reserve(uid, slot, Some(adoption))
+    }
+
+    fn reserve(self: &Arc<Self>, uid: &str, slot: u8, adoption: Option<Adoption>) -> SlotReservation {
         let mut held = self.held();
         let number = held.next_number;
         held.next_number += 1;
-        held.by_number.insert(number, (uid.to_string(), slot));
+        held.by_number.insert(number, (uid.to_string(), slot, adoption.clone()));
         SlotReservation {
             book: Arc::clone(self),
             number,
             uid: uid.to_string(),
             slot,
+            adoption,
             wake_on_release: true,
         }
     }
@@ -121,6 +147,8 @@ pub struct SlotReservation {
     number: u64,
     uid: String,
     slot: u8,
+    /// The warm VM the build adopts in this slot, if any.
+    adoption: Option<Adoption>,
     wake_on_release: bool,
 }
 
@@ -133,6 +161,11 @@ impl SlotReservation {
     /// The build it is reserved for.
     pub fn uid(&self) -> &str {
         &self.uid
+    }
+
+    /// The warm VM the build is to adopt in this slot, if any.
+    pub fn adoption(&self) -> Option<&Adoption> {
+        self.adoption.as_ref()
     }
 
     /// The attempt admitted into this slot holds it now, as journaled: the reservation ends and

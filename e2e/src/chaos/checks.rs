@@ -362,6 +362,7 @@ mod tests {
             step: None,
             generation: None,
             status: None,
+            warm: None,
         }
     }
 

@@ -30,6 +30,7 @@ fn rec(seq: u64, uid: &str, attempt: u32, vm: &str, from: Option<AttemptState>, 
         step: None,
         generation: None,
         status: None,
+        warm: None,
     }
 }
 

@@ -214,6 +214,29 @@ impl AttemptExecutor {
         }
     }
 
+    /// Asks the adopted warm VM's guest once (`tart exec <vm> true`, within the probe timeout):
+    /// it answered when the pool booted it, so anything but a prompt exit 0 means the VM is no
+    /// longer fit to serve and the attempt ends as a failed start (its VM deleted, a retry cold).
+    pub(super) async fn probe_adopted(&mut self) -> Performed {
+        let vm = self.attempt.vm.clone();
+        let started = Instant::now();
+        let log = step_log(&self.cfg.state_dir, &vm, "_probe");
+        let mut options = ExecOptions::new(&log, self.cfg.probe_timeout);
+        options.log_cap = 64 << 10;
+        options.tail_bytes = 1024;
+        match self.tart.exec(&vm, &["true".to_string()], &options).await {
+            Ok(out) if out.exit_code == 0 => Performed::Event(Event::Adopted {
+                after: started.elapsed().try_into().unwrap_or_default(),
+            }),
+            Ok(out) => self.fail_start(format!(
+                "the adopted warm VM {vm} answered `true` with exit {}: {}",
+                out.exit_code,
+                out.tail.trim()
+            )),
+            Err(e) => self.fail_start(format!("the adopted warm VM {vm} did not answer tart exec: {e}")),
+        }
+    }
+
     fn fail_start(&self, error: String) -> Performed {
         tracing::warn!(vm = %self.attempt.vm, %error, "VM start failed");
         Performed::Event(Event::VmStartFailed { error })

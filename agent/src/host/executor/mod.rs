@@ -250,6 +250,11 @@ impl AttemptExecutor {
     }
 
     /// `<state>/deadlines/<vm>.json`.
+    /// The deadline the executor enforces (the admission's, once its deadline file is written).
+    pub fn deadline(&self) -> Timestamp {
+        self.attempt.deadline
+    }
+
     pub fn deadline_file(&self) -> PathBuf {
         self.deadlines_dir().join(deadline_file_name(&self.attempt.vm))
     }
@@ -293,6 +298,7 @@ impl AttemptExecutor {
             Action::SetVm { .. } => self.guarded(|s| Box::pin(s.set_vm())).await,
             Action::StartVm { .. } => self.guarded(|s| Box::pin(s.start_vm())).await,
             Action::ProbeReady { .. } => self.guarded(|s| Box::pin(s.probe_ready())).await,
+            Action::ProbeAdopted { .. } => self.guarded(|s| Box::pin(s.probe_adopted())).await,
             Action::RunStep { index, since, .. } => {
                 let (index, since) = (*index, *since);
                 self.guarded(move |s| Box::pin(s.run_step(index, since))).await
@@ -339,6 +345,7 @@ fn action_vm(action: &Action) -> Option<&str> {
         | Action::SetVm { vm }
         | Action::StartVm { vm }
         | Action::ProbeReady { vm }
+        | Action::ProbeAdopted { vm }
         | Action::RunStep { vm, .. }
         | Action::CollectResults { vm }
         | Action::UploadArtifacts { vm }
