@@ -184,6 +184,9 @@ pub enum Placement {
     Cold,
     /// Cold, in the slot of this warm VM, once its deletion is confirmed.
     Evict(String),
+    /// In this warm VM once it is ready: it serves the build and is booting, no slot is free,
+    /// and its boot ends sooner than a cold start anywhere would.
+    AwaitReady(String),
     /// Cold, in the slot a deleting warm VM frees once its deletion is confirmed.
     AwaitDeletion,
     /// No slot now: builds hold them all.
@@ -192,8 +195,9 @@ pub enum Placement {
 
 /// Where the build `spec` runs, given the pool's VMs and the host's other slots (`occupancy`
 /// without this build). A ready VM that serves it is adopted, the oldest first (it would expire
-/// first); else a free slot; else a warm VM gives its slot up: one still preparing before a ready
-/// one (it is further from serving), the oldest first.
+/// first); else a free slot; else one that serves it and is booting is waited for (its boot began
+/// before any cold start could); else a warm VM gives its slot up: one still preparing before a
+/// ready one (it is further from serving), the oldest first.
 pub fn place(spec: &MacBuildSpec, warm: &[WarmVm], occupancy: Occupancy) -> Placement {
     let oldest = |phase: WarmPhase, serving: bool| {
         warm.iter()
@@ -206,13 +210,12 @@ pub fn place(spec: &MacBuildSpec, warm: &[WarmVm], occupancy: Occupancy) -> Plac
     if occupancy.free(warm) > 0 {
         return Placement::Cold;
     }
-    let victim = [
-        (WarmPhase::Preparing, false),
-        (WarmPhase::Ready, false),
-        (WarmPhase::Preparing, true),
-    ]
-    .into_iter()
-    .find_map(|(phase, serving)| oldest(phase, serving));
+    if let Some(vm) = oldest(WarmPhase::Preparing, true) {
+        return Placement::AwaitReady(vm.name.clone());
+    }
+    let victim = [(WarmPhase::Preparing, false), (WarmPhase::Ready, false)]
+        .into_iter()
+        .find_map(|(phase, serving)| oldest(phase, serving));
     match victim {
         Some(vm) => Placement::Evict(vm.name.clone()),
         None if warm.iter().any(|vm| vm.phase == WarmPhase::Deleting) => Placement::AwaitDeletion,

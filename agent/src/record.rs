@@ -112,10 +112,12 @@ impl Record {
         }
     }
 
-    /// The journal's short attempt id (`a1`), or `-` for records without an attempt.
+    /// The journal's short attempt id (`a1`), `warm` for a warm pool VM's records, or `-` for
+    /// other records without an attempt.
     pub fn attempt_label(&self) -> String {
         match self.attempt {
             Some(n) => format!("a{n}"),
+            None if self.warm.is_some() => "warm".to_string(),
             None => "-".to_string(),
         }
     }

@@ -81,10 +81,11 @@ pub const TITLES: [&str; 9] = [
     "no attempt is admitted twice and no VM is cloned twice",
 ];
 
-/// Who occupies a slot: an attempt of a build, or an unaccounted VM.
+/// Who occupies a slot: an attempt of a build, a warm VM of the pool, or an unaccounted VM.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Occupant {
     Attempt { uid: String, attempt: u32 },
+    Warm { vm: String },
     Unknown { vm: String },
 }
 
@@ -94,9 +95,16 @@ fn occupant(r: &Record) -> Option<Occupant> {
             uid: b.uid.clone(),
             attempt: n,
         }),
+        (None, _, Some(vm)) if r.warm.is_some() => Some(Occupant::Warm { vm: vm.clone() }),
         (None, _, Some(vm)) => Some(Occupant::Unknown { vm: vm.clone() }),
         _ => None,
     }
+}
+
+/// The warm VM an attempt's `Admitted` record adopts (the VM and its slot pass to the attempt).
+fn adopts(r: &Record) -> Option<Occupant> {
+    let vm = r.vm.clone()?;
+    (r.build.is_some() && r.to == AttemptState::Admitted && r.warm.is_some()).then_some(Occupant::Warm { vm })
 }
 
 fn confirms_deletion(r: &Record) -> bool {
@@ -132,6 +140,13 @@ fn slots(agent: &AgentFacts, v: &mut Vec<Violation>) {
     let mut slot_of: BTreeMap<Occupant, u8> = BTreeMap::new();
     for r in &agent.journal {
         let Some(who) = occupant(r) else { continue };
+        // An adoption: the warm VM's slot passes to the attempt with the VM (not a reuse).
+        if let (Some(warm), Some(slot)) = (adopts(r), r.slot)
+            && held.get(&slot).is_some_and(|(holder, _)| *holder == warm)
+        {
+            slot_of.remove(&warm);
+            held.remove(&slot);
+        }
         if let Some(slot) = r.slot
             && r.to.holds_slot()
         {
@@ -178,11 +193,13 @@ fn slots(agent: &AgentFacts, v: &mut Vec<Violation>) {
     }
 }
 
-/// Invariant 3: every `mb-` VM left on disk is quarantined in the journal and named in status.
+/// Invariant 3: every `mb-` VM left on disk is quarantined in the journal and named in status,
+/// or a warm VM of the pool its journal keeps (it has a deadline file, as any VM the agent makes).
 fn vms_accounted(agent: &AgentFacts, world: &World, v: &mut Vec<Violation>) {
     for vm in agent.vms_left.iter().filter(|vm| vm.starts_with(VM_PREFIX)) {
         let last = agent.journal.iter().rev().find(|r| r.vm.as_deref() == Some(vm));
         match last {
+            Some(r) if r.build.is_none() && r.warm.is_some() && r.to != AttemptState::Retired => {}
             Some(r) if r.to == AttemptState::Quarantined => {
                 if let Some(b) = &r.build
                     && let Some(mb) = world.macbuilds.iter().find(|m| m["metadata"]["uid"] == b.uid.as_str())
@@ -214,10 +231,14 @@ fn vms_accounted(agent: &AgentFacts, world: &World, v: &mut Vec<Violation>) {
 
 /// Invariant 7: deletions are of VMs this host's agent created.
 fn deletes_only_own(agent: &AgentFacts, v: &mut Vec<Violation>) {
+    // Attempts' VMs, and the pool's (its `[*] -> Booting` records, before their clones).
     let created: BTreeSet<&str> = agent
         .journal
         .iter()
-        .filter(|r| r.build.is_some() && r.to == AttemptState::Admitted)
+        .filter(|r| {
+            (r.build.is_some() && r.to == AttemptState::Admitted)
+                || (r.warm.is_some() && r.build.is_none() && r.from.is_none())
+        })
         .filter_map(|r| r.vm.as_deref())
         .collect();
     for r in agent.journal.iter().filter(|r| r.to == AttemptState::Retired) {

@@ -53,6 +53,8 @@ pub struct AgentOptions {
     /// `[disk] min_free_gib`: 0 (off) by default, as test machines may well have less free space
     /// than the agent's 20 GiB and tart-double's VMs take none.
     pub disk_min_free_gib: u64,
+    /// The body of the `[pool]` section (TOML), empty for none (the pool off).
+    pub pool: &'static str,
 }
 
 impl Default for AgentOptions {
@@ -75,6 +77,7 @@ impl Default for AgentOptions {
             claim_spread: "100ms",
             uncached_claim_delay: "0s",
             disk_min_free_gib: 0,
+            pool: "",
         }
     }
 }
@@ -596,6 +599,9 @@ uncached_claim_delay = "{uncached_claim_delay}"
 
 [secrets]
 allowed = [{secrets}]
+
+[pool]
+{pool}
 "#,
             scenario = self.name,
             state = state_dir.display(),
@@ -625,6 +631,7 @@ allowed = [{secrets}]
             claim_spread = opts.claim_spread,
             uncached_claim_delay = opts.uncached_claim_delay,
             min_free_gib = opts.disk_min_free_gib,
+            pool = opts.pool,
         );
         std::fs::write(&config, toml).unwrap();
         let state_dir_for_history = state_dir.clone();

@@ -8,7 +8,7 @@ use crate::pool::{PoolEntry, PoolSpec, WarmProfile};
 pub const DEFAULT_POOL_MAX_IDLE: Duration = Duration::from_secs(3600);
 
 /// The shortest and longest `[pool] max_idle` accepted.
-const MIN_POOL_MAX_IDLE: Duration = Duration::from_secs(60);
+const MIN_POOL_MAX_IDLE: Duration = Duration::from_secs(10);
 const MAX_POOL_MAX_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// `[pool]` as resolved.
@@ -65,7 +65,7 @@ impl PoolConfig {
         }
         let max_idle = raw.max_idle.map_or(DEFAULT_POOL_MAX_IDLE, |d| d.0);
         if !(MIN_POOL_MAX_IDLE..=MAX_POOL_MAX_IDLE).contains(&max_idle) {
-            return Err(refuse("pool.max_idle", "must be between 1m and 7d"));
+            return Err(refuse("pool.max_idle", "must be between 10s and 7d"));
         }
         let mut entries: Vec<PoolEntry> = Vec::new();
         for (i, e) in raw.images.into_iter().enumerate() {
@@ -205,10 +205,10 @@ mod tests {
                 "between 0 and the 2",
             ),
             (
-                "max_idle = \"10s\"".to_string(),
+                "max_idle = \"9s\"".to_string(),
                 2,
                 "pool.max_idle",
-                "between 1m and 7d",
+                "between 10s and 7d",
             ),
         ] {
             let refused = pool(&text, slots).expect_err(&text);

@@ -256,7 +256,16 @@ fn place_adopts_only_a_ready_vm_that_serves_and_evicts_only_when_no_slot_is_free
                 Placement::Cold => assert!(!can_adopt && occ.free(warm) > 0, "{warm:?} {occ:?}"),
                 Placement::Evict(name) => {
                     assert!(!can_adopt && occ.free(warm) == 0, "{warm:?} {occ:?}");
+                    assert!(
+                        !named(name).profile.serves(build),
+                        "a VM that will serve it is waited for"
+                    );
                     assert_ne!(named(name).phase, WarmPhase::Deleting);
+                }
+                Placement::AwaitReady(name) => {
+                    assert!(!can_adopt && occ.free(warm) == 0, "{warm:?} {occ:?}");
+                    let vm = named(name);
+                    assert!(vm.phase == WarmPhase::Preparing && vm.profile.serves(build), "{vm:?}");
                 }
                 Placement::AwaitDeletion => {
                     assert!(!can_adopt && occ.free(warm) == 0);
@@ -296,7 +305,20 @@ fn eviction_prefers_a_vm_further_from_serving() {
         vm("preparing-same", 'a', WarmPhase::Preparing, 100),
         vm("ready-other", 'b', WarmPhase::Ready, 5),
     ];
-    assert_eq!(place(&build, &warm, occ), Placement::Evict("ready-other".into()));
+    // Its boot is under way: waiting for it beats a cold start in the other VM's slot.
+    assert_eq!(
+        place(&build, &warm, occ),
+        Placement::AwaitReady("preparing-same".into())
+    );
+    let warm = [
+        vm("ready-other", 'b', WarmPhase::Ready, 5),
+        vm("ready-b", 'b', WarmPhase::Ready, 9),
+    ];
+    assert_eq!(
+        place(&build, &warm, occ),
+        Placement::Evict("ready-b".into()),
+        "the oldest goes"
+    );
 }
 
 #[test]

@@ -60,7 +60,11 @@ pub fn spawn(
         let mem: SharedMemory = Arc::default();
         loop {
             let spec = refillable(&shared.config.pool, held.borrow().as_ref(), &mem);
-            let wait = match shared.pool_round(&spec, Timestamp::now()).await {
+            let wait = match shared
+                .builds
+                .pool_round(&spec, shared.config.slots, Timestamp::now())
+                .await
+            {
                 Ok(work) => {
                     for w in work {
                         start(&shared, &mem, w);
@@ -203,7 +207,7 @@ async fn refill(shared: &Shared, exec: &mut AttemptExecutor, vm: &str) -> bool {
     }
     let ready = outcome.is_ok();
     let cancelled = matches!(&outcome, Err((Reason::Evicted, _)));
-    if let Err(error) = shared.warm_booted(vm, outcome).await {
+    if let Err(error) = shared.builds.warm_booted(vm, outcome).await {
         tracing::error!(%vm, %error, "warm VM's boot not journaled; deleting it (the next start finds its records open)");
     } else if ready {
         tracing::info!(%vm, "warm VM ready");
@@ -233,7 +237,7 @@ async fn delete(shared: &Shared, exec: &mut AttemptExecutor, vm: &str) {
     if let Err(error) = &outcome {
         tracing::warn!(%vm, %error, "warm VM not deleted; its slot stays held and it is tried again");
     }
-    if let Err(error) = shared.warm_deleted(vm, outcome).await {
+    if let Err(error) = shared.builds.warm_deleted(vm, outcome).await {
         tracing::error!(%vm, %error, "warm VM's deletion not journaled; the next start deletes it again");
     }
 }

@@ -35,5 +35,6 @@ mod step_timeout;
 mod task_fault;
 mod two_agents;
 mod two_slots_killed;
+mod warm_pool;
 mod watchdog;
 mod watchdog_frozen;

@@ -9,7 +9,7 @@
 //! `Admitted` record) or `-> Retiring (Evicted | AgentRestarted | VMStartFailed)` and, once its
 //! deletion is confirmed, `Retiring -> Retired (VMDeleted)` (or `-> Quarantined (DeleteFailed)`).
 
-use super::{Builds, Core, Shared};
+use super::{Builds, Core};
 use crate::journal::JournalError;
 use crate::machine::{Adoption, SlotHolder, free_slot};
 use crate::pool::{self, Occupancy, Placement, PoolSpec, PoolStep, WarmPhase, WarmProfile, WarmVm, WhyDelete};
@@ -63,8 +63,9 @@ impl WarmState {
 pub enum Placed {
     /// A slot is reserved for it (with a warm VM to adopt, or cold).
     Reserved(SlotReservation),
-    /// A warm VM gives its slot up for it (its deletion is asked for, or under way): claim it
-    /// once that slot is free. No refill takes the slot meanwhile.
+    /// A warm VM gives its slot up for it (its deletion is asked for, or under way), or one that
+    /// serves it is booting: claim it once that slot is free or that VM ready. No refill takes a
+    /// slot meanwhile.
     Waiting,
     /// Builds hold every slot.
     Full,
@@ -294,7 +295,7 @@ impl Builds {
                 self.pool_changed.notify_one();
                 Placed::Waiting
             }
-            Placement::AwaitDeletion => {
+            Placement::AwaitReady(_) | Placement::AwaitDeletion => {
                 core.waiting.insert(uid.to_string());
                 Placed::Waiting
             }
@@ -365,15 +366,16 @@ impl Builds {
     }
 }
 
-impl Shared {
-    /// One round of the pool's decisions over `spec`, taken and journaled in one locked step:
+impl Builds {
+    /// One round of the pool's decisions over `spec` on a host of `slots` slots, taken and
+    /// journaled in one locked step:
     /// stale and evicted VMs and those [`pool::plan`] drops are deleted (their `-> Retiring`
     /// records first), quarantined ones tried again, VMs still preparing are cancelled, and
     /// entries short of their size refilled into free slots (their `[*] -> Booting` records first).
     /// A VM a task already works on is left to it.
-    pub async fn pool_round(&self, spec: &PoolSpec, now: Timestamp) -> Result<Vec<PoolWork>, JournalError> {
-        let mut core = self.builds.core.lock().await;
-        let adopting = self.builds.slots.adopting();
+    pub async fn pool_round(&self, spec: &PoolSpec, slots: u8, now: Timestamp) -> Result<Vec<PoolWork>, JournalError> {
+        let mut core = self.core.lock().await;
+        let adopting = self.slots.adopting();
         let mut work = Vec::new();
         let owed: Vec<(String, Option<(Reason, String)>)> = core
             .warm
@@ -392,9 +394,9 @@ impl Shared {
             }
         }
         let warm = core.pool_vms(&adopting, now);
-        let holders = core.slot_holders(&self.builds.slots);
+        let holders = core.slot_holders(&self.slots);
         let occupancy = Occupancy {
-            usable: self.config.slots.min(2),
+            usable: slots.min(2),
             builds: u8::try_from(holders.len().saturating_sub(warm.len())).unwrap_or(u8::MAX),
             waiting: u8::try_from(core.waiting.len()).unwrap_or(u8::MAX),
         };
@@ -416,13 +418,12 @@ impl Shared {
                     }
                 }
                 PoolStep::Refill { entry } => {
-                    let holders = core.slot_holders(&self.builds.slots);
-                    let Some(slot) = free_slot(self.config.slots, &holders) else {
+                    let holders = core.slot_holders(&self.slots);
+                    let Some(slot) = free_slot(slots, &holders) else {
                         break;
                     };
                     let profile = spec.entries[entry].profile.clone();
-                    let boot = crate::host::ExecutorConfig::new(&self.config.state_dir).boot_timeout;
-                    let deadline = warm_deadline(now, spec.max_idle, boot);
+                    let deadline = warm_deadline(now, spec.max_idle);
                     work.push(begin_refill(&mut core, profile, slot, deadline)?);
                 }
             }
@@ -438,7 +439,7 @@ impl Shared {
         vm: &str,
         outcome: Result<SignedDuration, (Reason, String)>,
     ) -> Result<(), JournalError> {
-        let mut core = self.builds.core.lock().await;
+        let mut core = self.core.lock().await;
         let Some(w) = core.warm.get(vm).cloned() else {
             return Ok(());
         };
@@ -459,14 +460,16 @@ impl Shared {
         }
         core.journal_warm(record)?;
         drop(core);
-        self.builds.pool_changed.notify_one();
+        // A build may wait for this VM: the scan places it again.
+        self.notify_slot_freed();
+        self.pool_changed.notify_one();
         Ok(())
     }
 
     /// The deletion of `vm` ended: confirmed (`-> Retired (VMDeleted)`, its slot free), or not
     /// (`-> Quarantined (DeleteFailed)`, tried again after [`DELETE_RETRY`]).
     pub async fn warm_deleted(&self, vm: &str, outcome: Result<(), String>) -> Result<(), JournalError> {
-        let mut core = self.builds.core.lock().await;
+        let mut core = self.core.lock().await;
         let Some(w) = core.warm.get(vm).cloned() else {
             return Ok(());
         };
@@ -492,9 +495,9 @@ impl Shared {
         }
         drop(core);
         if outcome.is_ok() {
-            self.builds.notify_slot_freed();
+            self.notify_slot_freed();
         }
-        self.builds.pool_changed.notify_one();
+        self.pool_changed.notify_one();
         Ok(())
     }
 }
@@ -552,7 +555,7 @@ fn begin_refill(
     let mut record = warm_record(&vm, &profile, None, AttemptState::Booting);
     record.slot = Some(slot);
     record.deadline = Some(deadline);
-    record.detail = format!("warm VM of {} into slot {}: cloning", profile.image, slot + 1);
+    record.detail = format!("warm VM {vm} of {} into slot {}: cloning", profile.image, slot + 1);
     core.journal_warm(record)?;
     if let Some(w) = core.warm.get_mut(&vm) {
         w.busy = true;
@@ -577,9 +580,16 @@ pub fn warm_vm_name(seq: u64) -> String {
     format!("{}{seq}-{salt:08x}", tartan_api::WARM_VM_PREFIX)
 }
 
-/// A warm VM's deadline for the watchdog: it lives at most `max_idle` from its clone, plus the
-/// time its boot may take.
-pub fn warm_deadline(now: Timestamp, max_idle: Duration, boot: Duration) -> Timestamp {
-    let life = SignedDuration::try_from(max_idle + boot).unwrap_or(SignedDuration::MAX);
+/// How long past `max_idle` a warm VM's deadline file lies: the pool deletes an expired warm VM
+/// within a round (every few seconds); the watchdog only when the agent could not.
+pub const WARM_DEADLINE_MARGIN: Duration = Duration::from_secs(60);
+
+/// A warm VM's deadline for the watchdog (and for its own boot): `max_idle` from its clone, plus
+/// [`WARM_DEADLINE_MARGIN`].
+pub fn warm_deadline(now: Timestamp, max_idle: Duration) -> Timestamp {
+    let life = SignedDuration::try_from(max_idle + WARM_DEADLINE_MARGIN).unwrap_or(SignedDuration::MAX);
     now.checked_add(life).unwrap_or(Timestamp::MAX)
 }
+
+#[cfg(test)]
+mod tests;
