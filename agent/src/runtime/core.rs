@@ -185,9 +185,11 @@ impl Builds {
         self.slots.freed()
     }
 
-    /// Wakes whoever waits for a slot (a task ended; an operator may have removed a VM).
+    /// Wakes whoever waits for a slot (a task ended; an operator may have removed a VM), and the
+    /// warm pool, which may refill it.
     pub fn notify_slot_freed(&self) {
         self.slots.notify_freed();
+        self.pool_changed.notify_one();
     }
 
     /// Reserves the lowest free slot of `slots` for `uid`, if one is free: what no open attempt,

@@ -315,3 +315,55 @@ async fn of_two_free_agents_the_one_with_a_warm_vm_takes_the_build() {
     assert!(won >= 19, "the warm agent took only {won} of {runs}");
     s.finish().await;
 }
+
+// scenario: warm-pool-reboot
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_warm_vms_are_deleted_and_the_adopted_build_is_retried() {
+    let mut s = Stack::new("warm-pool-reboot").await;
+    s.add_agent(
+        "agent-a",
+        AgentOptions {
+            slots: 2,
+            ..pool_agent()
+        },
+    );
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    s.start_watchdog("agent-a");
+    let adopted = warm_ready(&s, "agent-a", &[]).await;
+    let mut params = s.build_params(true);
+    params.push(("timeout-seconds", json!("600")));
+    s.create_run("build-1", &params, None).await;
+    s.wait_builds_started(1, Duration::from_secs(60)).await;
+    // The pool refills the free slot while the build runs in the adopted VM.
+    let spare = warm_ready(&s, "agent-a", std::slice::from_ref(&adopted)).await;
+
+    s.reboot_host("agent-a");
+    s.open_gate();
+    s.start_watchdog("agent-a");
+    s.start_agent("agent-a").await;
+    let run = s
+        .wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    assert_eq!(tartan_e2e::invariants::result(&run, "attempt"), Some("build-1#2"));
+    let journal = s.journal("agent-a");
+    assert!(
+        journal.iter().any(|r| is_warm(r)
+            && r.vm.as_deref() == Some(&spare)
+            && r.to == AttemptState::Retiring
+            && r.reason == Some(Reason::AgentRestarted)),
+        "the spare warm VM is deleted at the start:\n{}",
+        s.journal_text("agent-a")
+    );
+    assert!(
+        journal
+            .iter()
+            .filter(|r| r.vm.as_deref() == Some(&spare))
+            .all(|r| r.build.is_none()),
+        "a warm VM of the run before the reboot was handed to a build"
+    );
+    for vm in [&adopted, &spare] {
+        assert!(!s.vms("agent-a").contains(vm), "{vm} left on disk");
+    }
+    s.finish().await;
+}
