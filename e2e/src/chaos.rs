@@ -24,6 +24,8 @@ pub struct Options {
     pub sizes: Sizes,
     /// Slots per host.
     pub slots: u8,
+    /// The first this many hosts keep a warm pool (`[pool]`: one VM of the builds' image).
+    pub pool_hosts: usize,
     /// The longest the healing phase waits for every CustomRun to end and every VM to go.
     pub heal: Duration,
     pub agent: AgentOptions,
@@ -54,6 +56,10 @@ impl Log {
         self.lines.push(l);
     }
 }
+
+/// The `[pool]` of a pool host: one warm VM of the builds' image.
+const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
+prepull = true"#;
 
 /// How often the run's processes' CPU and memory are read (see [`usage`]).
 const USAGE_EVERY: Duration = Duration::from_secs(3);
@@ -180,6 +186,7 @@ pub async fn run(opts: Options) -> bool {
             h,
             AgentOptions {
                 slots: opts.slots,
+                pool: if i < opts.pool_hosts { POOL_OF_ONE } else { "" },
                 ..opts.agent.clone()
             },
         );

@@ -193,6 +193,21 @@ fn slots(agent: &AgentFacts, v: &mut Vec<Violation>) {
     }
 }
 
+/// The warm pool's VMs `journal` keeps open (their last record is not `Retired`): a live agent's
+/// pool holds them, each with a deadline file.
+pub fn open_warm_vms(journal: &[Record]) -> BTreeSet<String> {
+    let mut last: BTreeMap<&str, AttemptState> = BTreeMap::new();
+    for r in journal.iter().filter(|r| r.build.is_none() && r.warm.is_some()) {
+        if let Some(vm) = &r.vm {
+            last.insert(vm, r.to);
+        }
+    }
+    last.into_iter()
+        .filter(|(_, to)| *to != AttemptState::Retired)
+        .map(|(vm, _)| vm.to_string())
+        .collect()
+}
+
 /// Invariant 3: every `mb-` VM left on disk is quarantined in the journal and named in status,
 /// or a warm VM of the pool its journal keeps (it has a deadline file, as any VM the agent makes).
 fn vms_accounted(agent: &AgentFacts, world: &World, v: &mut Vec<Violation>) {

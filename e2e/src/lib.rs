@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod fleet;
 pub mod invariants;
 pub mod layering;
+pub mod poolbench;
 pub mod process;
 pub mod promql;
 pub mod repeat;

@@ -159,13 +159,20 @@ impl fmt::Display for Style {
     }
 }
 
-/// One run of the sweep: a point (`name[#n]`), a kill style, the agent's slots.
+/// One run of the sweep: a point (`name[#n]`), a kill style, the agent's slots, and whether it
+/// keeps a warm pool of one VM (then the builds are created once a warm VM is ready, so that the
+/// first adopts it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
     pub point: String,
     pub style: Style,
     pub slots: u8,
+    pub pool: bool,
 }
+
+/// The `[pool]` of a pool row: one warm VM of the builds' image.
+const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
+prepull = true"#;
 
 /// Points only an agent start passes: the first start crashes at [`LEAD_IN`] (a VM cloned but not
 /// started: nothing to resume, so recovery kills its survivors and interrupts the attempt), the
@@ -176,8 +183,8 @@ const RECOVERY_AREA: &str = "recover.";
 pub const LEAD_IN: &str = "tart.set.after";
 
 /// Every point × style, at `slots`, each point at its first hit.
-pub fn plan(points: &[Point], styles: &[Style], slots: u8) -> Vec<Row> {
-    plan_hits(points, &BTreeMap::new(), 1, styles, slots)
+pub fn plan(points: &[Point], styles: &[Style], slots: u8, pool: bool) -> Vec<Row> {
+    plan_hits(points, &BTreeMap::new(), 1, styles, slots, pool)
 }
 
 /// Every point × hit × style, at `slots`: a point a build passes `n` times (`counts`, from
@@ -189,6 +196,7 @@ pub fn plan_hits(
     max_hits: u64,
     styles: &[Style],
     slots: u8,
+    pool: bool,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     for p in points {
@@ -203,6 +211,7 @@ pub fn plan_hits(
                 point: point.clone(),
                 style,
                 slots,
+                pool,
             }));
         }
     }
@@ -221,10 +230,13 @@ pub fn count_passes(log: &str) -> BTreeMap<String, u64> {
 }
 
 /// Runs the row's builds once without a crash, tracing the points: how often each is passed.
-pub async fn count_hits(binary: PathBuf, slots: u8) -> BTreeMap<String, u64> {
-    let (mut s, names) = row_stack("sweep-count", slots, &binary).await;
+pub async fn count_hits(binary: PathBuf, slots: u8, pool: bool) -> BTreeMap<String, u64> {
+    let (mut s, names) = row_stack("sweep-count", slots, pool, &binary).await;
     s.set_agent_env(AGENT, TRACE_ENV, Some("1"));
     s.spawn_agent(AGENT);
+    if pool {
+        create_runs_when_warm(&mut s, &names).await;
+    }
     match wait_fired(&mut s, &names, "(none)").await {
         Ok(_) => {}
         Err(e) => panic!("the counting run failed: {e}"),
@@ -303,9 +315,10 @@ fn runs(slots: u8) -> Vec<&'static str> {
     }
 }
 
-/// A stack for a row: the agent (crash-points `binary`, `slots`), the controller, and the row's
-/// CustomRuns with their MacBuilds created; the agent is not started.
-async fn row_stack(name: &str, slots: u8, binary: &Path) -> (Stack, Vec<&'static str>) {
+/// A stack for a row: the agent (crash-points `binary`, `slots`, a warm pool of one with
+/// `pool`), the controller, and, without a pool, the row's CustomRuns with their MacBuilds
+/// created; the agent is not started.
+async fn row_stack(name: &str, slots: u8, pool: bool, binary: &Path) -> (Stack, Vec<&'static str>) {
     let mut s = Stack::new(name).await;
     s.add_agent(
         AGENT,
@@ -313,33 +326,64 @@ async fn row_stack(name: &str, slots: u8, binary: &Path) -> (Stack, Vec<&'static
             slots,
             // Compaction runs soon after a build ended, so that its points are swept too.
             compaction_interval: "1s",
+            pool: if pool { POOL_OF_ONE } else { "" },
             ..AgentOptions::default()
         },
     );
     s.set_agent_binary(AGENT, binary);
     s.start_controller(ControllerOptions::default());
     let names = runs(slots);
-    for (i, name) in names.iter().enumerate() {
-        let mut params = s.build_params(i == 1);
-        params.push(("timeout-seconds", serde_json::json!("600")));
-        s.create_run(name, &params, None).await;
-    }
-    // Every MacBuild exists before the agent starts, so that it takes them up together.
-    for name in &names {
-        s.wait_macbuild(name, "created", LIMIT, |_| true).await;
+    if !pool {
+        create_runs(&s, &names).await;
     }
     (s, names)
 }
 
+/// Creates the row's CustomRuns and waits for their MacBuilds.
+async fn create_runs(s: &Stack, names: &[&'static str]) {
+    for (i, name) in names.iter().enumerate() {
+        if s.customrun(name).await.is_some() {
+            continue;
+        }
+        let mut params = s.build_params(i == 1);
+        params.push(("timeout-seconds", serde_json::json!("600")));
+        s.create_run(name, &params, None).await;
+    }
+    // Every MacBuild exists before the agent takes them up, so that it takes them up together.
+    for name in names {
+        s.wait_macbuild(name, "created", LIMIT, |_| true).await;
+    }
+}
+
+/// A pool row: creates the runs once the agent has a warm VM ready (the first build adopts it),
+/// or once it died first (a point of the refill fired; the restarted agent gets them).
+async fn create_runs_when_warm(s: &mut Stack, names: &[&'static str]) {
+    let started = Instant::now();
+    loop {
+        let ready = s
+            .journal(AGENT)
+            .iter()
+            .any(|r| r.build.is_none() && r.warm.is_some() && r.to == tartan_api::AttemptState::Running);
+        if ready || s.agent_exit_status(AGENT).is_some() || started.elapsed() >= LIMIT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    create_runs(s, names).await;
+}
+
 async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
     let started = Instant::now();
-    let (mut s, names) = row_stack(&format!("sweep-{index}"), row.slots, &binary).await;
+    let (mut s, names) = row_stack(&format!("sweep-{index}"), row.slots, row.pool, &binary).await;
     let mut failures = Vec::new();
     let name = row.point.split('#').next().unwrap_or_default().to_string();
     if name.starts_with(RECOVERY_AREA) {
         // The first start dies with a claimed attempt that recovery must interrupt.
         s.set_agent_env(AGENT, ENV, Some(LEAD_IN));
         s.spawn_agent(AGENT);
+        if row.pool {
+            create_runs_when_warm(&mut s, &names).await;
+        }
         match wait_fired(&mut s, &names, LEAD_IN).await {
             Ok(true) => s.kill_agent(AGENT, row.style.kill_mode()),
             Ok(false) => failures.push(format!("the lead-in point {LEAD_IN} was not reached")),
@@ -350,6 +394,9 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
     if failures.is_empty() {
         s.set_agent_env(AGENT, ENV, Some(&row.point));
         s.spawn_agent(AGENT);
+        if row.pool {
+            create_runs_when_warm(&mut s, &names).await;
+        }
         match wait_fired(&mut s, &names, &row.point).await {
             Ok(f) => fired = f,
             Err(e) => failures.push(e),
@@ -456,7 +503,13 @@ async fn wait_settled(s: &Stack) -> Result<(), String> {
             .filter(|(_, state)| **state != tartan_api::AttemptState::Retired)
             .map(|((name, n), state)| format!("{name}#{n} {state}"))
             .collect();
-        let vms: Vec<String> = s.vms(AGENT).into_iter().filter(|v| v.starts_with("mb-")).collect();
+        // The pool's own VMs stay (its journal keeps them; the invariants check that).
+        let warm_open = invariants::open_warm_vms(&s.journal(AGENT));
+        let vms: Vec<String> = s
+            .vms(AGENT)
+            .into_iter()
+            .filter(|v| v.starts_with("mb-") && !warm_open.contains(v))
+            .collect();
         if open.is_empty() && vms.is_empty() {
             return Ok(());
         }
@@ -624,13 +677,16 @@ mod tests {
         assert_eq!(counts.get("a.b.before"), Some(&3));
         let names = |rows: Vec<Row>| rows.into_iter().map(|r| r.point).collect::<Vec<_>>();
         assert_eq!(
-            names(plan_hits(&points, &counts, 2, &[Style::Group], 1)),
+            names(plan_hits(&points, &counts, 2, &[Style::Group], 1, false)),
             ["a.b.before", "a.b.before#2", "c.d.after"]
         );
-        assert_eq!(names(plan_hits(&points, &counts, 5, &[Style::Group], 1)).len(), 4);
         assert_eq!(
-            plan_hits(&points, &counts, 1, &Style::BOTH, 2),
-            plan(&points, &Style::BOTH, 2)
+            names(plan_hits(&points, &counts, 5, &[Style::Group], 1, false)).len(),
+            4
+        );
+        assert_eq!(
+            plan_hits(&points, &counts, 1, &Style::BOTH, 2, false),
+            plan(&points, &Style::BOTH, 2, false)
         );
     }
 
@@ -652,7 +708,7 @@ mod tests {
     #[test]
     fn the_plan_covers_every_point_and_follows_the_sources() {
         let real = scan(&agent_sources()).unwrap();
-        let rows = plan(&real, &Style::BOTH, 1);
+        let rows = plan(&real, &Style::BOTH, 1, false);
         for p in &real {
             for style in Style::BOTH {
                 assert!(
@@ -669,7 +725,7 @@ mod tests {
             "fn f() {\n    crate::crash_point!(\n        \"planted.thing.before\"\n    );\n}\n",
         )
         .unwrap();
-        let planted = plan(&scan(copy.path()).unwrap(), &Style::BOTH, 1);
+        let planted = plan(&scan(copy.path()).unwrap(), &Style::BOTH, 1, false);
         assert_eq!(planted.len(), rows.len() + 2);
         let extra: Vec<&Row> = planted.iter().filter(|r| !rows.contains(r)).collect();
         assert_eq!(extra.len(), 2, "{extra:?}");

@@ -496,6 +496,7 @@ impl Shared {
         let record = batch.next().expect("the attempt's record");
         tracing::info!(target: "journal", "{record}");
         for handed in batch {
+            crate::crash_point!("warm.adopt.after");
             core.take_in_handed_over(&handed);
         }
         core.count_admission(&record, !self.config.pool.spec.entries.is_empty());

@@ -36,6 +36,9 @@ struct Args {
     /// Slots per host.
     #[arg(long, default_value_t = 2)]
     slots: u8,
+    /// The first this many hosts keep a warm pool of one VM of the builds' image.
+    #[arg(long, default_value_t = 0)]
+    pool_hosts: usize,
     /// The longest the healing phase waits for every run to end and every VM to go, in seconds.
     #[arg(long, default_value_t = 120)]
     heal_secs: u64,
@@ -97,6 +100,7 @@ fn main() {
             fleet: args.fleet,
         },
         slots: args.slots,
+        pool_hosts: args.pool_hosts,
         heal: Duration::from_secs(args.heal_secs),
         agent: AgentOptions {
             lease_renew: leak(args.lease_renew),

@@ -25,6 +25,10 @@ struct Args {
     /// The agent's slots: 1 (one build) or 2 (two builds, both in flight at the crash).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     slots: u8,
+    /// Run with a warm pool of one VM: the builds come once it is ready (the first adopts it),
+    /// so the points of the pool's refill, hand-over and deletion are crossed too.
+    #[arg(long)]
+    pool: bool,
     /// Crash each point at every one of its hits in a build, up to this many (a first build,
     /// traced, counts them); 1: each point at its first hit only.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -48,11 +52,11 @@ async fn main() {
     };
     let binary = tartan_e2e::bins::crash_agent();
     let mut rows = if args.max_hits > 1 {
-        let counts = sweep::count_hits(binary.clone(), args.slots).await;
+        let counts = sweep::count_hits(binary.clone(), args.slots, args.pool).await;
         eprintln!("[sweep] one build passes the points: {counts:?}");
-        sweep::plan_hits(&points, &counts, args.max_hits, &styles, args.slots)
+        sweep::plan_hits(&points, &counts, args.max_hits, &styles, args.slots, args.pool)
     } else {
-        sweep::plan(&points, &styles, args.slots)
+        sweep::plan(&points, &styles, args.slots, args.pool)
     };
     if !args.points.is_empty() {
         let unknown: Vec<&String> = args
@@ -72,6 +76,7 @@ async fn main() {
                     point: p.clone(),
                     style,
                     slots: args.slots,
+                    pool: args.pool,
                 })
             })
             .collect();

@@ -459,6 +459,7 @@ impl Builds {
             }
         }
         core.journal_warm(record)?;
+        crate::crash_point!("warm.booted.after");
         drop(core);
         // A build may wait for this VM: the scan places it again.
         self.notify_slot_freed();
@@ -489,6 +490,7 @@ impl Builds {
             }
         }
         core.journal_warm(record)?;
+        crate::crash_point!("warm.deleted.after");
         if let Some(w) = core.warm.get_mut(vm) {
             w.busy = false;
             w.retry_from = Some(std::time::Instant::now() + DELETE_RETRY);
@@ -536,6 +538,7 @@ fn begin_delete(core: &mut Core, vm: &str, why: Option<(Reason, String)>) -> Res
         record.reason = Some(reason);
         record.detail = detail;
         core.journal_warm(record)?;
+        crate::crash_point!("warm.evict.after");
     }
     if let Some(w) = core.warm.get_mut(vm) {
         w.busy = true;
@@ -557,6 +560,7 @@ fn begin_refill(
     record.deadline = Some(deadline);
     record.detail = format!("warm VM {vm} of {} into slot {}: cloning", profile.image, slot + 1);
     core.journal_warm(record)?;
+    crate::crash_point!("warm.refill.after");
     if let Some(w) = core.warm.get_mut(&vm) {
         w.busy = true;
     }
