@@ -83,6 +83,8 @@ struct Core {
     /// The pool's counts ([`warm::PoolTally`]; the idle seconds of retired warm VMs apart).
     pool_tally: warm::PoolTally,
     pool_idle_seconds: f64,
+    /// A warm VM retired since the last compaction: its records can go.
+    warm_retired: bool,
 }
 
 impl Core {
@@ -174,6 +176,7 @@ impl Builds {
                 waiting: BTreeSet::new(),
                 pool_tally: warm::PoolTally::default(),
                 pool_idle_seconds: 0.0,
+                warm_retired: false,
             }),
             slots: SlotBook::new(),
             pool_changed: Notify::new(),
@@ -602,9 +605,10 @@ impl Shared {
             })
             .map(|(uid, _)| uid.clone())
             .collect();
-        if done.is_empty() {
+        if done.is_empty() && !core.warm_retired {
             return Ok(0);
         }
+        core.warm_retired = false;
         // Unknown VMs' and open warm VMs' records stay; retired warm VMs' go.
         let unknown: BTreeSet<String> = core.unknown.keys().chain(core.warm.keys()).cloned().collect();
         let compaction = tokio::task::block_in_place(|| {

@@ -182,6 +182,7 @@ impl Core {
             return;
         };
         if record.to == AttemptState::Retired {
+            self.warm_retired = true;
             if let Some(w) = self.warm.remove(vm) {
                 self.pool_idle_seconds += w.since.duration_until(record.time).as_secs_f64().max(0.0);
             }
