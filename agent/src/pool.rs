@@ -41,6 +41,28 @@ impl WarmProfile {
         }
     }
 
+    /// How a ready VM of this profile is published on the Lease (`tartan.dev/warm-images`): the
+    /// image, then the resources it was set to, if any (`<image> cpu=4 memory_mib=8192`).
+    pub fn key(&self) -> String {
+        let mut key = self.image.clone();
+        if let Some(cpu) = self.cpu {
+            key.push_str(&format!(" cpu={cpu}"));
+        }
+        if let Some(memory) = self.memory_mib {
+            key.push_str(&format!(" memory_mib={memory}"));
+        }
+        key
+    }
+
+    /// The key a warm VM serving `spec` is published under, or `None` when none can serve it
+    /// (it asks for shared folders).
+    pub fn key_serving(spec: &MacBuildSpec) -> Option<String> {
+        let resources = spec.resources.clone().unwrap_or_default();
+        spec.mounts
+            .is_empty()
+            .then(|| WarmProfile::new(&spec.image, resources.cpu, resources.memory_mib).key())
+    }
+
     /// Whether a VM of this profile can run the build `spec` unchanged: the same image and
     /// resources, and no shared folder asked for.
     pub fn serves(&self, spec: &MacBuildSpec) -> bool {
@@ -231,12 +253,12 @@ pub fn claimable_slots(warm: &[WarmVm], occupancy: Occupancy) -> u8 {
     u8::try_from(free).unwrap_or(u8::MAX)
 }
 
-/// The images this host has a ready warm VM of, for its Lease.
+/// What this host has a ready warm VM of, for its Lease: each profile's [`WarmProfile::key`].
 pub fn ready_images(warm: &[WarmVm]) -> Vec<String> {
     let mut images: Vec<String> = warm
         .iter()
         .filter(|vm| vm.phase == WarmPhase::Ready)
-        .map(|vm| vm.profile.image.clone())
+        .map(|vm| vm.profile.key())
         .collect();
     images.sort();
     images.dedup();

@@ -187,6 +187,12 @@ fn fold_warm(warm: &mut Vec<WarmEntry>, r: &Record) {
     let (Some(vm), Some(profile)) = (&r.vm, &r.warm) else {
         return;
     };
+    // Only a warm VM's name is the pool's to delete: a record naming any other VM (a damaged or
+    // edited journal) is not taken in; such a VM, if present, is an unknown VM, never deleted.
+    if !tartan_api::is_warm_vm(vm) || tartan_api::check_vm_name(vm).is_err() {
+        tracing::warn!(target: "journal", %vm, seq = r.seq, "a warm pool record names a VM that is no warm VM; ignored");
+        return;
+    }
     match warm.iter_mut().find(|w| &w.vm == vm) {
         _ if r.to == AttemptState::Retired => warm.retain(|w| &w.vm != vm),
         Some(w) => {

@@ -3,9 +3,9 @@
 //! failures in the middle of a round), the placement's claim waits against peers' warm-images
 //! annotations, and the `[pool]` config.
 //!
-//! Tests named `..._held_...` are attacks that failed: they guard the behaviour. Tests marked
-//! `#[ignore = "FINDING n: ..."]` fail today; their doc comment says what they attack, the input,
-//! what happened and how bad it is.
+//! Tests named `..._held_...` are attacks that failed: they guard the behaviour. The FINDING
+//! tests failed when written (all are fixed now, each says how); their doc comment says what they
+//! attack, the input, what happened and how bad it is.
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeSet;
@@ -188,8 +188,9 @@ fn build_ref(uid: &str) -> BuildRef {
 /// journaled with the error (or undo `busy` for work not handed out); or let the round hand out
 /// the deletion of any `Retiring` VM that no task holds, tracked by the task set rather than a
 /// flag set before the hand-out.
+///
+/// Fixed: a failed round unmarks what it journaled; a later round deletes a `Retiring` VM no task holds.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 1: a journal failure mid-round drops journaled deletions; the stale VM is never deleted"]
 async fn a_deletion_journaled_before_a_failed_append_in_the_same_round_is_still_performed() {
     // The earlier run: two ready warm VMs.
     let before = Host::new();
@@ -247,8 +248,9 @@ async fn a_deletion_journaled_before_a_failed_append_in_the_same_round_is_still_
 ///
 /// Severity: high (an unbounded wait for every build of the pool's image on this host after one
 /// failed write; a slot lost). Direction: as FINDING 1.
+///
+/// Fixed: a `Booting` warm VM with no refill task (its round failed) is deleted by the next round (`VMStartFailed`).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 2: a refill journaled before a failed append is never started; builds of its image wait forever"]
 async fn a_refill_journaled_before_a_failed_append_in_the_same_round_is_started_or_undone() {
     let host = Host::rotating();
     let spec = pool(&[(IMAGE, 1), (SECOND, 1)]);
@@ -304,8 +306,9 @@ async fn a_refill_journaled_before_a_failed_append_in_the_same_round_is_started_
 /// must not be held back by waiters that wait for the same slot it could take; e.g. count
 /// `waiting` only against slots still held by deleting warm VMs, or hand the confirmed slot to
 /// the build that evicted it (a reservation made in `warm_deleted`, as `hand_to_retry` does).
+///
+/// Fixed: placement no longer counts other waiting builds as holding a slot (only refills wait for them).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 3: two builds waiting for one evicted slot both get Full forever once it is free"]
 async fn two_builds_waiting_for_the_slot_of_one_eviction_do_not_block_each_other_forever() {
     let host = Host::new();
     let spec = pool(&[(IMAGE, 1)]);
@@ -353,8 +356,9 @@ async fn two_builds_waiting_for_the_slot_of_one_eviction_do_not_block_each_other
 /// Severity: medium (a free slot left unused; builds wait on an unrelated VM's deletion, without
 /// bound while that deletion fails). Direction: count a waiting build only once, by the slot it
 /// waits for (a build whose victim is still deleting holds that victim's slot, not another).
+///
+/// Fixed: as the test above.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 3: waiting builds are counted twice; a confirmed free slot is not used while another warm VM's deletion fails"]
 async fn a_slot_freed_by_an_eviction_goes_to_a_waiting_build_even_while_another_eviction_is_stuck() {
     let host = Host::new();
     let spec = pool(&[(IMAGE, 2)]);
@@ -405,8 +409,9 @@ fn spec_of_other() -> MacBuildSpec {
 ///
 /// Severity: low (a metric under-counts exactly when evictions are frequent: short-lived refills
 /// on a busy host). Direction: count in `warm_booted` when a cancelled refill had `evict_for`.
+///
+/// Fixed: a refill cancelled for a build counts as an eviction.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 4: a booting warm VM evicted for a build is not counted in evictions"]
 async fn a_booting_warm_vm_evicted_for_a_build_counts_as_an_eviction() {
     let host = Host::new();
     let spec = pool(&[(IMAGE, 1)]);
@@ -613,8 +618,9 @@ async fn odd_warm_records_held_each_open_vm_deleted_once_never_adopted_and_slots
 /// Direction: `fold_warm`/`load_warm` accept only names with `WARM_VM_PREFIX` (and a valid VM
 /// name); anything else is reported (quarantined as unknown, or left with a warning), never
 /// deleted.
+///
+/// Fixed: replay takes in only warm records naming a valid warm VM name; others are logged and ignored.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 5: a warm record naming a non-warm VM makes the pool delete that VM at start"]
 async fn a_warm_record_naming_a_vm_that_is_no_warm_vm_never_gets_it_deleted() {
     let records = vec![
         warm("golden-sequoia", IMAGE, 1, None, AttemptState::Booting, Some(0)),
@@ -764,8 +770,9 @@ fn lease(agent: &str, annotations: &[(&str, String)]) -> k8s_openapi::api::coord
 ///
 /// Severity: low (bounded by `claim_spread`; latency only). Direction: publish profiles (image
 /// and resources) and let `warm_for` consult `WarmProfile::serves` for the build's spec.
+///
+/// Fixed: the Lease publishes each ready profile's key (image and resources); a peer counts as warm only for a build its VM serves (no mounts, same resources).
 #[test]
-#[ignore = "FINDING 6: a peer's warm VM that cannot serve the build (mounts) still delays this host by the whole spread"]
 fn a_peers_warm_vm_that_cannot_serve_the_build_does_not_delay_this_host() {
     use tartan_agent::cluster::placement::{self, ClaimTiming, Holding, WARM_ANNOTATION};
     let timing = ClaimTiming {
@@ -828,7 +835,7 @@ fn hostile_warm_annotations_held_bounded_and_never_beyond_the_spread() {
         &[(WARM_ANNOTATION, serde_json::to_string(&many).unwrap())],
     ))
     .unwrap();
-    assert!(peer.warm_for(IMAGE));
+    assert!(peer.warm_for(&build_spec(IMAGE)));
     let mb = macbuild("u1", build_spec(IMAGE));
     let now = Timestamp::now();
     for holding in [Holding::Warm, Holding::Cached, Holding::Uncached] {
@@ -905,8 +912,9 @@ fn hostile_pool_config_held_refused_with_the_key_named() {
 /// is being deleted: both wait (`AwaitDeletion`). Once its deletion is confirmed, each counts the
 /// other as waiting and gets `Full`, again and again, until their deadlines pass: both builds
 /// end `DeadlinePassed` with a free slot on the host the whole time.
+///
+/// Fixed: as FINDING 3 above; a task waiting in `wait_for_slot` stays counted for refills until it ends.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 3: two admissions resumed at restart block each other once the stale warm VM is gone"]
 async fn two_admissions_resumed_at_restart_get_the_slot_a_stale_warm_vm_frees() {
     let before = Host::new();
     let spec = pool(&[(IMAGE, 1)]);

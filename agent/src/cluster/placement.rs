@@ -198,14 +198,18 @@ impl Peer {
 
     /// Whether it may hold `image` (an unpublished list: may; a warm VM of it: does).
     pub fn may_hold(&self, image: &str) -> bool {
-        holds_image(image, self.images.as_ref()) || self.warm_for(image)
+        let image = normalize_image(image);
+        let warm_of = |key: &String| key.split(' ').next() == Some(image.as_str());
+        holds_image(&image, self.images.as_ref()) || self.warm.as_ref().is_some_and(|w| w.iter().any(warm_of))
     }
 
-    /// Whether it published a ready warm VM of `image` (an unpublished list: none).
-    pub fn warm_for(&self, image: &str) -> bool {
-        self.warm
-            .as_ref()
-            .is_some_and(|warm| warm.contains(&normalize_image(image)))
+    /// Whether it published a ready warm VM that serves `spec`: the same image and resources
+    /// ([`WarmProfile::key`]), and the build asks for no shared folder (an unpublished list: none).
+    pub fn warm_for(&self, spec: &tartan_api::MacBuildSpec) -> bool {
+        let Some(key) = crate::pool::WarmProfile::key_serving(spec) else {
+            return false;
+        };
+        self.warm.as_ref().is_some_and(|warm| warm.contains(&key))
     }
 }
 
@@ -296,7 +300,7 @@ pub fn claim_wait_holding(
         .filter(|p| p.agent != me && p.eligible_for(mb, now))
         .collect();
     let contested = eligible.iter().any(|p| p.free() && (!holds || p.may_hold(image)));
-    let ranked = if holds && eligible.iter().any(|p| p.warm_for(image)) {
+    let ranked = if holds && eligible.iter().any(|p| p.warm_for(&mb.spec)) {
         timing.spread
     } else if contested {
         claim_delay(uid, me, true, timing)
@@ -858,10 +862,26 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(peer_of(&lease).unwrap().warm, None);
-        assert!(!peer_of(&lease).unwrap().warm_for(IMG));
+        let spec = |image: &str| tartan_api::MacBuildSpec::new(image, Vec::new());
+        assert!(!peer_of(&lease).unwrap().warm_for(&spec(IMG)));
         lease.metadata.annotations = Some([(WARM_ANNOTATION.to_string(), format!(r#"["{IMG}"]"#))].into());
-        assert!(peer_of(&lease).unwrap().warm_for("ghcr.io/x/y:16"));
-        assert!(!peer_of(&lease).unwrap().warm_for("ghcr.io/x/y:15"));
+        assert!(peer_of(&lease).unwrap().warm_for(&spec("ghcr.io/x/y:16")));
+        assert!(!peer_of(&lease).unwrap().warm_for(&spec("ghcr.io/x/y:15")));
+        // Other resources, or shared folders: that warm VM cannot serve it.
+        let mut sized = spec("ghcr.io/x/y:16");
+        sized.resources = Some(tartan_api::Resources {
+            cpu: Some(4),
+            memory_mib: None,
+        });
+        assert!(!peer_of(&lease).unwrap().warm_for(&sized));
+        lease.metadata.annotations = Some([(WARM_ANNOTATION.to_string(), format!(r#"["{IMG} cpu=4"]"#))].into());
+        assert!(peer_of(&lease).unwrap().warm_for(&sized));
+        assert!(
+            peer_of(&lease).unwrap().may_hold(IMG),
+            "a warm VM of it holds the image"
+        );
+        sized.mounts = vec![tartan_api::crd::MountRequest { name: "cache".into() }];
+        assert!(!peer_of(&lease).unwrap().warm_for(&sized));
     }
 
     #[test]

@@ -228,7 +228,10 @@ impl Builds {
 
     /// Forgets the task of `uid`: it has ended.
     pub async fn task_ended(&self, uid: &str) {
-        self.core.lock().await.update(uid, |b| b.task = None);
+        let mut core = self.core.lock().await;
+        core.update(uid, |b| b.task = None);
+        // It no longer waits for a slot (a refill may take it).
+        core.waiting.remove(uid);
     }
 
     /// Records whether `uid`'s finalizer is still owed (its removal failed for good) or not.

@@ -89,7 +89,7 @@ pub fn spawn(
 async fn publish_warm_images(shared: &Shared, published: &tokio::sync::watch::Sender<BTreeMap<String, String>>) {
     let images = shared.builds.ready_warm_images().await;
     published.send_if_modified(|facts| {
-        let value = (!images.is_empty()).then(|| serde_json::to_string(&images).unwrap_or_default());
+        let value = (!images.is_empty()).then(|| placement::published(&images));
         let old = match &value {
             Some(v) => facts.insert(placement::WARM_ANNOTATION.to_string(), v.clone()),
             None => facts.remove(placement::WARM_ANNOTATION),

@@ -263,11 +263,12 @@ impl Builds {
         let adopting = self.slots.adopting();
         let warm = core.pool_vms(&adopting, Timestamp::now());
         let holders = core.slot_holders(&self.slots);
-        let others_waiting = core.waiting.iter().filter(|u| *u != uid).count();
+        // Other waiting builds hold no slot against this one: whichever is placed first once a
+        // slot is free takes it (counting them let two waiters block each other for ever).
         let occupancy = Occupancy {
             usable: slots.min(2),
             builds: u8::try_from(holders.len().saturating_sub(warm.len())).unwrap_or(u8::MAX),
-            waiting: u8::try_from(others_waiting).unwrap_or(u8::MAX),
+            waiting: 0,
         };
         let placement = pool::place(spec, &warm, occupancy);
         match placement {
@@ -307,7 +308,13 @@ impl Builds {
     /// Forgets the builds waiting for a warm VM's slot that are no longer claimable here (taken
     /// elsewhere, finished, gone): their wait no longer holds refills back.
     pub async fn retain_waiting(&self, claimable: &BTreeSet<String>) {
-        self.core.lock().await.waiting.retain(|uid| claimable.contains(uid));
+        let mut core = self.core.lock().await;
+        // A task waiting for a slot (a retry, an admission resumed at start) waits on.
+        let waiting = std::mem::take(&mut core.waiting);
+        core.waiting = waiting
+            .into_iter()
+            .filter(|uid| claimable.contains(uid) || core.has_task(uid))
+            .collect();
     }
 
     /// Woken when the pool has something new to do (a build waits for a warm VM's slot).
@@ -378,23 +385,35 @@ impl Builds {
         let mut core = self.core.lock().await;
         let adopting = self.slots.adopting();
         let mut work = Vec::new();
-        let owed: Vec<(String, Option<(Reason, String)>)> = core
-            .warm
-            .iter()
-            .filter(|(vm, w)| !adopting.contains(*vm) && !w.busy)
-            .filter_map(|(vm, w)| owed_deletion(w).map(|why| (vm.clone(), why)))
-            .collect();
-        for (vm, why) in owed {
-            work.push(begin_delete(&mut core, &vm, why)?);
-        }
-        // A VM still booting that a build waits for is stopped by its refill task.
-        for (vm, w) in core.warm.iter_mut() {
-            if w.busy && w.state == AttemptState::Booting && w.evict_for.is_some() && !w.cancelled {
-                w.cancelled = true;
-                work.push(PoolWork::CancelRefill { vm: vm.clone() });
+        let done = owed_work(&mut core, &adopting, &mut work)
+            .and_then(|()| self.planned_work(&mut core, spec, slots, now, &adopting, &mut work));
+        if let Err(error) = done {
+            // Nothing of this round is handed out: what it journaled is done by a later round (a
+            // `Retiring` VM is deleted, a `Booting` one whose refill never started too).
+            for w in &work {
+                let (PoolWork::Refill { vm, .. } | PoolWork::Delete { vm } | PoolWork::CancelRefill { vm }) = w;
+                if let Some(state) = core.warm.get_mut(vm) {
+                    state.busy = matches!(w, PoolWork::CancelRefill { .. });
+                    state.cancelled = false;
+                }
             }
+            return Err(error);
         }
-        let warm = core.pool_vms(&adopting, now);
+        Ok(work)
+    }
+
+    /// What [`pool::plan`] asks for: expired and unwanted VMs deleted (or their refills
+    /// cancelled), entries short of their size refilled into free slots.
+    fn planned_work(
+        &self,
+        core: &mut Core,
+        spec: &PoolSpec,
+        slots: u8,
+        now: Timestamp,
+        adopting: &BTreeSet<String>,
+        work: &mut Vec<PoolWork>,
+    ) -> Result<(), JournalError> {
+        let warm = core.pool_vms(adopting, now);
         let holders = core.slot_holders(&self.slots);
         let occupancy = Occupancy {
             usable: slots.min(2),
@@ -408,16 +427,9 @@ impl Builds {
                         WhyDelete::Expired => format!("waited {:?} (max_idle) without a build", spec.max_idle),
                         WhyDelete::Unwanted => "the pool's configuration no longer asks for it".to_string(),
                     };
-                    work.push(begin_delete(&mut core, &vm, Some((Reason::Evicted, text)))?);
+                    work.push(begin_delete(core, &vm, Some((Reason::Evicted, text)))?);
                 }
-                PoolStep::Delete { vm, .. } => {
-                    if let Some(w) = core.warm.get_mut(&vm)
-                        && !w.cancelled
-                    {
-                        w.cancelled = true;
-                        work.push(PoolWork::CancelRefill { vm });
-                    }
-                }
+                PoolStep::Delete { vm, .. } => cancel_refill(core, &vm, work),
                 PoolStep::Refill { entry } => {
                     let holders = core.slot_holders(&self.slots);
                     let Some(slot) = free_slot(slots, &holders) else {
@@ -425,11 +437,11 @@ impl Builds {
                     };
                     let profile = spec.entries[entry].profile.clone();
                     let deadline = warm_deadline(now, spec.max_idle);
-                    work.push(begin_refill(&mut core, profile, slot, deadline)?);
+                    work.push(begin_refill(core, profile, slot, deadline)?);
                 }
             }
         }
-        Ok(work)
+        Ok(())
     }
 
     /// The refill of `vm` ended: ready (`Booting -> Running (GuestReady)`), or not (`Booting ->
@@ -454,6 +466,9 @@ impl Builds {
                 }
             }
             Err((reason, detail)) => {
+                if reason == Reason::Evicted && w.evict_for.is_some() {
+                    core.pool_tally.evictions += 1;
+                }
                 record.to = AttemptState::Retiring;
                 record.reason = Some(reason);
                 record.detail = tartan_api::text::clean_str(&detail, 1024);
@@ -505,6 +520,41 @@ impl Builds {
     }
 }
 
+/// The deletions owed whatever the plan says (stale, evicted for a build, a refill that never
+/// started, a deletion to try again), and the refills to stop for a build.
+fn owed_work(core: &mut Core, adopting: &BTreeSet<String>, work: &mut Vec<PoolWork>) -> Result<(), JournalError> {
+    let owed: Vec<(String, Option<(Reason, String)>)> = core
+        .warm
+        .iter()
+        .filter(|(vm, w)| !adopting.contains(*vm) && !w.busy)
+        .filter_map(|(vm, w)| owed_deletion(w).map(|why| (vm.clone(), why)))
+        .collect();
+    for (vm, why) in owed {
+        work.push(begin_delete(core, &vm, why)?);
+    }
+    // A VM still booting that a build waits for is stopped by its refill task.
+    let booting: Vec<String> = core
+        .warm
+        .iter()
+        .filter(|(_, w)| w.busy && w.state == AttemptState::Booting && w.evict_for.is_some())
+        .map(|(vm, _)| vm.clone())
+        .collect();
+    for vm in booting {
+        cancel_refill(core, &vm, work);
+    }
+    Ok(())
+}
+
+/// Asks `vm`'s refill task to stop (and delete it), once.
+fn cancel_refill(core: &mut Core, vm: &str, work: &mut Vec<PoolWork>) {
+    if let Some(w) = core.warm.get_mut(vm)
+        && !w.cancelled
+    {
+        w.cancelled = true;
+        work.push(PoolWork::CancelRefill { vm: vm.to_string() });
+    }
+}
+
 /// Why `w` is owed a deletion now, if it is: `Some(None)` when its `-> Retiring` record exists
 /// already (a retry), `Some(Some(reason, detail))` for the record to write first.
 fn owed_deletion(w: &WarmState) -> Option<Option<(Reason, String)>> {
@@ -517,6 +567,11 @@ fn owed_deletion(w: &WarmState) -> Option<Option<(Reason, String)>> {
         _ if w.stale => Some(Some((
             Reason::AgentRestarted,
             "warm VM of an earlier agent run; deleted, never handed to a build".to_string(),
+        ))),
+        // Booting with no refill task: the round that journaled it failed before handing it out.
+        AttemptState::Booting => Some(Some((
+            Reason::VMStartFailed,
+            "its refill never started (the journal failed in the same round); deleted".to_string(),
         ))),
         AttemptState::Running => w.evict_for.as_ref().map(|uid| {
             Some((
