@@ -182,6 +182,11 @@ const RECOVERY_AREA: &str = "recover.";
 /// Where a recovery row's first start dies.
 pub const LEAD_IN: &str = "tart.set.after";
 
+/// In a pool row, points only the deletion of a warm VM passes, which a build that adopts its VM
+/// never asks for: they are reached at a restart, when the warm VM of the first start (dead at
+/// [`LEAD_IN`], in its refill) is deleted as stale.
+const STALE_WARM_POINTS: [&str; 2] = ["warm.evict.after", "warm.deleted.after"];
+
 /// Every point × style, at `slots`, each point at its first hit.
 pub fn plan(points: &[Point], styles: &[Style], slots: u8, pool: bool) -> Vec<Row> {
     plan_hits(points, &BTreeMap::new(), 1, styles, slots, pool)
@@ -377,7 +382,7 @@ async fn sweep_row(row: Row, binary: PathBuf, index: usize) -> RowResult {
     let (mut s, names) = row_stack(&format!("sweep-{index}"), row.slots, row.pool, &binary).await;
     let mut failures = Vec::new();
     let name = row.point.split('#').next().unwrap_or_default().to_string();
-    if name.starts_with(RECOVERY_AREA) {
+    if name.starts_with(RECOVERY_AREA) || (row.pool && STALE_WARM_POINTS.contains(&name.as_str())) {
         // The first start dies with a claimed attempt that recovery must interrupt.
         s.set_agent_env(AGENT, ENV, Some(LEAD_IN));
         s.spawn_agent(AGENT);
