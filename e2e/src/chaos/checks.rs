@@ -156,18 +156,24 @@ pub fn without_vm_retirement(world: &World) -> Vec<String> {
 /// the build had attempts admitted on any host: a step run twice in one attempt.
 pub fn steps_beyond_admissions(world: &World, starts: &[String]) -> Vec<String> {
     let mut admitted: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    // The VM each admission names (an adopted warm VM's name does not carry the build's).
+    let mut build_of_vm: BTreeMap<&str, &str> = BTreeMap::new();
     for r in world.agents.iter().flat_map(|a| &a.journal) {
         if let (Some(b), Some(n), AttemptState::Admitted) = (&r.build, r.attempt, r.to) {
             let a = admitted.entry(b.name.as_str()).or_default();
             if !a.contains(&n) {
                 a.push(n);
             }
+            if let Some(vm) = &r.vm {
+                build_of_vm.insert(vm, b.name.as_str());
+            }
         }
     }
     let mut started: BTreeMap<&str, usize> = BTreeMap::new();
     for line in starts {
         let vm = line.rsplit('/').next().unwrap_or(line);
-        if let Some(name) = admitted.keys().find(|name| vm.contains(&format!("-{name}-"))) {
+        let named = build_of_vm.get(vm).copied();
+        if let Some(name) = named.or_else(|| admitted.keys().copied().find(|name| vm.contains(&format!("-{name}-")))) {
             *started.entry(name).or_default() += 1;
         } else {
             *started.entry(line.as_str()).or_default() += 1;
@@ -287,9 +293,13 @@ pub fn open_attempts(world: &World) -> Vec<String> {
         for r in &a.journal {
             last.insert(key(r), r);
         }
+        // A warm VM booting or ready is the pool's to keep; one being deleted is still open.
+        let kept_warm = |r: &Record| {
+            r.build.is_none() && r.warm.is_some() && matches!(r.to, AttemptState::Booting | AttemptState::Running)
+        };
         out.extend(
             last.iter()
-                .filter(|(_, r)| r.to != AttemptState::Retired)
+                .filter(|(_, r)| r.to != AttemptState::Retired && !kept_warm(r))
                 .map(|(k, r)| format!("{} {k}: {r}", a.id)),
         );
     }
