@@ -131,38 +131,28 @@ fn boot(r: &Rule) -> Transition {
 
 /// The guest answers: run step 0.
 fn guest_ready(r: &Rule, after: SignedDuration) -> Transition {
-    let mut actions = deliver(r.a);
-    actions.push(Action::RunStep {
-        vm: r.vm(),
-        index: 0,
-        since: r.now,
-    });
-    r.t(
-        S::Running,
-        Some(Reason::GuestReady),
-        format!("tart exec ready after {}", secs2(after)),
-        actions,
-    )
+    first_step(r, Reason::GuestReady, format!("tart exec ready after {}", secs2(after)))
 }
 
 /// The adopted warm VM's guest answered: the steps start, with no clone and no boot.
 fn adopted(r: &Rule, after: SignedDuration) -> Transition {
+    let detail = format!(
+        "started from warm VM {}; tart exec answered after {}",
+        r.vm(),
+        secs2(after)
+    );
+    first_step(r, Reason::Adopted, detail)
+}
+
+/// Entering `Running` for step 0 (its `timeoutSeconds` counts from this record's time).
+fn first_step(r: &Rule, reason: Reason, detail: String) -> Transition {
     let mut actions = deliver(r.a);
     actions.push(Action::RunStep {
         vm: r.vm(),
         index: 0,
         since: r.now,
     });
-    r.t(
-        S::Running,
-        Some(Reason::Adopted),
-        format!(
-            "started from warm VM {}; tart exec answered after {}",
-            r.vm(),
-            secs2(after)
-        ),
-        actions,
-    )
+    r.t(S::Running, Some(reason), detail, actions)
 }
 
 /// The next step starts; its record comes first, so a step is never started twice.

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use tartan_api::{AttemptState, MacBuildSpec, Reason};
 
-use super::super::slots::SlotReservation;
+use super::super::slots::{SlotBook, SlotReservation};
 
 /// A warm VM as the agent knows it.
 #[derive(Clone, Debug)]
@@ -130,6 +130,18 @@ impl Core {
                 age: Duration::try_from(w.since.duration_until(now)).unwrap_or_default(),
             })
             .collect()
+    }
+
+    /// The host's `slots` apart from the pool's VMs `warm` (as [`Core::pool_vms`] lists them):
+    /// the other holders, and the builds waiting for a slot when `count_waiting`.
+    fn occupancy(&self, book: &SlotBook, slots: u8, warm: &[WarmVm], count_waiting: bool) -> Occupancy {
+        let holders = self.slot_holders(book).len();
+        let waiting = if count_waiting { self.waiting.len() } else { 0 };
+        Occupancy {
+            usable: slots.min(2),
+            builds: u8::try_from(holders.saturating_sub(warm.len())).unwrap_or(u8::MAX),
+            waiting: u8::try_from(waiting).unwrap_or(u8::MAX),
+        }
     }
 
     /// Appends one warm VM's record and takes it in.
@@ -265,11 +277,7 @@ impl Builds {
         let holders = core.slot_holders(&self.slots);
         // Other waiting builds hold no slot against this one: whichever is placed first once a
         // slot is free takes it (counting them let two waiters block each other for ever).
-        let occupancy = Occupancy {
-            usable: slots.min(2),
-            builds: u8::try_from(holders.len().saturating_sub(warm.len())).unwrap_or(u8::MAX),
-            waiting: 0,
-        };
+        let occupancy = core.occupancy(&self.slots, slots, &warm, false);
         let placement = pool::place(spec, &warm, occupancy);
         match placement {
             Placement::Adopt(vm) => {
@@ -345,12 +353,7 @@ impl Builds {
         let core = self.core.lock().await;
         let adopting = self.slots.adopting();
         let warm = core.pool_vms(&adopting, Timestamp::now());
-        let holders = core.slot_holders(&self.slots).len();
-        let occupancy = Occupancy {
-            usable: slots.min(2),
-            builds: u8::try_from(holders.saturating_sub(warm.len())).unwrap_or(u8::MAX),
-            waiting: u8::try_from(core.waiting.len()).unwrap_or(u8::MAX),
-        };
+        let occupancy = core.occupancy(&self.slots, slots, &warm, true);
         u32::from(pool::claimable_slots(&warm, occupancy))
     }
 
@@ -414,12 +417,7 @@ impl Builds {
         work: &mut Vec<PoolWork>,
     ) -> Result<(), JournalError> {
         let warm = core.pool_vms(adopting, now);
-        let holders = core.slot_holders(&self.slots);
-        let occupancy = Occupancy {
-            usable: slots.min(2),
-            builds: u8::try_from(holders.len().saturating_sub(warm.len())).unwrap_or(u8::MAX),
-            waiting: u8::try_from(core.waiting.len()).unwrap_or(u8::MAX),
-        };
+        let occupancy = core.occupancy(&self.slots, slots, &warm, true);
         for step in pool::plan(spec, &warm, occupancy) {
             match step {
                 PoolStep::Delete { vm, why } if !core.warm.get(&vm).is_some_and(|w| w.busy) => {
