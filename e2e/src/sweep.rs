@@ -185,7 +185,12 @@ pub const LEAD_IN: &str = "tart.set.after";
 /// In a pool row, points only the deletion of a warm VM passes, which a build that adopts its VM
 /// never asks for: they are reached at a restart, when the warm VM of the first start (dead at
 /// [`LEAD_IN`], in its refill) is deleted as stale.
-const STALE_WARM_POINTS: [&str; 2] = ["warm.evict.after", "warm.deleted.after"];
+const STALE_WARM_POINTS: [&str; 4] = [
+    "warm.evict.before",
+    "warm.evict.after",
+    "warm.deleted.before",
+    "warm.deleted.after",
+];
 
 /// Every point × style, at `slots`, each point at its first hit.
 pub fn plan(points: &[Point], styles: &[Style], slots: u8, pool: bool) -> Vec<Row> {

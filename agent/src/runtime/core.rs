@@ -494,6 +494,9 @@ impl Shared {
         // the VM and its slot pass to the attempt, never held by both or by neither.
         let mut batch = vec![record];
         batch.extend(core.handed_over(&batch[0]));
+        if batch.len() > 1 {
+            crate::crash_point!("warm.adopt.before");
+        }
         let written =
             tokio::task::block_in_place(|| core.journal.append_batch(&mut batch)).map_err(JournalWriteError::Append)?;
         // The journal numbers a record with its `next_seq` (a failed append's number is reused).

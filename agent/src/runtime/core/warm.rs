@@ -472,6 +472,7 @@ impl Builds {
                 record.detail = tartan_api::text::clean_str(&detail, 1024);
             }
         }
+        crate::crash_point!("warm.booted.before");
         core.journal_warm(record)?;
         crate::crash_point!("warm.booted.after");
         drop(core);
@@ -503,6 +504,7 @@ impl Builds {
                 );
             }
         }
+        crate::crash_point!("warm.deleted.before");
         core.journal_warm(record)?;
         crate::crash_point!("warm.deleted.after");
         if let Some(w) = core.warm.get_mut(vm) {
@@ -591,6 +593,7 @@ fn begin_delete(core: &mut Core, vm: &str, why: Option<(Reason, String)>) -> Res
         let mut record = warm_record(vm, &w.profile, Some(w.state), AttemptState::Retiring);
         record.reason = Some(reason);
         record.detail = detail;
+        crate::crash_point!("warm.evict.before");
         core.journal_warm(record)?;
         crate::crash_point!("warm.evict.after");
     }
@@ -613,6 +616,7 @@ fn begin_refill(
     record.slot = Some(slot);
     record.deadline = Some(deadline);
     record.detail = format!("warm VM {vm} of {} into slot {}: cloning", profile.image, slot + 1);
+    crate::crash_point!("warm.refill.before");
     core.journal_warm(record)?;
     crate::crash_point!("warm.refill.after");
     if let Some(w) = core.warm.get_mut(&vm) {
