@@ -36,5 +36,6 @@ mod task_fault;
 mod two_agents;
 mod two_slots_killed;
 mod warm_pool;
+mod warm_pool_adv12;
 mod watchdog;
 mod watchdog_frozen;
