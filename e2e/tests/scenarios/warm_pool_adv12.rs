@@ -896,3 +896,133 @@ max_idle = "10s""#,
     );
     s.finish().await;
 }
+
+/// Held (every VM has a deadline file the watchdog keeps; the pipeline is told the truth): an
+/// adopted build of `timeout-seconds` 6 whose step hangs, its agent killed alone (the VM's `tart
+/// run` survives): the watchdog deletes the adopted VM by the *build's* deadline (plus its grace),
+/// not by the warm VM's own (`max_idle` 1 h + 60 s); the MacBuild's `Adopted` Event names the warm
+/// VM.
+// scenario: adv12-held-watchdog-after-adoption
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_held_an_adopted_vm_is_deleted_by_the_builds_deadline_when_its_agent_dies() {
+    let mut s = Stack::new("adv12-held-watchdog-after-adoption").await;
+    s.add_agent("agent-a", pool_agent());
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    s.start_watchdog("agent-a");
+    let warm = warm_ready(&s, "agent-a", &[]).await;
+    let mut params = s.build_params(true);
+    params.push(("timeout-seconds", json!("6")));
+    params.push(("max-attempts", json!("1")));
+    s.create_run("build-1", &params, None).await;
+    s.wait_builds_started(1, Duration::from_secs(60)).await;
+    let (vm, deadline) = s.admitted_vm("agent-a").await;
+    assert_eq!(vm, warm, "adopted");
+    // The adoption's Event names the warm VM.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(s.client.clone(), &s.ns);
+    let adopted = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Adopted"));
+    let note = adopted.and_then(|e| e.note).unwrap_or_default();
+    assert!(note.contains(&warm), "the Adopted Event: {note:?}");
+    s.kill_agent("agent-a", KillMode::Alone);
+    let line = s
+        .wait_watchdog("agent-a", "the adopted VM deleted", Duration::from_secs(40), |l| {
+            l.vm == warm && l.action == tartan_watchdog::Action::Deleted
+        })
+        .await;
+    eprintln!("[e2e] watchdog: {line:?}; build deadline {deadline}");
+    assert_eq!(line.deadline.as_deref(), Some(deadline.to_string().as_str()));
+    assert!(!s.vms("agent-a").contains(&warm));
+    s.open_gate();
+    s.start_agent("agent-a").await;
+    let run = s.wait_run_ended("build-1", Duration::from_secs(30)).await;
+    eprintln!("[e2e] build-1: {}", tartan_e2e::stack::condition_text(&run));
+    s.finish().await;
+}
+
+/// FINDING 6 (promises: never a leaked VM; every VM has a deadline file for the watchdog; a slot
+/// is used).
+///
+/// Input: a 1-slot agent with a pool of one; the refill's `tart clone` takes 10 s. One second
+/// into it the agent is SIGKILLed alone (its `tart clone` child survives, as under launchd with
+/// `AbandonProcessGroup` set or an agent started with `nohup`: the configuration
+/// `abandon_process_group.rs` covers for builds), and started again while that clone still runs.
+///
+/// What happened: the new agent takes the warm VM of the earlier run as stale and "deletes" it
+/// at once: `#2 warm Booting -> Retiring (AgentRestarted)`, `#3 warm Retiring -> Retired
+/// (VMDeleted) warm VM deleted; its slot is free` (the folder did not exist yet: deleted in
+/// 4 ms, and its deadline file removed). Nothing killed the surviving `tart-double clone
+/// ghcr.io/cirruslabs/macos-sequoia-xcode:16 mb--warm-1-2fb97d31`, which then made the VM: the
+/// host holds `["mb--warm-1-2fb97d31", "mb--warm-4-a8c115a7"]` on 1 slot, the first one with no
+/// open record and no deadline file (the watchdog never deletes it). At the next start it is
+/// `#6 - [*] -> Quarantined (UnknownVM) mb--warm-1-2fb97d31 (stopped) has no open attempt; left
+/// to an operator, one slot blocked`: the 1-slot host runs nothing more until an operator
+/// deletes it. (A build's boot has this covered: recovery's `resumable` kills a surviving clone
+/// before it trusts the VM's absence; the pool's deletion of a stale warm VM does not.)
+///
+/// Severity: medium-high (a leaked VM disk without a deadline file, then a host slot blocked
+/// until an operator acts; needs the agent to die alone mid-clone). Direction: before deleting a
+/// stale warm VM (and before confirming a `Booting` one absent), kill the VM's tart processes
+/// (`kill_vm_processes`, as for `clone_again`) and only then delete and confirm its folder gone.
+// scenario: adv12-finding-6-kill-mid-refill-clone
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "FINDING 6: a refill clone surviving its killed agent makes a VM after its records were closed; leaked, then blocks a slot"]
+async fn finding_6_a_refill_clone_that_outlives_its_killed_agent_leaves_an_untracked_vm() {
+    let mut s = Stack::new("adv12-finding-6-kill-mid-refill-clone").await;
+    s.add_agent("agent-a", pool_agent());
+    // The refill's clone takes 10 s; the agent is killed alone (its `tart clone` survives, as
+    // under `nohup`) and started again while that clone still runs.
+    s.tart_faults("agent-a", json!({"global": {"clone_delay_secs": 10.0}}));
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let booting = s
+        .wait_journal("agent-a", "a warm VM cloning", Duration::from_secs(30), |r| {
+            is_warm(r) && r.to == AttemptState::Booting
+        })
+        .await;
+    let warm = booting.vm.expect("named");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.kill_agent("agent-a", KillMode::Alone);
+    let clones: Vec<Vec<String>> = s
+        .tart_commands("agent-a")
+        .into_iter()
+        .map(|(_, argv)| argv)
+        .filter(|argv| argv.iter().any(|a| a == &warm))
+        .collect();
+    eprintln!("[e2e] tart commands on {warm} after the kill: {clones:?}");
+    s.tart_faults("agent-a", json!({}));
+    s.start_agent("agent-a").await;
+    s.wait_journal("agent-a", "the stale warm VM retired", Duration::from_secs(30), |r| {
+        is_warm(r) && r.vm.as_deref() == Some(&warm) && r.to == AttemptState::Retired
+    })
+    .await;
+    // Past the old clone's end.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    eprintln!("[e2e] VMs: {:?}", s.vms("agent-a"));
+    let leaked = s.vms("agent-a").contains(&warm);
+    let deadline_file = s
+        .agent("agent-a")
+        .state_dir
+        .join("deadlines")
+        .join(format!("{warm}.json"));
+    eprintln!(
+        "[e2e] {warm} on disk: {leaked}; its deadline file: {}",
+        deadline_file.exists()
+    );
+    // What the next start makes of it.
+    s.stop_agent("agent-a", Duration::from_secs(20));
+    s.start_agent("agent-a").await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    eprintln!("[e2e] after one more start: VMs {:?}", s.vms("agent-a"));
+    eprintln!("[e2e] journal:\n{}", s.journal_text("agent-a"));
+    assert!(
+        !leaked,
+        "the killed agent's clone made {warm} after its records were closed: a VM nobody tracks"
+    );
+    s.finish().await;
+}
