@@ -1026,3 +1026,112 @@ async fn finding_6_a_refill_clone_that_outlives_its_killed_agent_leaves_an_untra
     );
     s.finish().await;
 }
+
+/// Held (one build per warm VM; a slot a lost claim reserved comes back): two 1-slot agents, each
+/// with a warm VM of the image, and six builds of it created at once. Both agents reserve their
+/// warm VM for the same builds and race for the claims; the loser's reservation is released, its
+/// warm VM serves another build. All six pass, no warm VM serves two builds, and afterwards each
+/// agent has a ready warm VM again (no reservation left behind).
+// scenario: adv12-held-two-warm-agents-race
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_held_two_warm_agents_racing_for_a_burst_lose_no_warm_vm_and_no_slot() {
+    let mut s = Stack::new("adv12-held-two-warm-agents-race").await;
+    s.add_agent("mac-a", pool_agent());
+    s.add_agent("mac-b", pool_agent());
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("mac-a").await;
+    s.start_agent("mac-b").await;
+    let a = warm_ready(&s, "mac-a", &[]).await;
+    let b = warm_ready(&s, "mac-b", &[]).await;
+    let names: Vec<String> = (0..6).map(|i| format!("b{i}")).collect();
+    for name in &names {
+        s.create_run(name, &s.build_params(false), None).await;
+    }
+    for name in &names {
+        s.wait_run(name, "True", "TestsPassed", Duration::from_secs(120)).await;
+    }
+    let mut adopted: Vec<String> = Vec::new();
+    for id in ["mac-a", "mac-b"] {
+        adopted.extend(
+            s.journal(id)
+                .iter()
+                .filter(|r| r.build.is_some() && r.to == AttemptState::Admitted && r.warm.is_some())
+                .filter_map(|r| r.vm.clone()),
+        );
+    }
+    let n = adopted.len();
+    adopted.sort();
+    adopted.dedup();
+    assert_eq!(n, adopted.len(), "a warm VM adopted twice: {adopted:?}");
+    assert!(adopted.contains(&a) && adopted.contains(&b), "{adopted:?}");
+    eprintln!("[e2e] {n} of {} builds adopted", names.len());
+    for id in ["mac-a", "mac-b"] {
+        let used: Vec<String> = adopted.clone();
+        warm_ready(&s, id, &used).await;
+        let started = std::time::Instant::now();
+        loop {
+            let (_, metrics) = s.agent_http(id, "/metrics");
+            if metric(&metrics, "tartan_agent_warm_vms_ready") == Some(1.0) {
+                // The warm VM's slot, and nothing else.
+                assert_eq!(
+                    metric(&metrics, "tartan_agent_slots_busy"),
+                    Some(1.0),
+                    "{id}: {metrics}"
+                );
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "{id}: {metrics}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    s.finish().await;
+}
+
+/// Held (every wait has a bound; withdrawals lose nothing): on a 1-slot host whose only warm VM
+/// is still booting (its guest answers 15 s after `tart run`), a build of its image waits for it
+/// (`AwaitReady`); cancelled meanwhile, it ends at once, is never admitted, and the warm VM, once
+/// ready, serves the next build.
+// scenario: adv12-held-cancel-while-awaiting-boot
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdrawal_held_a_build_cancelled_while_it_waits_for_a_booting_warm_vm_ends_and_the_vm_serves_the_next() {
+    let mut s = Stack::new("adv12-held-cancel-while-awaiting-boot").await;
+    s.add_agent("agent-a", pool_agent());
+    s.tart_faults("agent-a", json!({"global": {"boot_delay_secs": 15.0}}));
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let booting = s
+        .wait_journal("agent-a", "a warm VM booting", Duration::from_secs(30), |r| {
+            is_warm(r) && r.to == AttemptState::Booting
+        })
+        .await;
+    let warm = booting.vm.expect("named");
+    s.tart_faults("agent-a", json!({"vms": {warm.clone(): {"boot_delay_secs": 15.0}}}));
+    s.create_run("waits", &s.build_params(false), None).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.cancel_run("waits").await;
+    let started = std::time::Instant::now();
+    s.wait_run("waits", "False", "CustomRunCancelled", Duration::from_secs(10))
+        .await;
+    eprintln!("[e2e] cancelled after {:?}", started.elapsed());
+    let ready = warm_ready(&s, "agent-a", &[]).await;
+    assert_eq!(ready, warm, "the booting VM became ready");
+    s.create_run("next", &s.build_params(false), None).await;
+    s.wait_run("next", "True", "TestsPassed", Duration::from_secs(60)).await;
+    let journal = s.journal("agent-a");
+    assert!(
+        !of_build(&journal, "waits")
+            .iter()
+            .any(|r| r.to == AttemptState::Admitted),
+        "{}",
+        s.journal_text("agent-a")
+    );
+    assert!(
+        of_build(&journal, "next")
+            .iter()
+            .any(|r| r.to == AttemptState::Admitted && r.vm.as_deref() == Some(&warm)),
+        "{}",
+        s.journal_text("agent-a")
+    );
+    s.tart_faults("agent-a", json!({}));
+    s.finish().await;
+}
