@@ -1135,3 +1135,145 @@ async fn withdrawal_held_a_build_cancelled_while_it_waits_for_a_booting_warm_vm_
     s.tart_faults("agent-a", json!({}));
     s.finish().await;
 }
+
+/// Held (a warm VM serves only a build it can run unchanged; nothing reaches the host beyond the
+/// operator's config): on a 1-slot host with a warm VM of the image and a declared `[[mounts]]`
+/// cache, a build of that image asking for the mount does not adopt the warm VM (booted without
+/// shares): it evicts it and runs cold with `--dir` for its own VM only; the warm VMs never get a
+/// share.
+// scenario: adv12-held-mounts-not-adopted
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_held_a_build_asking_for_a_mount_never_adopts_a_warm_vm() {
+    let mut s = Stack::new("adv12-held-mounts-not-adopted").await;
+    s.add_agent("agent-a", pool_agent());
+    let spm = s.dir.join("cache/spm");
+    std::fs::create_dir_all(&spm).unwrap();
+    let path = s.agent("agent-a").config.clone();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        format!("{text}\n[[mounts]]\nname = \"spm\"\nhost_path = {spm:?}\n"),
+    )
+    .unwrap();
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let warm = warm_ready(&s, "agent-a", &[]).await;
+    let mut params = s.build_params(false);
+    params.push(("mounts", json!("spm")));
+    s.create_run("cached", &params, None).await;
+    s.wait_run("cached", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    let journal = s.journal("agent-a");
+    let build = of_build(&journal, "cached");
+    assert!(
+        !build.iter().any(|r| r.warm.is_some() || r.vm.as_deref() == Some(&warm)),
+        "a build with a mount adopted the warm VM:\n{}",
+        s.journal_text("agent-a")
+    );
+    let build_vm = build
+        .iter()
+        .find(|r| r.to == AttemptState::Admitted)
+        .and_then(|r| r.vm.clone())
+        .expect("admitted");
+    let runs: Vec<Value> = std::fs::read_to_string(tart_double::run_flags::runs_file(&s.agent("agent-a").tart_home))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    eprintln!("[e2e] tart runs: {runs:#?}");
+    for run in &runs {
+        let vm = run["vm"].as_str().unwrap_or_default();
+        let dirs = run["dir"].as_array().map_or(0, Vec::len);
+        if vm == build_vm {
+            assert_eq!(dirs, 1, "{run}");
+        } else {
+            assert!(tartan_api::is_warm_vm(vm), "{run}");
+            assert_eq!(dirs, 0, "a warm VM booted with a share: {run}");
+        }
+    }
+    // A build of the image without mounts takes the next warm VM.
+    let next = warm_ready(&s, "agent-a", std::slice::from_ref(&warm)).await;
+    s.create_run("plain", &s.build_params(false), None).await;
+    s.wait_run("plain", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    assert!(
+        of_build(&s.journal("agent-a"), "plain")
+            .iter()
+            .any(|r| r.to == AttemptState::Admitted && r.vm.as_deref() == Some(&next))
+    );
+    s.finish().await;
+}
+
+/// Held (never more VMs than slots; a warm VM serves one build; never a leaked VM): a 2-slot host
+/// with a pool of two runs a gated build in an adopted warm VM; the agent is upgraded (SIGTERM)
+/// with `[pool]` resized to one VM of another image. The adopted build resumes and passes, both
+/// warm VMs of the run before are deleted (never adopted), the pool never keeps more than one VM of
+/// the new entry and none of the old image is refilled.
+// scenario: adv12-held-pool-resized-across-upgrade
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_held_a_pool_resized_across_an_upgrade_deletes_the_old_vms_and_keeps_the_running_build() {
+    let mut s = Stack::new("adv12-held-pool-resized-across-upgrade").await;
+    s.add_agent(
+        "agent-a",
+        AgentOptions {
+            slots: 2,
+            pool: r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 2 }]
+prepull = true"#,
+            ..AgentOptions::default()
+        },
+    );
+    s.start_controller(ControllerOptions::default());
+    s.start_agent("agent-a").await;
+    let first = warm_ready(&s, "agent-a", &[]).await;
+    let second = warm_ready(&s, "agent-a", std::slice::from_ref(&first)).await;
+    s.create_run("build-1", &s.build_params(true), None).await;
+    s.wait_builds_started(1, Duration::from_secs(60)).await;
+    let (adopted, _) = s.admitted_vm("agent-a").await;
+    assert!(adopted == first || adopted == second);
+    // Refilled meanwhile? (one slot is the build's: at most one warm VM beside it.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.stop_agent("agent-a", Duration::from_secs(20));
+    set_pool(
+        &s,
+        "agent-a",
+        &format!("images = [{{ image = \"{OTHER_IMAGE}\", size = 1 }}]\nprepull = true"),
+    );
+    s.start_agent("agent-a").await;
+    let old: Vec<String> = s
+        .journal("agent-a")
+        .iter()
+        .filter(|r| is_warm(r) && r.from.is_none())
+        .filter_map(|r| r.vm.clone())
+        .collect();
+    s.open_gate();
+    s.wait_run("build-1", "True", "TestsPassed", Duration::from_secs(60))
+        .await;
+    let fresh = warm_ready(&s, "agent-a", &old).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let journal = s.journal("agent-a");
+    let profile_of = |vm: &str| {
+        journal
+            .iter()
+            .find(|r| is_warm(r) && r.vm.as_deref() == Some(vm))
+            .and_then(|r| r.warm.clone())
+    };
+    assert_eq!(
+        profile_of(&fresh).map(|p| p.image),
+        Some(OTHER_IMAGE.to_string()),
+        "{}",
+        s.journal_text("agent-a")
+    );
+    let on_disk: Vec<String> = s.vms("agent-a");
+    eprintln!("[e2e] VMs after the resize: {on_disk:?}");
+    assert_eq!(on_disk, vec![fresh.clone()], "{}", s.journal_text("agent-a"));
+    for vm in old.iter().filter(|vm| **vm != adopted) {
+        assert!(
+            journal
+                .iter()
+                .filter(|r| r.vm.as_deref() == Some(vm))
+                .all(|r| r.build.is_none()),
+            "an old warm VM {vm} was handed to a build"
+        );
+    }
+    s.finish().await;
+}
