@@ -16,7 +16,19 @@
 //! - a burst of builds of mixed images on a small host stalls, puts two VMs in a slot, or gives
 //!   a warm VM to two builds;
 //! - a step in an adopted VM leaves processes or files that reach the next build;
-//! - `kubectl tartan`, `/metrics` and the CustomRun say something else than what happened.
+//! - `kubectl tartan`, `/metrics`, the Lease and the CustomRun say something else than what
+//!   happened;
+//! - recovery meets an adopted attempt, or a stale warm VM, in a state the pool's own code never
+//!   leaves (its VM gone, its clone still running under a dead agent);
+//! - the pool acts beyond the operator's config (clones below the disk floor, gives a warm VM a
+//!   share, keeps a warm VM on a network other builds reach: with `network = "shared"` a build in
+//!   one slot reaches the warm VM in the other that the *next* build adopts; tart-double cannot
+//!   show networking, so this stays a note: the pool turns "the other VM on the Mac" of
+//!   docs/build-options.md into the next build's VM, which docs/warm-pool.md does not say);
+//! - timing configs the pool accepts but cannot work with (`max_idle` shorter than a pull).
+//!
+//! Run a finding: `cargo test -p tartan-e2e --test scenarios -- --ignored --exact
+//! warm_pool_adv12::<test>` (after `scripts/e2e`'s build).
 
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -858,8 +870,10 @@ max_idle = "10s""#,
 /// Held (no build adopts a VM that is gone): the agent frozen (SIGSTOP) for longer than its warm
 /// VM's deadline (`max_idle` 10 s + 60 s, grace 3 s), a build created meanwhile; the watchdog
 /// deletes the warm VM; after the thaw the pool's first round retires it as expired before the
-/// build is placed, and the build runs cold. (The order is not guaranteed: `place` does not look
-/// at a ready VM's age, so a scan before the round would adopt the deleted VM: FINDING 1.)
+/// build is placed, and the build runs cold. (The order is not guaranteed, only likely: the scan
+/// claims nothing until the expired Lease is renewed, an API round trip, while the pool's round is
+/// local. `place` does not look at a ready VM's age, so a scan before the round would adopt the
+/// deleted VM: FINDING 1.)
 // scenario: adv12-held-watchdog-frozen-agent
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_held_a_warm_vm_the_watchdog_deleted_while_the_agent_hung_is_not_adopted_after_it_thaws() {
