@@ -646,7 +646,10 @@ fn open_with_vm(
     };
     // Admitted, or a boot whose clone never finished (stopped mid-pull): nothing
     // exists to lose, and the boot is made (again) within the same attempt.
-    let clone_again = matches!(a.state, AttemptState::Admitted | AttemptState::Booting) && !present(&a.vm);
+    // An adopted attempt's VM was the pool's, booted before it: gone, it is never cloned again
+    // under its name (the machine refuses `Boot` for it); the attempt is interrupted instead.
+    let clone_again =
+        matches!(a.state, AttemptState::Admitted | AttemptState::Booting) && !present(&a.vm) && !a.adopted;
     // Resume only on the cluster's word that the build is still ours and wanted, and
     // only what got as far as a running VM, or has no VM yet.
     let resumable = cfg.resume_after_restart

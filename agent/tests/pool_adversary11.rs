@@ -123,7 +123,7 @@ async fn ready_vms(host: &Host, spec: &PoolSpec, slots: u8) -> Vec<String> {
     let vms = refills(&host.round(spec, slots).await);
     for vm in &vms {
         host.builds
-            .warm_booted(vm, Ok(SignedDuration::from_millis(200)))
+            .warm_booted(vm, Ok((SignedDuration::from_millis(200), Timestamp::now())))
             .await
             .unwrap();
     }
@@ -268,7 +268,7 @@ async fn a_refill_journaled_before_a_failed_append_in_the_same_round_is_started_
         let work = host.round(&spec, 2).await;
         for vm in refills(&work) {
             host.builds
-                .warm_booted(&vm, Ok(SignedDuration::from_millis(200)))
+                .warm_booted(&vm, Ok((SignedDuration::from_millis(200), Timestamp::now())))
                 .await
                 .unwrap();
         }

@@ -20,6 +20,7 @@
 //! controller handles an unreachable host on its side (HostUnreachable, timeout + grace).
 
 use super::{CallError, patch_params, timed};
+use crate::cluster::placement::WARM_ANNOTATION;
 use crate::config::Config;
 use crate::host::disk::DISK_PRESSURE_ANNOTATION;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -193,7 +194,7 @@ pub fn new_lease(cfg: &LeaseConfig, now: Timestamp, published: Published<'_>) ->
 /// had no holder) also sets `acquireTime` and counts a transition. Each of `published`'s
 /// annotations replaces the Lease's value of that key (others are left as they are), so they are as
 /// fresh as the renewal; [`DISK_PRESSURE_ANNOTATION`] is set while the disk is below the floor and
-/// removed (`null`) otherwise.
+/// removed (`null`) otherwise, and [`WARM_ANNOTATION`] removed when not published.
 pub fn renew_patch(
     cfg: &LeaseConfig,
     resource_version: &str,
@@ -220,6 +221,11 @@ pub fn renew_patch(
     });
     patch["metadata"]["annotations"] = json!(published.annotations);
     patch["metadata"]["annotations"][DISK_PRESSURE_ANNOTATION] = json!(published.disk_pressure);
+    // The warm images are published only while a warm VM is ready: removed (`null`) otherwise,
+    // or peers would go on leaving this host builds it no longer has a warm VM for.
+    if !published.annotations.contains_key(WARM_ANNOTATION) {
+        patch["metadata"]["annotations"][WARM_ANNOTATION] = serde_json::Value::Null;
+    }
     patch
 }
 
@@ -485,8 +491,8 @@ mod tests {
         let p = renew_patch(&cfg(), "4711", now, None, publish(&none));
         assert_eq!(
             p["metadata"]["annotations"],
-            json!({DISK_PRESSURE_ANNOTATION: null}),
-            "images not listed yet: left as they are; no disk pressure: the annotation is removed"
+            json!({DISK_PRESSURE_ANNOTATION: null, WARM_ANNOTATION: null}),
+            "images not listed yet: left as they are; no disk pressure, no warm VM: those are removed"
         );
         let listed = images("[]");
         let with = renew_patch(
@@ -501,7 +507,7 @@ mod tests {
         );
         assert_eq!(
             with["metadata"]["annotations"],
-            json!({IMAGES_ANNOTATION: "[]", DISK_PRESSURE_ANNOTATION: "{}"})
+            json!({IMAGES_ANNOTATION: "[]", DISK_PRESSURE_ANNOTATION: "{}", WARM_ANNOTATION: null})
         );
         assert_eq!(p["metadata"]["resourceVersion"], "4711");
         assert_eq!(p["metadata"]["labels"][AGENT_LABEL], "mac-mini-07");

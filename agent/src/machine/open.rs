@@ -283,11 +283,18 @@ fn env_refused(r: &Rule, reason: Reason, error: String) -> Transition {
 }
 
 fn vm_start_failed(r: &Rule, error: String) -> Transition {
+    // An adopted warm VM that does not answer is the pool's failure, not the build's: the
+    // attempt is interrupted, so a retry starts cold (within `maxAttempts` and the deadline).
+    let (outcome, what) = if r.a.adopted {
+        (Outcome::Interrupted, "the adopted warm VM is not fit to serve")
+    } else {
+        (Outcome::Failed, "VM did not start")
+    };
     retire(
         r,
         Reason::VMStartFailed,
-        Outcome::Failed,
-        format!("VM did not start: {error}"),
+        outcome,
+        format!("{what}: {error}"),
         DeleteContext::Normal,
     )
 }

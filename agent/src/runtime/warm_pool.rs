@@ -8,7 +8,7 @@
 //! an [`AttemptExecutor`] of a stand-in build (the profile's image and resources, no steps, no
 //! mounts): the same clone, boot, probe, deadline file and deletion as any build VM.
 
-use super::core::{PoolWork, Shared};
+use super::core::{PoolWork, Shared, warm_deadline};
 use crate::cluster::placement;
 use crate::config::PoolConfig;
 use crate::host::{AttemptExecutor, CancelHandle, ExecutorConfig, HostAttempt, Performed, Withdrawal, cancel_pair};
@@ -59,7 +59,8 @@ pub fn spawn(
     tokio::spawn(async move {
         let mem: SharedMemory = Arc::default();
         loop {
-            let spec = refillable(&shared.config.pool, held.borrow().as_ref(), &mem);
+            let below_floor = shared.disk.check().pressure.is_some();
+            let spec = refillable(&shared.config.pool, held.borrow().as_ref(), &mem, below_floor);
             let wait = match shared
                 .builds
                 .pool_round(&spec, shared.config.slots, Timestamp::now())
@@ -99,12 +100,14 @@ async fn publish_warm_images(shared: &Shared, published: &tokio::sync::watch::Se
 }
 
 /// The pool as configured, less the entries it may not refill now: an image not on the host
-/// (unless `prepull`: the clone pulls it), or a profile whose refills failed lately. Their sizes
-/// become 0, so their VMs are kept but none is added.
+/// (unless `prepull`: the clone pulls it), a profile whose refills failed lately, or all of them
+/// while the disk is below the floor (`below_floor`: no build is claimed to use them). Their
+/// sizes become 0, so their VMs are kept but none is added.
 fn refillable(
     pool: &PoolConfig,
     held: Option<&std::collections::BTreeSet<String>>,
     mem: &Mutex<Memory>,
+    below_floor: bool,
 ) -> crate::pool::PoolSpec {
     let now = tokio::time::Instant::now();
     let mut spec = pool.spec.clone();
@@ -115,7 +118,7 @@ fn refillable(
             .failing
             .iter()
             .any(|(p, _, until)| *p == entry.profile && now < *until);
-        if (!local && !pool.prepull) || backing_off {
+        if (!local && !pool.prepull) || backing_off || below_floor {
             entry.size = 0;
         }
     }
@@ -192,12 +195,27 @@ async fn refill(shared: &Shared, exec: &mut AttemptExecutor, vm: &str) -> bool {
     for action in &boot {
         match exec.perform(action).await {
             Performed::Done | Performed::NotHost => continue,
-            Performed::Event(Event::GuestReady { after }) => outcome = Ok(after),
+            Performed::Event(Event::GuestReady { after }) => {
+                // Idle from now on: its deadline file counts `max_idle` from its readiness.
+                let deadline = warm_deadline(Timestamp::now(), shared.config.pool.spec.max_idle);
+                let rewrite = Action::WriteDeadlineFile {
+                    vm: vm.to_string(),
+                    deadline,
+                };
+                outcome = match exec.perform(&rewrite).await {
+                    Performed::Done => Ok((after, deadline)),
+                    other => Err((
+                        Reason::VMStartFailed,
+                        format!("warm VM's deadline file not rewritten: {other:?}"),
+                    )),
+                };
+            }
             Performed::Event(Event::VmStartFailed { error }) => {
                 outcome = Err((Reason::VMStartFailed, format!("warm VM not ready: {error}")));
             }
             Performed::Event(Event::CancelRequested { .. } | Event::OwnerDeleted { .. }) => {
-                outcome = Err((Reason::Evicted, "stopped while booting: its slot is needed".to_string()));
+                let why = "stopped while booting: a build needs its slot, or the pool no longer asks for it";
+                outcome = Err((Reason::Evicted, why.to_string()));
             }
             Performed::Event(other) => {
                 outcome = Err((Reason::VMStartFailed, format!("warm VM not ready: {other:?}")));
@@ -219,7 +237,12 @@ async fn refill(shared: &Shared, exec: &mut AttemptExecutor, vm: &str) -> bool {
 }
 
 /// Stops and deletes `vm` and its deadline file, and records whether its deletion is confirmed.
+/// Every tart process working on it is killed first: a clone of an earlier run that outlived its
+/// agent would otherwise make the VM after its deletion, untracked and without a deadline file.
 async fn delete(shared: &Shared, exec: &mut AttemptExecutor, vm: &str) {
+    if let Err(error) = shared.tart.kill_vm_processes(vm).await {
+        tracing::warn!(%vm, %error, "could not look for the warm VM's tart processes; deleting it anyway");
+    }
     let outcome = match exec
         .perform(&Action::StopAndDeleteVm {
             vm: vm.to_string(),

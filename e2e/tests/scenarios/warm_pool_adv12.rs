@@ -1,6 +1,7 @@
 //! Adversary round 12: the warm pool end to end (real agent, controller, watchdog, tart-double).
 //!
-//! Scenarios named `finding_…` are attacks that broke a promise: each is `#[ignore]`d with its
+//! Scenarios named `finding_…` are attacks that broke a promise (all fixed since, each says how;
+//! they run with the rest): each was `#[ignore]`d with its
 //! finding's number and says in its doc comment the promise attacked, the exact input, what
 //! happened (journal lines, logs) and how bad it is. Scenarios named `…_held_…` are attacks that
 //! failed: they guard the behaviour.
@@ -143,9 +144,10 @@ fn kubectl(s: &Stack, args: &[&str]) -> String {
 /// and re-probe ready warm VMs each pool round (or watch their `tart run`), so a dead one is
 /// deleted and neither published nor counted as ready. Run the findings with `cargo test -p
 /// tartan-e2e --test scenarios -- --ignored --exact warm_pool_adv12::<test>`.
+///
+/// Fixed: a failed adoption probe ends the attempt Interrupted (the pool's failure, not the build's), so a retry starts cold.
 // scenario: adv12-finding-1-dead-warm-vm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 1: a warm VM that died while it waited is adopted and the build fails VMStartFailed, never retried"]
 async fn finding_1_a_warm_vm_whose_tart_run_died_while_it_waited_fails_the_next_build() {
     let mut s = Stack::new("adv12-finding-1-dead-warm-vm").await;
     s.add_agent("agent-a", pool_agent());
@@ -188,9 +190,10 @@ async fn finding_1_a_warm_vm_whose_tart_run_died_while_it_waited_fails_the_next_
 /// (An agent *restarted* during that probe retries the build cold instead: see
 /// `kill_held_an_agent_killed_while_the_adoption_probe_hangs_...`; the two endings of the same
 /// fault disagree.) Severity and direction: as above.
+///
+/// Fixed: as above.
 // scenario: adv12-finding-1-hung-warm-guest
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 1: a warm VM whose guest hangs is adopted and the build fails VMStartFailed after 30 s, never retried"]
 async fn finding_1_a_warm_vm_whose_guest_stopped_answering_fails_the_next_build() {
     let mut s = Stack::new("adv12-finding-1-hung-warm-guest").await;
     s.add_agent("agent-a", pool_agent());
@@ -483,9 +486,10 @@ fn set_pool(s: &Stack, id: &str, body: &str) {
 /// Severity: low-medium (a lie on the Lease for good; the claim waits it causes are bounded by
 /// the spread). Direction: publish the key with `null` when no warm VM is ready (as
 /// `DISK_PRESSURE_ANNOTATION` is), also when the pool is off.
+///
+/// Fixed: the renewal patch removes (`null`) tartan.dev/warm-images when no warm VM is ready.
 // scenario: adv12-finding-2-lease-warm-images
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 2: the Lease keeps tartan.dev/warm-images after no warm VM is ready, even with the pool off"]
 async fn finding_2_the_lease_keeps_publishing_a_warm_image_after_no_warm_vm_of_it_is_ready() {
     let mut s = Stack::new("adv12-finding-2-lease-warm-images").await;
     s.add_agent("agent-a", pool_agent());
@@ -556,9 +560,10 @@ async fn wait_for_annotation(s: &Stack, id: &str) {
 /// `clone_again` for an adopted attempt (its VM was never the attempt's clone): end it
 /// `Interrupted` (`AgentRestarted`, VM gone) so a retry runs cold; or let `Boot` from an adopted
 /// `Admitted` clone a build VM of its own name.
+///
+/// Fixed: recovery never plans `clone_again` for an adopted attempt; it is interrupted and retried cold.
 // scenario: adv12-finding-3-adopted-vm-gone-at-restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 3: an adopted attempt whose warm VM is gone at restart is stuck in Admitted, holding its slot"]
 async fn finding_3_an_adoption_whose_warm_vm_is_gone_at_the_next_start_is_stuck_holding_its_slot() {
     let mut s = Stack::new("adv12-finding-3-adopted-vm-gone-at-restart").await;
     s.add_agent("agent-a", pool_agent());
@@ -804,9 +809,10 @@ prepull = true"#,
 /// Severity: medium (fills the disk the operator's floor protects; a warm VM nobody can use holds
 /// a slot). Direction: no refill while the disk is below the floor (treat the pool's entries as
 /// size 0 in `refillable`, as for an image not held), and say so in the pool's log and metrics.
+///
+/// Fixed: no refill while the disk is below the floor.
 // scenario: adv12-finding-4-disk-floor-pool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 4: the pool clones warm VMs while the disk is below the floor of [disk] min_free_gib"]
 async fn finding_4_below_the_disk_floor_the_pool_still_clones_warm_vms() {
     let mut s = Stack::new("adv12-finding-4-disk-floor-pool").await;
     s.add_agent(
@@ -857,9 +863,10 @@ async fn finding_4_below_the_disk_floor_the_pool_still_clones_warm_vms() {
 /// plausible config; misleading records). Direction: count `max_idle` from the moment the VM is
 /// ready (or never expire a VM still preparing: bound its boot by `boot_timeout` and the pull by
 /// its own limit), journal an expiry as expiry, and back off a refill cancelled for no build.
+///
+/// Fixed: `max_idle` counts from readiness (the deadline file is rewritten then); a refill's deadline allows an hour for its clone and boot.
 // scenario: adv12-finding-5-pull-longer-than-max-idle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 5: a pull longer than max_idle is cancelled and started again for ever; the pool never warms"]
 async fn finding_5_a_refill_whose_pull_outlasts_max_idle_is_cancelled_and_started_again_for_ever() {
     let mut s = Stack::new("adv12-finding-5-pull-longer-than-max-idle").await;
     s.add_agent(
@@ -1015,9 +1022,10 @@ async fn watchdog_held_an_adopted_vm_is_deleted_by_the_builds_deadline_when_its_
 /// until an operator acts; needs the agent to die alone mid-clone). Direction: before deleting a
 /// stale warm VM (and before confirming a `Booting` one absent), kill the VM's tart processes
 /// (`kill_vm_processes`, as for `clone_again`) and only then delete and confirm its folder gone.
+///
+/// Fixed: a warm VM's deletion kills the tart processes working on it first.
 // scenario: adv12-finding-6-kill-mid-refill-clone
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING 6: a refill clone surviving its killed agent makes a VM after its records were closed; leaked, then blocks a slot"]
 async fn finding_6_a_refill_clone_that_outlives_its_killed_agent_leaves_an_untracked_vm() {
     let mut s = Stack::new("adv12-finding-6-kill-mid-refill-clone").await;
     s.add_agent("agent-a", pool_agent());

@@ -31,6 +31,9 @@ pub(super) struct WarmState {
     state: AttemptState,
     /// When its clone was asked for.
     since: Timestamp,
+    /// When it was recorded ready: its idle age (towards `max_idle`) counts from then, so a long
+    /// pull or boot does not expire it before it could serve.
+    ready_at: Option<Timestamp>,
     /// Left by an earlier run of the agent: deleted, never handed to a build.
     stale: bool,
     /// A build waits for its slot: the pool deletes it next.
@@ -127,7 +130,9 @@ impl Core {
                 name: vm.clone(),
                 profile: w.profile.clone(),
                 phase: w.phase(),
-                age: Duration::try_from(w.since.duration_until(now)).unwrap_or_default(),
+                age: w.ready_at.map_or(Duration::ZERO, |at| {
+                    Duration::try_from(at.duration_until(now)).unwrap_or_default()
+                }),
             })
             .collect()
     }
@@ -205,6 +210,7 @@ impl Core {
             slot: record.slot,
             state: record.to,
             since: record.time,
+            ready_at: None,
             stale: false,
             evict_for: None,
             busy: false,
@@ -213,6 +219,9 @@ impl Core {
         });
         entry.state = record.to;
         entry.slot = record.slot.or(entry.slot);
+        if record.to == AttemptState::Running && record.reason == Some(Reason::GuestReady) {
+            entry.ready_at = Some(record.time);
+        }
     }
 }
 
@@ -257,6 +266,7 @@ impl Builds {
                     slot: w.slot,
                     state: w.state,
                     since: w.since,
+                    ready_at: None,
                     stale: true,
                     evict_for: None,
                     busy: false,
@@ -434,7 +444,7 @@ impl Builds {
                         break;
                     };
                     let profile = spec.entries[entry].profile.clone();
-                    let deadline = warm_deadline(now, spec.max_idle);
+                    let deadline = refill_deadline(now, spec.max_idle);
                     work.push(begin_refill(core, profile, slot, deadline)?);
                 }
             }
@@ -448,7 +458,7 @@ impl Builds {
     pub async fn warm_booted(
         &self,
         vm: &str,
-        outcome: Result<SignedDuration, (Reason, String)>,
+        outcome: Result<(SignedDuration, Timestamp), (Reason, String)>,
     ) -> Result<(), JournalError> {
         let mut core = self.core.lock().await;
         let Some(w) = core.warm.get(vm).cloned() else {
@@ -456,7 +466,8 @@ impl Builds {
         };
         let mut record = warm_record(vm, &w.profile, Some(w.state), AttemptState::Running);
         match outcome {
-            Ok(after) => {
+            Ok((after, deadline)) => {
+                record.deadline = Some(deadline);
                 record.reason = Some(Reason::GuestReady);
                 record.detail = format!("warm VM ready: tart exec answered after {:.2}s", after.as_secs_f64());
                 if let Some(w) = core.warm.get_mut(vm) {
@@ -642,11 +653,20 @@ pub fn warm_vm_name(seq: u64) -> String {
     format!("{}{seq}-{salt:08x}", tartan_api::WARM_VM_PREFIX)
 }
 
+/// How long a refill's clone (an image pull included) and boot may take: its deadline file lies
+/// this much further out until the VM is ready, then it is rewritten from then on.
+pub const REFILL_ALLOWANCE: Duration = Duration::from_secs(3600);
+
+/// A refill's deadline: [`warm_deadline`] plus [`REFILL_ALLOWANCE`].
+pub fn refill_deadline(now: Timestamp, max_idle: Duration) -> Timestamp {
+    warm_deadline(now, max_idle + REFILL_ALLOWANCE)
+}
+
 /// How long past `max_idle` a warm VM's deadline file lies: the pool deletes an expired warm VM
 /// within a round (every few seconds); the watchdog only when the agent could not.
 pub const WARM_DEADLINE_MARGIN: Duration = Duration::from_secs(60);
 
-/// A warm VM's deadline for the watchdog (and for its own boot): `max_idle` from its clone, plus
+/// A ready warm VM's deadline for the watchdog: `max_idle` from `now` (its readiness), plus
 /// [`WARM_DEADLINE_MARGIN`].
 pub fn warm_deadline(now: Timestamp, max_idle: Duration) -> Timestamp {
     let life = SignedDuration::try_from(max_idle + WARM_DEADLINE_MARGIN).unwrap_or(SignedDuration::MAX);

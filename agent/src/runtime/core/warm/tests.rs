@@ -45,7 +45,7 @@ impl Rig {
             panic!("one refill expected: {work:?}")
         };
         self.builds
-            .warm_booted(vm, Ok(SignedDuration::from_millis(300)))
+            .warm_booted(vm, Ok((SignedDuration::from_millis(300), Timestamp::now())))
             .await
             .unwrap();
         vm.clone()
@@ -104,7 +104,7 @@ async fn a_refill_journals_its_slot_and_deadline_before_any_clone_and_a_ready_vm
     );
     assert!(rig.builds.ready_warm_profiles().await.is_empty());
     rig.builds
-        .warm_booted(vm, Ok(SignedDuration::from_millis(300)))
+        .warm_booted(vm, Ok((SignedDuration::from_millis(300), Timestamp::now())))
         .await
         .unwrap();
     assert_eq!(
