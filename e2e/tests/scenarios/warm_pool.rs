@@ -285,8 +285,19 @@ async fn a_cancel_while_the_adoption_waits_for_the_guest_ends_the_build_and_dele
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_free_agents_the_one_with_a_warm_vm_takes_the_build() {
     let mut s = Stack::new("warm-pool-two-agents").await;
-    s.add_agent("warm", pool_agent());
-    s.add_agent("cold", AgentOptions::default());
+    // The agent's own claim spread (500 ms), not the scenarios' shortened one.
+    let spread = AgentOptions {
+        claim_spread: "500ms",
+        ..AgentOptions::default()
+    };
+    s.add_agent(
+        "warm",
+        AgentOptions {
+            pool: POOL_OF_ONE,
+            ..spread.clone()
+        },
+    );
+    s.add_agent("cold", spread);
     // The cold host holds the image too (a clone pulled it once): only the warm VM tells them apart.
     for args in [["clone", IMAGE, "seed"].as_slice(), &["delete", "seed"]] {
         assert!(s.tart("cold", args).status.success());
@@ -298,8 +309,19 @@ async fn of_two_free_agents_the_one_with_a_warm_vm_takes_the_build() {
     let mut used: Vec<String> = Vec::new();
     let mut won = 0;
     for i in 0..runs {
-        // A warm VM is ready (a fresh one after each adoption).
+        // A warm VM is ready (a fresh one after each adoption), and the warm agent's Lease says so.
         let vm = warm_ready(&s, "warm", &used).await;
+        tartan_e2e::wait_for_async("the warm image on the Lease", Duration::from_secs(20), || async {
+            let lease = s.lease("warm").await;
+            let warm = lease
+                .and_then(|l| l.metadata.annotations)
+                .and_then(|a| a.get("tartan.dev/warm-images").cloned());
+            match warm {
+                Some(w) if w.contains(IMAGE) => Ok(()),
+                other => Err(format!("tartan.dev/warm-images: {other:?}")),
+            }
+        })
+        .await;
         let name = format!("build-{i}");
         s.create_run(&name, &s.build_params(false), None).await;
         s.wait_run(&name, "True", "TestsPassed", Duration::from_secs(60)).await;
