@@ -178,8 +178,17 @@ mod tests {
             .env(super::super::reaper::RUN_MARKER, &marker)
             .spawn()
             .expect("sleep starts");
+        // The child carries the marker only once it has exec'd `sleep` (until then /proc shows
+        // the test's environment): sample until it is seen, within a bound.
         let mut u = Usage::default();
-        u.sample(&marker);
+        let started = std::time::Instant::now();
+        loop {
+            u.sample(&marker);
+            if !u.by_kind().is_empty() || started.elapsed() > std::time::Duration::from_secs(10) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = child.kill();
         let _ = child.wait();
         let by_kind = u.by_kind();
