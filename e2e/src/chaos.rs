@@ -57,10 +57,6 @@ impl Log {
     }
 }
 
-/// The `[pool]` of a pool host: one warm VM of the builds' image.
-const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
-prepull = true"#;
-
 /// How often the run's processes' CPU and memory are read (see [`usage`]).
 const USAGE_EVERY: Duration = Duration::from_secs(3);
 
@@ -186,7 +182,11 @@ pub async fn run(opts: Options) -> bool {
             h,
             AgentOptions {
                 slots: opts.slots,
-                pool: if i < opts.pool_hosts { POOL_OF_ONE } else { "" },
+                pool: if i < opts.pool_hosts {
+                    crate::stack::POOL_OF_ONE
+                } else {
+                    ""
+                },
                 ..opts.agent.clone()
             },
         );

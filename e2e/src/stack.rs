@@ -20,6 +20,11 @@ use tartan_agent::record::Record;
 /// The image every build clones (tart-double synthesises it).
 pub const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-xcode:16";
 
+/// The `[pool]` of a host that keeps one warm VM of [`IMAGE`] (tart-double homes hold no image:
+/// `prepull`).
+pub const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
+prepull = true"#;
+
 /// Timing of one agent; [`AgentOptions::default`] is shortened for tests,
 /// [`AgentOptions::source_defaults`] is the source document's.
 #[derive(Clone, Debug)]

@@ -170,10 +170,6 @@ pub struct Row {
     pub pool: bool,
 }
 
-/// The `[pool]` of a pool row: one warm VM of the builds' image.
-const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
-prepull = true"#;
-
 /// Points only an agent start passes: the first start crashes at [`LEAD_IN`] (a VM cloned but not
 /// started: nothing to resume, so recovery kills its survivors and interrupts the attempt), the
 /// second at the point itself.
@@ -336,7 +332,7 @@ async fn row_stack(name: &str, slots: u8, pool: bool, binary: &Path) -> (Stack, 
             slots,
             // Compaction runs soon after a build ended, so that its points are swept too.
             compaction_interval: "1s",
-            pool: if pool { POOL_OF_ONE } else { "" },
+            pool: if pool { crate::stack::POOL_OF_ONE } else { "" },
             ..AgentOptions::default()
         },
     );

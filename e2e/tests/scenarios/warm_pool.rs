@@ -8,28 +8,24 @@ use serde_json::json;
 use std::time::Duration;
 use tartan_agent::record::Record;
 use tartan_api::{AttemptState, Outcome, Reason};
-use tartan_e2e::stack::IMAGE;
+use tartan_e2e::stack::{IMAGE, POOL_OF_ONE};
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack};
 
-/// One warm VM of the scenarios' image (tart-double homes hold no image: `prepull`).
-const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
-prepull = true"#;
-
 /// Another image, which no warm VM serves.
-const OTHER_IMAGE: &str = "ghcr.io/cirruslabs/macos-sonoma-base:latest";
+pub(crate) const OTHER_IMAGE: &str = "ghcr.io/cirruslabs/macos-sonoma-base:latest";
 
-fn pool_agent() -> AgentOptions {
+pub(crate) fn pool_agent() -> AgentOptions {
     AgentOptions {
         pool: POOL_OF_ONE,
         ..AgentOptions::default()
     }
 }
 
-fn is_warm(r: &Record) -> bool {
+pub(crate) fn is_warm(r: &Record) -> bool {
     r.build.is_none() && r.warm.is_some()
 }
 
-fn of_build<'a>(journal: &'a [Record], name: &str) -> Vec<&'a Record> {
+pub(crate) fn of_build<'a>(journal: &'a [Record], name: &str) -> Vec<&'a Record> {
     journal
         .iter()
         .filter(|r| r.build.as_ref().is_some_and(|b| b.name == name))
@@ -37,7 +33,7 @@ fn of_build<'a>(journal: &'a [Record], name: &str) -> Vec<&'a Record> {
 }
 
 /// Waits until agent `id` journals a warm VM ready that is not in `except`; its name.
-async fn warm_ready(s: &Stack, id: &str, except: &[String]) -> String {
+pub(crate) async fn warm_ready(s: &Stack, id: &str, except: &[String]) -> String {
     let r = s
         .wait_journal(id, "a warm VM ready", Duration::from_secs(60), |r| {
             is_warm(r) && r.to == AttemptState::Running && r.vm.as_ref().is_some_and(|vm| !except.contains(vm))

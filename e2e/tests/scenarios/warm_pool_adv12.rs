@@ -25,52 +25,17 @@
 //!   share, keeps a warm VM on a network other builds reach: with `network = "shared"` a build in
 //!   one slot reaches the warm VM in the other that the *next* build adopts; tart-double cannot
 //!   show networking, so this stays a note: the pool turns "the other VM on the Mac" of
-//!   docs/build-options.md into the next build's VM, which docs/warm-pool.md does not say);
+//!   docs/build-options.md into the next build's VM; docs/warm-pool.md says so since);
 //! - timing configs the pool accepts but cannot work with (`max_idle` shorter than a pull).
 //!
-//! Run a finding: `cargo test -p tartan-e2e --test scenarios -- --ignored --exact
-//! warm_pool_adv12::<test>` (after `scripts/e2e`'s build).
+//! Run one: `scripts/e2e <scenario>` (the names are in the `// scenario:` lines).
 
+use super::warm_pool::{OTHER_IMAGE, is_warm, of_build, pool_agent, warm_ready};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tartan_agent::record::Record;
 use tartan_api::{AttemptState, Outcome, Reason};
 use tartan_e2e::{AgentOptions, ControllerOptions, KillMode, Stack};
-
-/// One warm VM of the scenarios' image (tart-double homes hold no image: `prepull`).
-const POOL_OF_ONE: &str = r#"images = [{ image = "ghcr.io/cirruslabs/macos-sequoia-xcode:16", size = 1 }]
-prepull = true"#;
-
-/// Another image, which no warm VM serves.
-const OTHER_IMAGE: &str = "ghcr.io/cirruslabs/macos-sonoma-base:latest";
-
-fn pool_agent() -> AgentOptions {
-    AgentOptions {
-        pool: POOL_OF_ONE,
-        ..AgentOptions::default()
-    }
-}
-
-fn is_warm(r: &Record) -> bool {
-    r.build.is_none() && r.warm.is_some()
-}
-
-fn of_build<'a>(journal: &'a [Record], name: &str) -> Vec<&'a Record> {
-    journal
-        .iter()
-        .filter(|r| r.build.as_ref().is_some_and(|b| b.name == name))
-        .collect()
-}
-
-/// Waits until agent `id` journals a warm VM ready that is not in `except`; its name.
-async fn warm_ready(s: &Stack, id: &str, except: &[String]) -> String {
-    let r = s
-        .wait_journal(id, "a warm VM ready", Duration::from_secs(60), |r| {
-            is_warm(r) && r.to == AttemptState::Running && r.vm.as_ref().is_some_and(|vm| !except.contains(vm))
-        })
-        .await;
-    r.vm.expect("a warm record names its VM")
-}
 
 fn other_params(s: &Stack) -> Vec<(&'static str, Value)> {
     let mut params = s.build_params(false);
