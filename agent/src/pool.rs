@@ -58,8 +58,7 @@ impl WarmProfile {
     /// (it asks for shared folders).
     pub fn key_serving(spec: &MacBuildSpec) -> Option<String> {
         let resources = spec.resources.clone().unwrap_or_default();
-        spec.mounts
-            .is_empty()
+        (spec.mounts.is_empty() && plain_image(&spec.image))
             .then(|| WarmProfile::new(&spec.image, resources.cpu, resources.memory_mib).key())
     }
 
@@ -67,11 +66,19 @@ impl WarmProfile {
     /// resources, and no shared folder asked for.
     pub fn serves(&self, spec: &MacBuildSpec) -> bool {
         let resources = spec.resources.clone().unwrap_or_default();
-        normalize_image(&spec.image) == self.image
+        plain_image(&spec.image)
+            && normalize_image(&spec.image) == self.image
             && resources.cpu == self.cpu
             && resources.memory_mib == self.memory_mib
             && spec.mounts.is_empty()
     }
+}
+
+/// Whether a build's image is written without whitespace: one with it is refused at its start
+/// (`check_image`), so it must not take a warm VM first, nor read as a profile key (whose parts
+/// are space-separated).
+fn plain_image(image: &str) -> bool {
+    !image.is_empty() && !image.chars().any(char::is_whitespace)
 }
 
 /// One `[pool]` entry: keep `size` warm VMs of `profile`.

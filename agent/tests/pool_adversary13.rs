@@ -176,8 +176,9 @@ fn image_spellings_held_local_and_peer_judgement_agree() {
 /// Severity: low (bounded by `claim_spread`, latency only, and the build fails on any host).
 /// Direction: `key_serving` returns `None` for an image `check_image` refuses (or containing a
 /// space); or publish a structured value (JSON objects) instead of a space-joined string.
+///
+/// Fixed: a build image with whitespace has no warm key and is served by no warm VM.
 #[test]
-#[ignore = "FINDING 1: a build image containing ' cpu=4' collides with a peer's warm key"]
 fn a_build_image_with_a_space_never_matches_a_peers_warm_key() {
     use tartan_agent::cluster::placement::peer_of;
     let peer = peer_of(&lease("mac-b", &format!(r#"["{IMAGE} cpu=4"]"#))).unwrap();
@@ -212,8 +213,9 @@ fn a_build_image_with_a_space_never_matches_a_peers_warm_key() {
 /// Severity: low (needs a malformed spec; costs warm VMs, not correctness).
 /// Direction: `serves`/`place` refuse a spec whose image `check_image` refuses (or compare the
 /// untrimmed image), so the build fails cold without touching the pool.
+///
+/// Fixed: as FINDING 1 (`WarmProfile::serves` wants an image without whitespace).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "FINDING 2: a refused (space-padded) image adopts and consumes a warm VM"]
 async fn a_build_with_a_refused_image_never_adopts_a_warm_vm() {
     let host = Host::new();
     let spec = PoolSpec {
