@@ -178,6 +178,30 @@ pub fn is_running(pid: i32) -> bool {
     proc_state(pid).is_some_and(|s| !matches!(s, 'T' | 't' | 'Z' | 'X'))
 }
 
+/// Whether `pid`, sent SIGSTOP, can run no more of its own code: gone, stopped, a zombie, or
+/// waiting in the kernel with the SIGSTOP still pending. The last is a `vfork` parent whose child
+/// was stopped before its `exec`: it stays in `D` until the child execs or exits, and stops the
+/// moment it leaves that wait, so waiting for its `T` would wait for ever.
+pub fn is_asleep(pid: i32) -> bool {
+    match proc_state(pid) {
+        None | Some('T' | 't' | 'Z' | 'X') => true,
+        Some('D') => stop_pending(pid),
+        Some(_) => false,
+    }
+}
+
+/// Whether SIGSTOP is pending for `pid` (process-wide or for its main thread), from the
+/// `ShdPnd`/`SigPnd` masks of `/proc/<pid>/status`.
+fn stop_pending(pid: i32) -> bool {
+    let bit = 1u64 << (Signal::SIGSTOP as u32 - 1);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().any(|line| {
+        let mask = line.strip_prefix("ShdPnd:").or_else(|| line.strip_prefix("SigPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & bit != 0)
+    })
+}
+
 fn proc_state(pid: i32) -> Option<char> {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| {
         s.rsplit_once(')')
@@ -193,5 +217,77 @@ fn is_zombie(pid: i32) -> bool {
 pub fn kill_pids_with_env(key: &str, value: &str) {
     for pid in pids_with_env(key, value) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits up to 10 s for `pid`'s state to be `want`.
+    fn await_state(pid: i32, want: char) {
+        let started = Instant::now();
+        while proc_state(pid) != Some(want) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "pid {pid} never reached state {want}: {:?}",
+                proc_state(pid)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The child of `parent` (from `/proc/<pid>/stat`'s ppid field), waited for up to 10 s.
+    fn child_of(parent: i32) -> i32 {
+        let started = Instant::now();
+        loop {
+            for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+                let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()));
+                if ppid == Some(parent) {
+                    return pid;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{parent} has no child");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// What made `Stack::sleep_host` wait for ever (mac-sleep in CI): a process that `vfork`ed a
+    /// child which was stopped before its exec sits in `D` with SIGSTOP pending, never `T`.
+    #[test]
+    fn a_vfork_parent_whose_child_is_stopped_counts_as_asleep() {
+        // SAFETY: the forked child of this multi-threaded test makes only system calls (clone,
+        // getpid, kill, _exit). Its clone has vfork's wait (CLONE_VFORK) but not its shared memory
+        // (no CLONE_VM), so it returns twice like fork, each side on its own copy of the stack.
+        let parent = unsafe {
+            match libc::fork() {
+                0 => {
+                    let flags = libc::CLONE_VFORK as libc::c_long | libc::SIGCHLD as libc::c_long;
+                    if libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) == 0 {
+                        libc::kill(libc::getpid(), libc::SIGSTOP);
+                        libc::_exit(0);
+                    }
+                    libc::_exit(0);
+                }
+                pid => pid,
+            }
+        };
+        assert!(parent > 0, "fork failed");
+        let stopped_child = child_of(parent);
+        await_state(stopped_child, 'T');
+        await_state(parent, 'D');
+        assert!(!is_asleep(parent), "D without SIGSTOP pending is not asleep");
+        let _ = kill(Pid::from_raw(parent), Signal::SIGSTOP);
+        assert!(is_running(parent), "the state alone says it runs");
+        assert!(is_asleep(parent), "SIGSTOP pending in D: asleep");
+        let _ = kill(Pid::from_raw(stopped_child), Signal::SIGKILL);
+        let _ = kill(Pid::from_raw(parent), Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(parent), None);
     }
 }

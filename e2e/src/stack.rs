@@ -974,7 +974,8 @@ allowed = [{secrets}]
 
     /// The Mac of agent `id` goes to sleep: SIGSTOP to every process of the host ([`Stack::host_pids`]),
     /// scanning again until no new one appears (a process may fork between scans), then waiting
-    /// until each is stopped. Returns the pids, for [`Stack::wake_host`].
+    /// until none can run ([`crate::process::is_asleep`]: a `vfork` parent whose child was stopped
+    /// before its exec never reaches `T`). Returns the pids, for [`Stack::wake_host`].
     pub fn sleep_host(&mut self, id: &str) -> Vec<i32> {
         let mut stopped: Vec<i32> = vec![];
         loop {
@@ -996,7 +997,7 @@ allowed = [{secrets}]
             let running: Vec<i32> = stopped
                 .iter()
                 .copied()
-                .filter(|p| crate::process::is_running(*p))
+                .filter(|p| !crate::process::is_asleep(*p))
                 .collect();
             if running.is_empty() {
                 break;
