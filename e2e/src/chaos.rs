@@ -3,6 +3,7 @@
 //! fault lifted, then every invariant and the run-wide checks ([`checks`]), one line each.
 
 pub mod checks;
+pub mod controllers;
 pub mod plan;
 pub mod reaper;
 pub mod usage;
@@ -30,6 +31,8 @@ pub struct Options {
     pub heal: Duration,
     pub agent: AgentOptions,
     pub controller: ControllerOptions,
+    /// Controller processes: 1 without leader election, more as replicas under it.
+    pub controller_replicas: usize,
     /// Keep the work directory even when every check passes.
     pub keep: bool,
     /// How often the runner samples every host (VMs on disk, processes that exited).
@@ -41,9 +44,29 @@ pub struct Options {
 struct Log {
     start: Instant,
     lines: Vec<String>,
+    /// Per fault kind: how many struck and how many were skipped (one of its kind in force).
+    tally: BTreeMap<&'static str, [u32; 2]>,
 }
 
 impl Log {
+    fn struck(&mut self, fault: &Fault) {
+        self.tally.entry(fault.kind()).or_default()[0] += 1;
+        self.line(format!("strike: {fault}"));
+    }
+
+    fn skipped(&mut self, fault: &Fault, why: &str) {
+        self.tally.entry(fault.kind()).or_default()[1] += 1;
+        self.line(format!("skip: {fault} ({why})"));
+    }
+
+    /// One line per fault kind: struck and skipped.
+    fn tally_lines(&self) -> Vec<String> {
+        self.tally
+            .iter()
+            .map(|(kind, [struck, skipped])| format!("faults {kind}: {struck} struck, {skipped} skipped"))
+            .collect()
+    }
+
     fn line(&mut self, msg: impl AsRef<str>) {
         let l = format!(
             "+{:8.3}s {} {}",
@@ -67,7 +90,8 @@ struct InForce {
     /// Per host: killed (restart pending) or frozen.
     agent_down: BTreeMap<usize, Kill>,
     agent_frozen: BTreeMap<usize, ()>,
-    controller_down: bool,
+    /// The controller processes, and which of them are down.
+    controllers: controllers::Controllers,
     availability: bool,
     latency: bool,
     refusing: bool,
@@ -153,6 +177,7 @@ pub async fn run(opts: Options) -> bool {
     let mut log = Log {
         start: Instant::now(),
         lines: vec![],
+        tally: BTreeMap::new(),
     };
     log.line(format!(
         "chaos seed {} builds {} hosts {} window {:.0}s faults {}; work dir {}",
@@ -194,7 +219,11 @@ pub async fn run(opts: Options) -> bool {
             own_api_user(&stack, i).unwrap_or_else(|e| panic!("giving {h} an API user of its own: {e}"));
         }
     }
-    stack.start_controller(opts.controller.clone());
+    let mut on = InForce {
+        controllers: controllers::Controllers::new(opts.controller.clone(), opts.controller_replicas),
+        ..InForce::default()
+    };
+    on.controllers.start(&mut stack);
     for h in &hosts {
         stack.start_agent(h).await;
         stack.start_watchdog(h);
@@ -209,7 +238,6 @@ pub async fn run(opts: Options) -> bool {
         events.push(f.at, Event::Strike(i));
     }
     let t0 = Instant::now();
-    let mut on = InForce::default();
     let mut findings = checks::Findings::default();
     let mut created: BTreeMap<usize, bool> = BTreeMap::new();
     let mut delivery_blocked = Vec::new();
@@ -253,7 +281,7 @@ pub async fn run(opts: Options) -> bool {
         // hosts a controller stayed down 60 s that way).
         if last_sample.elapsed() >= opts.sample_every {
             last_sample = Instant::now();
-            sample(&mut stack, &hosts, &on, opts.slots, &mut findings, &mut log);
+            sample(&mut stack, &hosts, &mut on, opts.slots, &mut findings, &mut log);
         }
         let now = t0.elapsed();
         if let Some((at, ev)) = events.pop_due(now) {
@@ -274,11 +302,11 @@ pub async fn run(opts: Options) -> bool {
                         unreachable!("matched above")
                     };
                     if on.upgrading {
-                        log.line(format!("skip: {} (an upgrade is under way)", plan.faults[i].fault));
+                        log.skipped(&plan.faults[i].fault, "an upgrade is under way");
                         continue;
                     }
                     on.upgrading = true;
-                    log.line(format!("strike: {}", plan.faults[i].fault));
+                    log.struck(&plan.faults[i].fault);
                     for host in 0..hosts.len() {
                         events.push(now + gap * host as u32, Event::Upgrade(i, host));
                     }
@@ -321,7 +349,7 @@ pub async fn run(opts: Options) -> bool {
     log.line(format!("schedule kept: {}", lateness_summary(&mut lateness)));
     log.line("healing: every fault lifted");
     heal(&mut stack, &mut on, &mut log).await;
-    let healed = wait_healed(&mut stack, &hosts, &opts, &mut findings, &mut usage, &mut log).await;
+    let healed = wait_healed(&mut stack, &hosts, &opts, &mut on, &mut findings, &mut usage, &mut log).await;
     log.line(format!(
         "healing {} after {:.1}s",
         if healed { "done" } else { "gave up" },
@@ -345,6 +373,9 @@ pub async fn run(opts: Options) -> bool {
         for line in usage.report(opts.sizes.builds) {
             log.line(line);
         }
+    }
+    for line in log.tally_lines() {
+        log.line(line);
     }
     log.line(format!("wall time {:.1}s", log.start.elapsed().as_secs_f64()));
     let results = checks::all(&world, &findings, opts.slots);
@@ -465,7 +496,7 @@ async fn strike(
 ) -> Option<Duration> {
     let fault = &plan.faults[i].fault;
     let skip = |log: &mut Log, why: &str| {
-        log.line(format!("skip: {fault} ({why})"));
+        log.skipped(fault, why);
         None
     };
     let lasting = Some(fault.duration());
@@ -492,12 +523,15 @@ async fn strike(
             on.agent_frozen.insert(*host, ());
         }
         Fault::KillController { .. } => {
-            if on.controller_down {
+            if on.controllers.all_down() {
                 return skip(log, "controller already down");
             }
-            stack.kill_controller();
-            on.controller_down = true;
+            on.controllers.kill_all(stack);
         }
+        Fault::ControllerFailover { .. } => match on.controllers.kill_leader(stack).await {
+            Ok(leader) => log.line(format!("the leader was {leader}")),
+            Err(why) => return skip(log, &why),
+        },
         Fault::ApiUnavailable { for_ } | Fault::ApiRefuses { for_ } => {
             if on.availability {
                 return skip(log, "an outage is in force");
@@ -611,11 +645,11 @@ async fn strike(
                     Err(e) => Answer::StrikeFailed(i, e.to_string()),
                 });
             });
-            log.line(format!("strike: {fault}"));
+            log.struck(fault);
             return None;
         }
     }
-    log.line(format!("strike: {fault}"));
+    log.struck(fault);
     lasting.filter(|d| !d.is_zero())
 }
 
@@ -709,10 +743,19 @@ async fn lift(stack: &mut Stack, fault: &Fault, on: &mut InForce, log: &mut Log)
             }
         }
         Fault::KillController { .. } => {
-            if on.controller_down {
-                stack.restart_controller();
-                on.controller_down = false;
+            if on.controllers.all_down() {
+                on.controllers.restart_all(stack);
             }
+        }
+        Fault::ControllerFailover { .. } => {
+            let restarted = on.controllers.restart_failed_over(stack);
+            if !restarted.is_empty() {
+                log.line(format!(
+                    "lift: {fault} (restarted {} as a standby)",
+                    restarted.join(", ")
+                ));
+            }
+            return;
         }
         // Restored by the emulator itself after `forMs`.
         Fault::ApiUnavailable { .. } | Fault::ApiRefuses { .. } => on.availability = false,
@@ -767,9 +810,8 @@ async fn heal(stack: &mut Stack, on: &mut InForce, log: &mut Log) {
         stack.spawn_agent(&host_name(host));
         log.line(format!("heal: restart agent {}", host_name(host)));
     }
-    if std::mem::take(&mut on.controller_down) {
-        stack.restart_controller();
-        log.line("heal: restart controller");
+    if on.controllers.heal(stack) {
+        log.line("heal: restart the controller processes that were down");
     }
     stack.cluster.emulator_faults(&json!({
         "availability": "up", "latencyMs": 0, "watchesStalled": false, "deny": [], "partitioned": [], "busyMs": 0
@@ -779,12 +821,15 @@ async fn heal(stack: &mut Stack, on: &mut InForce, log: &mut Log) {
         on.tart.remove(&host);
         write_tart(stack, on, host);
     }
-    *on = InForce::default();
+    *on = InForce {
+        controllers: std::mem::take(&mut on.controllers),
+        ..InForce::default()
+    };
 }
 
 /// Every 300 ms: VMs on disk per host (never more than its slots), and no process the runner
 /// did not kill has exited (restarted if it has, and reported).
-fn sample(stack: &mut Stack, hosts: &[String], on: &InForce, slots: u8, f: &mut checks::Findings, log: &mut Log) {
+fn sample(stack: &mut Stack, hosts: &[String], on: &mut InForce, slots: u8, f: &mut checks::Findings, log: &mut Log) {
     for (i, h) in hosts.iter().enumerate() {
         let vms: Vec<String> = stack
             .vms(h)
@@ -825,21 +870,16 @@ fn sample(stack: &mut Stack, hosts: &[String], on: &InForce, slots: u8, f: &mut 
             stack.start_watchdog(h);
         }
     }
-    if !on.controller_down
-        && stack.controller_started()
-        && let Some(status) = stack.controller_exit_status()
-    {
+    for (name, status) in on.controllers.restart_exited(stack) {
         let crashed = crashed(status);
         let msg = format!(
-            "controller exited on its own ({status}{}); restarted as its Deployment would",
+            "{name} exited on its own ({status}{}); restarted as its Deployment would",
             if crashed { ", a crash" } else { "" }
         );
         log.line(&msg);
         if crashed {
             f.exited.push(msg);
         }
-        stack.forget_exited_controller();
-        stack.restart_controller();
     }
 }
 
@@ -856,6 +896,7 @@ async fn wait_healed(
     stack: &mut Stack,
     hosts: &[String],
     opts: &Options,
+    on: &mut InForce,
     f: &mut checks::Findings,
     usage: &mut usage::Usage,
     log: &mut Log,
@@ -863,9 +904,8 @@ async fn wait_healed(
     let start = Instant::now();
     let marker = std::env::var(reaper::RUN_MARKER).ok();
     let mut last_report = Instant::now();
-    let on = InForce::default();
     loop {
-        sample(stack, hosts, &on, opts.slots, f, log);
+        sample(stack, hosts, on, opts.slots, f, log);
         if let Some(m) = &marker {
             usage.sample(m);
         }

@@ -487,6 +487,23 @@ impl Stack {
         self.dead.push(p);
     }
 
+    /// Whether replica `id` was started and not killed, stopped or forgotten since.
+    pub fn replica_started(&self, id: &str) -> bool {
+        self.replicas.contains_key(id)
+    }
+
+    /// How replica `id`'s process ended, if it has (it may exit on its own).
+    pub fn replica_exit_status(&mut self, id: &str) -> Option<std::process::ExitStatus> {
+        self.replicas.get_mut(id).and_then(|p| p.exit_status())
+    }
+
+    /// Moves replica `id`, which exited on its own, to the dead (so it can be started again).
+    pub fn forget_exited_replica(&mut self, id: &str) {
+        if let Some(p) = self.replicas.remove(id) {
+            self.dead.push(p);
+        }
+    }
+
     /// SIGSTOP of replica `id` (a frozen node, a long GC pause, a paused VM).
     pub fn freeze_replica(&self, id: &str) {
         self.replica(id).signal(Signal::SIGSTOP);

@@ -30,9 +30,15 @@ struct Args {
     #[arg(long)]
     faults: Option<usize>,
     /// Add the fleet-level faults: a rack (a random 20 % of the hosts) cut off from the API in
-    /// each third of the window, the API saturated for a quarter of it, a rolling agent upgrade.
+    /// each third of the window, the API saturated for a quarter of it, a rolling agent upgrade,
+    /// the leading controller replica killed as each rack returns.
     #[arg(long)]
     fleet: bool,
+    /// Controller processes: 1 runs without leader election; 2 or more run as replicas under it
+    /// with the source's timings (lease 15 s), the leader killed in `--fleet` runs. Default: 2
+    /// with --fleet, else 1.
+    #[arg(long)]
+    controller_replicas: Option<usize>,
     /// Slots per host.
     #[arg(long, default_value_t = 2)]
     slots: u8,
@@ -116,6 +122,7 @@ fn main() {
             lease_duration,
             ..ControllerOptions::default()
         },
+        controller_replicas: args.controller_replicas.unwrap_or(if args.fleet { 2 } else { 1 }),
         keep: args.keep,
         sample_every: Duration::from_millis(args.sample_ms.max(50)),
     };

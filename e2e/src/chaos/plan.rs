@@ -92,9 +92,43 @@ pub enum Fault {
     /// A rolling agent upgrade: every host in turn, `gap` apart, gets launchd's stop (SIGTERM,
     /// waiting for the agent to exit) and is started again, while builds run.
     RollingUpgrade { gap: Duration },
+    /// `kill -9` of the controller replica holding the leader Lease (a node lost with its pod);
+    /// the standby takes over, the killed one comes back as a standby after `down`.
+    ControllerFailover { down: Duration },
 }
 
 impl Fault {
+    /// The fault's kind, for the run's tally (agent kills by how the agent dies).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillAgent { kill: Kill::Term, .. } => "agent SIGTERM (launchd stop)",
+            Fault::KillAgent { kill: Kill::Group, .. } => "agent kill -9 (group)",
+            Fault::KillAgent { kill: Kill::Alone, .. } => "agent kill -9 (alone)",
+            Fault::KillAgent {
+                kill: Kill::WithVms, ..
+            } => "agent kill -9 (with its VMs)",
+            Fault::FreezeAgent { .. } => "agent SIGSTOP",
+            Fault::KillController { .. } => "controller kill -9",
+            Fault::ControllerFailover { .. } => "controller leader kill -9 (failover)",
+            Fault::ApiUnavailable { .. } => "API 503",
+            Fault::ApiRefuses { .. } => "API refuses connections",
+            Fault::ApiLatency { .. } => "API latency",
+            Fault::RefuseTerminalStatus { .. } => "terminal status refused",
+            Fault::WatchStall { .. } => "watches stall",
+            Fault::WatchRestart => "watches restart (410)",
+            Fault::TartDeleteFails { .. } => "tart delete fails",
+            Fault::TartSlow { .. } => "tart slow",
+            Fault::TartExecHangs { .. } => "tart exec hangs",
+            Fault::TartRunDies { .. } => "tart run dies",
+            Fault::TartCloneTmpRace { .. } => "tart clone temp-dir race",
+            Fault::Cancel { .. } => "CustomRun cancelled",
+            Fault::DeleteOwner { .. } => "CustomRun deleted",
+            Fault::RackPartition { .. } => "rack cut off from the API",
+            Fault::ApiBusy { .. } => "API saturated",
+            Fault::RollingUpgrade { .. } => "rolling agent upgrade",
+        }
+    }
+
     /// How long the fault lasts before it is lifted (zero for one-shot faults).
     /// Whether the agents' status writes cannot reach the cluster while this fault is in force.
     pub fn blocks_delivery(&self) -> bool {
@@ -114,7 +148,9 @@ impl Fault {
 
     pub fn duration(&self) -> Duration {
         match self {
-            Fault::KillAgent { down, .. } | Fault::KillController { down } => *down,
+            Fault::KillAgent { down, .. } | Fault::KillController { down } | Fault::ControllerFailover { down } => {
+                *down
+            }
             Fault::FreezeAgent { for_, .. }
             | Fault::ApiUnavailable { for_ }
             | Fault::ApiRefuses { for_ }
@@ -157,6 +193,13 @@ impl fmt::Display for Fault {
             }
             Fault::FreezeAgent { host, for_ } => write!(f, "SIGSTOP agent {} for {}", h(host), secs(*for_)),
             Fault::KillController { down } => write!(f, "kill -9 controller, restart after {}", secs(*down)),
+            Fault::ControllerFailover { down } => {
+                write!(
+                    f,
+                    "kill -9 the leading controller replica, restart after {}",
+                    secs(*down)
+                )
+            }
             Fault::ApiUnavailable { for_ } => write!(f, "API answers 503 for {}", secs(*for_)),
             Fault::ApiRefuses { for_ } => write!(f, "API refuses connections for {}", secs(*for_)),
             Fault::ApiLatency { latency, for_ } => {
@@ -369,7 +412,7 @@ pub fn plan(sizes: &Sizes) -> Plan {
 /// cut off from the API in each third of the window for 10-30 s; the API saturated (5-20 ms a
 /// request, one at a time) from a random time in the first half for a quarter of the window (at
 /// most 3 minutes); a rolling agent upgrade starting in the first half, spread over a third of
-/// the window.
+/// the window; the leading controller replica killed within 3 s of each rack's return.
 pub fn fleet_faults(sizes: &Sizes) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(sizes.seed ^ 0xF1EE_7000_0000_0029);
     let window = sizes.window.as_millis().max(1000) as u64;
@@ -404,6 +447,21 @@ pub fn fleet_faults(sizes: &Sizes) -> Vec<Planned> {
             gap: Duration::from_millis(window / 3 / hosts as u64),
         },
     });
+    // The controller's leader killed while it catches up: within 3 s of each rack's return,
+    // when that rack's agents deliver what they held back.
+    let rack_ends: Vec<Duration> = out
+        .iter()
+        .filter(|p| matches!(p.fault, Fault::RackPartition { .. }))
+        .map(|p| p.at + p.fault.duration())
+        .collect();
+    for end in rack_ends {
+        out.push(Planned {
+            at: end + ms(&mut rng, 0, 3_000),
+            fault: Fault::ControllerFailover {
+                down: ms(&mut rng, 20_000, 60_000),
+            },
+        });
+    }
     out
 }
 
@@ -434,8 +492,8 @@ mod tests {
         let plain20 = plan(&Sizes { hosts: 20, ..sizes(5) });
         assert_eq!(plain.builds, fleet.builds);
         let fleet_only: Vec<&Planned> = fleet.faults.iter().filter(|f| !plain20.faults.contains(f)).collect();
-        assert_eq!(fleet.faults.len(), plain20.faults.len() + 5);
-        assert_eq!(fleet_only.len(), 5, "{fleet_only:?}");
+        assert_eq!(fleet.faults.len(), plain20.faults.len() + 8);
+        assert_eq!(fleet_only.len(), 8, "{fleet_only:?}");
         let racks: Vec<&Vec<usize>> = fleet_only
             .iter()
             .filter_map(|f| match &f.fault {
@@ -449,12 +507,35 @@ mod tests {
             assert!(rack.windows(2).all(|w| w[0] < w[1] && w[1] < 20), "{rack:?}");
         }
         assert!(fleet_only.iter().any(|f| matches!(f.fault, Fault::ApiBusy { .. })));
+        let rack_ends: Vec<Duration> = fleet_only
+            .iter()
+            .filter(|f| matches!(f.fault, Fault::RackPartition { .. }))
+            .map(|f| f.at + f.fault.duration())
+            .collect();
+        let failovers: Vec<Duration> = fleet_only
+            .iter()
+            .filter(|f| matches!(f.fault, Fault::ControllerFailover { .. }))
+            .map(|f| f.at)
+            .collect();
+        assert_eq!(failovers.len(), 3, "one per rack");
+        assert!(
+            failovers.iter().all(|at| rack_ends
+                .iter()
+                .any(|end| *at >= *end && *at <= *end + Duration::from_secs(3))),
+            "each within 3 s of a rack's return: {failovers:?} {rack_ends:?}"
+        );
         assert!(
             fleet_only
                 .iter()
                 .any(|f| matches!(f.fault, Fault::RollingUpgrade { .. }))
         );
-        assert!(fleet.faults.iter().all(|f| f.at < Duration::from_secs(60)));
+        assert!(
+            fleet
+                .faults
+                .iter()
+                .filter(|f| !matches!(f.fault, Fault::ControllerFailover { .. }))
+                .all(|f| f.at < Duration::from_secs(60))
+        );
         // One host: a rack of one.
         let one = fleet_faults(&Sizes {
             fleet: true,
