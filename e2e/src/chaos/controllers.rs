@@ -35,7 +35,7 @@ impl Controllers {
 
     /// Starts what is not running and not meant to be down.
     pub fn start(&mut self, stack: &mut Stack) {
-        if self.replicas.is_empty() {
+        if self.replicas.is_empty() && !stack.controller_started() {
             stack.start_controller(self.opts.clone());
         }
         for id in &self.replicas {
