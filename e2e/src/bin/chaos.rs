@@ -34,6 +34,11 @@ struct Args {
     /// the leading controller replica killed as each rack returns.
     #[arg(long)]
     fleet: bool,
+    /// At most one drawn cluster-wide fault (controller kill, API outage, refusal or latency,
+    /// terminal status refused, watch stall or restart) per this many seconds of the window; the
+    /// others drawn become faults of one host or build. Default: drawn like every other kind.
+    #[arg(long)]
+    cluster_fault_every: Option<f64>,
     /// Controller processes: 1 runs without leader election; 2 or more run as replicas under it
     /// with the source's timings (lease 15 s), the leader killed in `--fleet` runs. Default: 2
     /// with --fleet, else 1.
@@ -104,6 +109,10 @@ fn main() {
             window: Duration::from_secs_f64(args.minutes * 60.0),
             faults: args.faults.unwrap_or((args.builds * 3 / 2).max(6)),
             fleet: args.fleet,
+            cluster_every: args
+                .cluster_fault_every
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64),
         },
         slots: args.slots,
         pool_hosts: args.pool_hosts,

@@ -18,6 +18,9 @@ pub struct Sizes {
     pub faults: usize,
     /// Add the fleet-level faults ([`fleet_faults`]) on top of the drawn ones.
     pub fleet: bool,
+    /// At most one drawn cluster-wide fault ([`Fault::cluster_wide`]) per this much of the window
+    /// ([`cap_cluster_faults`]); `None`: drawn like every other kind.
+    pub cluster_every: Option<Duration>,
 }
 
 /// One build to run.
@@ -98,6 +101,21 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Whether the fault strikes the whole cluster (the controller, the API server, the watches)
+    /// rather than one host or one build: its rate must not grow with the fleet.
+    pub fn cluster_wide(&self) -> bool {
+        matches!(
+            self,
+            Fault::KillController { .. }
+                | Fault::ApiUnavailable { .. }
+                | Fault::ApiRefuses { .. }
+                | Fault::ApiLatency { .. }
+                | Fault::RefuseTerminalStatus { .. }
+                | Fault::WatchStall { .. }
+                | Fault::WatchRestart
+        )
+    }
+
     /// The fault's kind, for the run's tally (agent kills by how the agent dies).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -400,11 +418,41 @@ pub fn plan(sizes: &Sizes) -> Plan {
             }
         })
         .collect();
+    if let Some(every) = sizes.cluster_every {
+        cap_cluster_faults(&mut faults, sizes, every);
+    }
     if sizes.fleet {
         faults.extend(fleet_faults(sizes));
     }
     faults.sort_by_key(|f| f.at);
     Plan { builds, faults }
+}
+
+/// The kinds of [`draw_fault`] that are cluster-wide ([`Fault::cluster_wide`]).
+const CLUSTER_KINDS: std::ops::RangeInclusive<usize> = 3..=9;
+
+/// Keeps the drawn cluster-wide faults to as many as the window holds `every`s (the first drawn
+/// stay, so those kept are spread over the window at random); each one over is replaced, at its
+/// time, by a fault of one host or build drawn from a stream of its own. Drawn uniformly, 3,000
+/// faults an hour killed the controller every 23 s and cut the API every 14 s: with 10,000 runs
+/// in the namespace, the controller's catch-up never ended before the next kill.
+fn cap_cluster_faults(faults: &mut [Planned], sizes: &Sizes, every: Duration) {
+    let mut rng = StdRng::seed_from_u64(sizes.seed ^ 0xC1A5_7E00_0000_0029);
+    let allowed = (sizes.window.as_millis() / every.as_millis().max(1)) as usize;
+    let mut kept = 0;
+    for f in faults.iter_mut().filter(|f| f.fault.cluster_wide()) {
+        if kept < allowed {
+            kept += 1;
+            continue;
+        }
+        let kind = loop {
+            let k = rng.random_range(0..FAULT_KINDS);
+            if !CLUSTER_KINDS.contains(&k) {
+                break k;
+            }
+        };
+        f.fault = draw_fault(&mut rng, kind, sizes.hosts.max(1), sizes.builds.max(1));
+    }
 }
 
 /// The fleet-level faults of a window, from a random stream of their own (the drawn faults of a
@@ -478,7 +526,40 @@ mod tests {
             window: Duration::from_secs(60),
             faults: 12,
             fleet: false,
+            cluster_every: None,
         }
+    }
+
+    #[test]
+    fn the_cluster_kinds_are_exactly_the_cluster_wide_faults() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for kind in 0..FAULT_KINDS {
+            let f = draw_fault(&mut rng, kind, 4, 4);
+            assert_eq!(CLUSTER_KINDS.contains(&kind), f.cluster_wide(), "{kind}: {f}");
+        }
+    }
+
+    #[test]
+    fn cluster_wide_faults_are_capped_to_one_per_interval_and_the_rest_replaced() {
+        let many = Sizes {
+            faults: 600,
+            hosts: 10,
+            ..sizes(9)
+        };
+        let plain = plan(&many);
+        let capped = plan(&Sizes {
+            cluster_every: Some(Duration::from_secs(10)),
+            ..many.clone()
+        });
+        let cluster = |p: &Plan| p.faults.iter().filter(|f| f.fault.cluster_wide()).count();
+        assert!(cluster(&plain) > 100, "uniform draws: {}", cluster(&plain));
+        assert_eq!(cluster(&capped), 6, "60 s window, one per 10 s");
+        assert_eq!(capped.faults.len(), plain.faults.len(), "replaced, not dropped");
+        assert_eq!(capped.builds, plain.builds);
+        let times = |p: &Plan| p.faults.iter().map(|f| f.at).collect::<Vec<_>>();
+        assert_eq!(times(&capped), times(&plain), "the same times");
+        let hosts_and_builds = |p: &Plan| p.faults.iter().filter(|f| !f.fault.cluster_wide()).count();
+        assert_eq!(hosts_and_builds(&capped), 600 - 6);
     }
 
     #[test]
