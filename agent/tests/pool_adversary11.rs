@@ -7,15 +7,17 @@
 //! tests failed when written (all are fixed now, each says how); their doc comment says what they
 //! attack, the input, what happened and how bad it is.
 
+mod pool_common;
+
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use pool_common::{Host, lease, warm};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
-use tartan_agent::journal::{JOURNAL_DIR, Journal, JournalOptions};
-use tartan_agent::lock::StateLock;
+use tartan_agent::journal::JOURNAL_DIR;
 use tartan_agent::pool::{PoolEntry, PoolSpec, WarmProfile};
 use tartan_agent::record::{BuildRef, Record};
-use tartan_agent::runtime::core::{Builds, Placed, PoolWork};
+use tartan_agent::runtime::core::{Placed, PoolWork};
 use tartan_api::crd::MountRequest;
 use tartan_api::{AttemptState, MacBuildSpec, Reason, Resources};
 
@@ -24,46 +26,13 @@ const SECOND: &str = "ghcr.io/cirruslabs/macos-sequoia-base:latest";
 const OTHER: &str = "ghcr.io/cirruslabs/macos-sonoma-base:latest";
 
 /// One agent's state over a real journal in a temporary state directory.
-struct Host {
-    builds: Builds,
-    dir: tempfile::TempDir,
-    _lock: StateLock,
-}
-
 impl Host {
-    fn new() -> Host {
-        Host::with_options(JournalOptions::default())
-    }
-
-    /// `max_file_bytes = 1`: every append starts a new journal file, so a file placed at the name
-    /// of the next-but-one id makes exactly the second append from now fail.
-    fn rotating() -> Host {
-        Host::with_options(JournalOptions { max_file_bytes: 1 })
-    }
-
-    fn with_options(options: JournalOptions) -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        let lock = StateLock::acquire(dir.path()).unwrap();
-        let (journal, _) = Journal::open(&lock, options).unwrap();
-        Host {
-            builds: Builds::new(journal),
-            dir,
-            _lock: lock,
-        }
-    }
-
     fn records(&self) -> Vec<Record> {
         tartan_agent::journal::read_records(self.dir.path()).unwrap().records
     }
 
     async fn round(&self, spec: &PoolSpec, slots: u8) -> Vec<PoolWork> {
         self.builds.pool_round(spec, slots, Timestamp::now()).await.unwrap()
-    }
-
-    /// Takes in `records` as the next start would (a replay of another run's journal).
-    async fn load(&self, records: &[Record]) {
-        let replayed = tartan_agent::recovery::replay(records, &tartan_agent::machine::Config::default());
-        self.builds.load_replay(&replayed, records).await;
     }
 
     /// Blocks the journal file the append after next would create (see [`Host::rotating`]).
@@ -131,29 +100,6 @@ async fn ready_vms(host: &Host, spec: &PoolSpec, slots: u8) -> Vec<String> {
 }
 
 /// A warm VM's record as the pool writes it (no build, no attempt).
-fn warm(vm: &str, image: &str, seq: u64, from: Option<AttemptState>, to: AttemptState, slot: Option<u8>) -> Record {
-    Record {
-        version: 2,
-        seq,
-        time: Timestamp::now(),
-        build: None,
-        attempt: None,
-        vm: Some(vm.to_string()),
-        from,
-        to,
-        reason: None,
-        detail: String::new(),
-        outcome: None,
-        slot,
-        deadline: None,
-        max_attempts: None,
-        step: None,
-        generation: None,
-        status: None,
-        warm: Some(WarmProfile::new(image, None, None)),
-    }
-}
-
 fn build_ref(uid: &str) -> BuildRef {
     BuildRef {
         namespace: "ci".into(),
@@ -735,23 +681,6 @@ fn macbuild(uid: &str, spec: MacBuildSpec) -> tartan_api::MacBuild {
     mb.metadata.namespace = Some("ci".into());
     mb.metadata.uid = Some(uid.into());
     mb
-}
-
-fn lease(agent: &str, annotations: &[(&str, String)]) -> k8s_openapi::api::coordination::v1::Lease {
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    k8s_openapi::api::coordination::v1::Lease {
-        metadata: kube::api::ObjectMeta {
-            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(agent.into()),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            lease_duration_seconds: Some(20),
-            ..Default::default()
-        }),
-    }
 }
 
 /// FINDING 6 (promise: the claim waits follow what a host can really do; peers' facts do not

@@ -6,90 +6,34 @@
 //! Tests named `..._held_...` are attacks that failed: they guard the behaviour. FINDING tests
 //! are `#[ignore]`d; their doc comment says the promise, the input, what happened and how bad it is.
 
+mod pool_common;
+
 use k8s_openapi::jiff::Timestamp;
+use pool_common::Host;
 use std::time::Duration;
-use tartan_agent::journal::{Journal, JournalOptions};
-use tartan_agent::lock::StateLock;
 use tartan_agent::pool::{PoolEntry, PoolSpec, WarmProfile};
 use tartan_agent::record::Record;
-use tartan_agent::runtime::core::{Builds, Placed, PoolWork};
+use tartan_agent::runtime::core::{Placed, PoolWork};
 use tartan_api::crd::MountRequest;
 use tartan_api::{AttemptState, MacBuildSpec, Resources};
 
 const IMAGE: &str = "ghcr.io/cirruslabs/macos-sequoia-xcode:16";
 
-struct Host {
-    builds: Builds,
-    _dir: tempfile::TempDir,
-    _lock: StateLock,
-}
-
-impl Host {
-    fn new() -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        let lock = StateLock::acquire(dir.path()).unwrap();
-        let (journal, _) = Journal::open(&lock, JournalOptions::default()).unwrap();
-        Host {
-            builds: Builds::new(journal),
-            _dir: dir,
-            _lock: lock,
-        }
-    }
-
-    async fn load(&self, records: &[Record]) {
-        let replayed = tartan_agent::recovery::replay(records, &tartan_agent::machine::Config::default());
-        self.builds.load_replay(&replayed, records).await;
-    }
-}
-
 fn spec_of(image: &str) -> MacBuildSpec {
     MacBuildSpec::new(image, Vec::new())
 }
 
-fn warm(vm: &str, seq: u64, to: AttemptState, slot: Option<u8>) -> Record {
-    Record {
-        version: 2,
-        seq,
-        time: Timestamp::now(),
-        build: None,
-        attempt: None,
-        vm: Some(vm.to_string()),
-        from: None,
-        to,
-        reason: None,
-        detail: String::new(),
-        outcome: None,
-        slot,
-        deadline: None,
-        max_attempts: None,
-        step: None,
-        generation: None,
-        status: None,
-        warm: Some(WarmProfile::new(IMAGE, None, None)),
-    }
+/// A warm VM of `IMAGE` entering `to` (no `from`), at `seq` in `slot`.
+fn warm_of(vm: &str, seq: u64, to: AttemptState, slot: Option<u8>) -> Record {
+    pool_common::warm(vm, IMAGE, seq, None, to, slot)
 }
 
-fn lease(agent: &str, warm: &str) -> k8s_openapi::api::coordination::v1::Lease {
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    k8s_openapi::api::coordination::v1::Lease {
-        metadata: kube::api::ObjectMeta {
-            annotations: Some(
-                [(
-                    tartan_agent::cluster::placement::WARM_ANNOTATION.to_string(),
-                    warm.to_string(),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(agent.into()),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            lease_duration_seconds: Some(20),
-            ..Default::default()
-        }),
-    }
+/// A peer's Lease publishing `warm` as its warm-images annotation.
+fn warm_lease(agent: &str, warm: &str) -> k8s_openapi::api::coordination::v1::Lease {
+    pool_common::lease(
+        agent,
+        &[(tartan_agent::cluster::placement::WARM_ANNOTATION, warm.to_string())],
+    )
 }
 
 /// Held: a warm VM serves a build exactly when the spellings name the same image by tart's
@@ -181,7 +125,7 @@ fn image_spellings_held_local_and_peer_judgement_agree() {
 #[test]
 fn a_build_image_with_a_space_never_matches_a_peers_warm_key() {
     use tartan_agent::cluster::placement::peer_of;
-    let peer = peer_of(&lease("mac-b", &format!(r#"["{IMAGE} cpu=4"]"#))).unwrap();
+    let peer = peer_of(&warm_lease("mac-b", &format!(r#"["{IMAGE} cpu=4"]"#))).unwrap();
     let hostile = spec_of(&format!("{IMAGE} cpu=4"));
     assert!(
         tartan_api::names::check_image(&hostile.image, &[]).is_err(),
@@ -260,10 +204,10 @@ async fn two_warm_vms_in_one_slot_held_slot_reused_only_after_both_deletions() {
     assert!(tartan_api::check_vm_name(&long_a).is_ok());
     let too_long = format!("{long_a}c");
     let records = vec![
-        warm(&long_a, 5, AttemptState::Booting, Some(0)),
-        warm(&long_b, 5, AttemptState::Booting, Some(0)),
-        warm(&long_a, 5, AttemptState::Running, None),
-        warm(&too_long, 6, AttemptState::Booting, Some(1)),
+        warm_of(&long_a, 5, AttemptState::Booting, Some(0)),
+        warm_of(&long_b, 5, AttemptState::Booting, Some(0)),
+        warm_of(&long_a, 5, AttemptState::Running, None),
+        warm_of(&too_long, 6, AttemptState::Booting, Some(1)),
     ];
     let host = Host::new();
     host.load(&records).await;
@@ -342,7 +286,11 @@ fn hostile_peer_warm_keys_held_exact_and_bounded() {
         format!("{IMAGE}\tcpu=4"),
         format!("{IMAGE} CPU=4"),
     ] {
-        let peer = peer_of(&lease("mac-b", &serde_json::to_string(&vec![key.clone()]).unwrap())).unwrap();
+        let peer = peer_of(&warm_lease(
+            "mac-b",
+            &serde_json::to_string(&vec![key.clone()]).unwrap(),
+        ))
+        .unwrap();
         assert!(!peer.warm_for(&cpu4), "{key:?}");
         assert!(!peer.warm_for(&spec_of(IMAGE)), "{key:?}");
     }
@@ -351,7 +299,7 @@ fn hostile_peer_warm_keys_held_exact_and_bounded() {
     while serde_json::to_string(&many).unwrap().len() + 4 < MAX_PUBLISHED_BYTES {
         many.push(format!("{}", many.len()));
     }
-    let peer = peer_of(&lease("mac-b", &serde_json::to_string(&many).unwrap())).unwrap();
+    let peer = peer_of(&warm_lease("mac-b", &serde_json::to_string(&many).unwrap())).unwrap();
     let started = std::time::Instant::now();
     for _ in 0..1000 {
         // No image list published: "may hold" (as any unpublished peer).

@@ -34,7 +34,7 @@ use tartan_tart::Tart;
 use tokio::sync::{Mutex, Notify};
 
 mod warm;
-pub use warm::{Placed, PoolTally, PoolWork, refill_deadline, warm_deadline, warm_vm_name};
+pub use warm::{Placed, PoolTally, PoolWork, refill_deadline, warm_deadline, warm_record, warm_vm_name};
 
 /// What this agent knows of one build (by uid) besides its attempts.
 #[derive(Default)]
