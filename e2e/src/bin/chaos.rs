@@ -112,7 +112,7 @@ fn main() {
             cluster_every: args
                 .cluster_fault_every
                 .filter(|s| s.is_finite() && *s > 0.0)
-                .map(Duration::from_secs_f64),
+                .and_then(|s| Duration::try_from_secs_f64(s).ok()),
         },
         slots: args.slots,
         pool_hosts: args.pool_hosts,
