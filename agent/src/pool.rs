@@ -58,7 +58,7 @@ impl WarmProfile {
     /// (it asks for shared folders).
     pub fn key_serving(spec: &MacBuildSpec) -> Option<String> {
         let resources = spec.resources.clone().unwrap_or_default();
-        (spec.mounts.is_empty() && plain_image(&spec.image))
+        (spec.mounts.is_empty() && warm_spelling(&spec.image))
             .then(|| WarmProfile::new(&spec.image, resources.cpu, resources.memory_mib).key())
     }
 
@@ -66,7 +66,7 @@ impl WarmProfile {
     /// resources, and no shared folder asked for.
     pub fn serves(&self, spec: &MacBuildSpec) -> bool {
         let resources = spec.resources.clone().unwrap_or_default();
-        plain_image(&spec.image)
+        warm_spelling(&spec.image)
             && normalize_image(&spec.image) == self.image
             && resources.cpu == self.cpu
             && resources.memory_mib == self.memory_mib
@@ -74,11 +74,14 @@ impl WarmProfile {
     }
 }
 
-/// Whether a build's image is written without whitespace: one with it is refused at its start
-/// (`check_image`), so it must not take a warm VM first, nor read as a profile key (whose parts
-/// are space-separated).
-fn plain_image(image: &str) -> bool {
-    !image.is_empty() && !image.chars().any(char::is_whitespace)
+/// Whether a build's image, as written, may meet a warm VM: its start (`check_image`) accepts it
+/// whatever the local images, and it reads as a profile key (whose parts are space-separated).
+/// Written exactly as `tart list` names it, it is a profile's image only if the config accepted
+/// that (a local image included); any other spelling must be a registry reference on its own:
+/// `org/base` normalises to a local `org/base:latest`, but its start refuses it.
+fn warm_spelling(image: &str) -> bool {
+    let plain = !image.is_empty() && !image.chars().any(char::is_whitespace);
+    plain && (image == normalize_image(image) || tartan_api::names::check_image(image, &[]).is_ok())
 }
 
 /// One `[pool]` entry: keep `size` warm VMs of `profile`.

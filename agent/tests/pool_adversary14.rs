@@ -93,10 +93,9 @@ fn pool14_held_local_image_without_slash() {
 /// local list, "org" is no registry host). The warm VM is spent on a build that is refused: the same
 /// class as the whitespace case this change fixed (a refused image must not take a warm VM first).
 /// Requires a local VM name containing '/', which tart may not allow — hence low.
-/// Direction: `serves` should ask the start's own `check_image` (with the local images) instead of
-/// `plain_image`, its partial copy. Left open (noted); un-ignore with the fix.
+/// Fixed: `serves` takes a spelling other than the profile's exact image only when `check_image`
+/// accepts it with no local images.
 #[test]
-#[ignore = "FINDING adversary 14: a tagless local-image spelling adopts a warm VM its start refuses"]
 fn pool14_finding_latest_elision_adopts_for_a_refused_local_image() {
     let local = vec!["org/base:latest".to_string()];
     assert_serves_implies_check("org/base:latest", &local, "org/base").unwrap();
