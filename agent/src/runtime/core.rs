@@ -70,7 +70,7 @@ impl BuildEntry {
 struct Core {
     journal: Journal,
     /// Every attempt the journal knows, as of its last record.
-    attempts: BTreeMap<AttemptKey, Attempt>,
+    attempts: AttemptBook,
     /// Per build (by uid), what the journal's attempts do not say.
     builds: BTreeMap<String, BuildEntry>,
     /// Quarantined VMs with the prefix and no attempt: they block a slot until an operator
@@ -123,10 +123,7 @@ impl Core {
     }
 
     fn latest_attempt(&self, uid: &str) -> Option<&Attempt> {
-        self.attempts
-            .values()
-            .filter(|a| a.build.uid == uid)
-            .max_by_key(|a| a.number)
+        self.attempts.of_build(uid).max_by_key(|a| a.number)
     }
 
     /// Whether the journal says this agent finished `uid`: its last attempt is retired with an
@@ -141,9 +138,50 @@ impl Core {
 
     /// Whether this agent still has anything to do for `uid` (an attempt not yet retired).
     fn has_open_attempt(&self, uid: &str) -> bool {
-        self.attempts
-            .values()
-            .any(|a| a.build.uid == uid && a.state != AttemptState::Retired)
+        self.attempts.of_build(uid).any(|a| a.state != AttemptState::Retired)
+    }
+}
+
+/// The attempts, by build uid and attempt number: each scan asks for the attempts of every
+/// MacBuild in view, which must not mean reading every attempt the journal holds.
+#[derive(Default)]
+struct AttemptBook(BTreeMap<(String, u32), Attempt>);
+
+impl AttemptBook {
+    fn key_of(key: &AttemptKey) -> (String, u32) {
+        (key.build.uid.clone(), key.attempt)
+    }
+
+    fn get(&self, key: &AttemptKey) -> Option<&Attempt> {
+        self.0.get(&Self::key_of(key))
+    }
+
+    fn get_mut(&mut self, key: &AttemptKey) -> Option<&mut Attempt> {
+        self.0.get_mut(&Self::key_of(key))
+    }
+
+    fn contains_key(&self, key: &AttemptKey) -> bool {
+        self.0.contains_key(&Self::key_of(key))
+    }
+
+    fn insert(&mut self, key: AttemptKey, attempt: Attempt) {
+        self.0.insert(Self::key_of(&key), attempt);
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Attempt> {
+        self.0.values()
+    }
+
+    /// The attempts of build `uid`, lowest number first.
+    fn of_build(&self, uid: &str) -> impl Iterator<Item = &Attempt> {
+        self.0
+            .range((uid.to_string(), 0)..=(uid.to_string(), u32::MAX))
+            .map(|(_, a)| a)
+    }
+
+    /// Keeps the attempts of the builds `keep` says yes to (by uid).
+    fn retain_builds(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.retain(|(uid, _), _| keep(uid));
     }
 }
 
@@ -169,7 +207,7 @@ impl Builds {
         Builds {
             core: Mutex::new(Core {
                 journal,
-                attempts: BTreeMap::new(),
+                attempts: AttemptBook::default(),
                 builds: BTreeMap::new(),
                 unknown: BTreeMap::new(),
                 warm: BTreeMap::new(),
@@ -633,7 +671,7 @@ impl Shared {
         for uid in &finished {
             core.entry(uid).compacted = true;
         }
-        core.attempts.retain(|k, _| !done.contains(&k.build.uid));
+        core.attempts.retain_builds(|uid| !done.contains(uid));
         for uid in &done {
             core.update(uid, |b| {
                 b.status = None;
