@@ -10,18 +10,21 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, W
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tartan_agent::cluster::claim::{self, ClaimOutcome, first_claim_patch};
 use tartan_agent::cluster::delivery::{Delivered, Delivery, DeliveryConfig, Fence, deliver_once};
 use tartan_agent::cluster::events::Events;
 use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState};
+use tartan_agent::cluster::view::MacBuildView;
 use tartan_agent::config::Config;
 use tartan_agent::record::{BuildRef, RECORD_VERSION, Record};
 use tartan_api::{
-    AGENT_LABEL, AttemptState, Claim, FINALIZER, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Reason, Step,
+    AGENT_LABEL, AttemptState, Claim, FINALIZER, FINISHED_LABEL, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Reason,
+    Step,
 };
 use tartan_testkit::{Availability, DenyRule, EmulatorHandle, Options, PredicateOp, Target};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 const API_TIMEOUT: Duration = Duration::from_secs(2);
@@ -1088,4 +1091,63 @@ async fn each_transition_becomes_an_event_on_the_macbuild() {
             ),
         ]
     );
+}
+
+/// Sets `labels` (`None`: removes the label) on MacBuild `name` by a merge patch.
+async fn label(emu: &EmulatorHandle, name: &str, labels: serde_json::Value) {
+    builds(emu)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": labels}})),
+        )
+        .await
+        .expect("MacBuild labelled");
+}
+
+/// The names of the MacBuilds in `view`, sorted.
+fn names_in(view: &MacBuildView) -> Vec<String> {
+    let mut names: Vec<String> = view.builds().iter().filter_map(|mb| mb.metadata.name.clone()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_view_holds_unfinished_builds_and_only_this_agents_finished_ones() {
+    let emu = emulator().await;
+    for name in ["queued", "mine-finished", "theirs-finished", "unclaimed-finished"] {
+        create_build(&emu, name).await;
+    }
+    label(
+        &emu,
+        "mine-finished",
+        json!({FINISHED_LABEL: "true", AGENT_LABEL: "mac-a"}),
+    )
+    .await;
+    label(
+        &emu,
+        "theirs-finished",
+        json!({FINISHED_LABEL: "true", AGENT_LABEL: "mac-b"}),
+    )
+    .await;
+    label(&emu, "unclaimed-finished", json!({FINISHED_LABEL: "true"})).await;
+    let changed = Arc::new(Notify::new());
+    let view = MacBuildView::watch(&emu.client(), &["ci".to_string()], "mac-a", &changed);
+    let wait = Duration::from_secs(10);
+    let expect = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let want = expect(&["mine-finished", "queued"]);
+    eventually("the view lists the unfinished and own finished builds", wait, || {
+        let got = names_in(&view) == want;
+        async move { got }
+    })
+    .await;
+    // A build leaving the unfinished watch leaves the view; one handed to this agent enters it.
+    label(&emu, "queued", json!({FINISHED_LABEL: "true", AGENT_LABEL: "mac-b"})).await;
+    label(&emu, "theirs-finished", json!({AGENT_LABEL: "mac-a"})).await;
+    let want = expect(&["mine-finished", "theirs-finished"]);
+    eventually("the view follows the labels", wait, || {
+        let got = names_in(&view) == want;
+        async move { got }
+    })
+    .await;
 }

@@ -1,5 +1,6 @@
 //! The agent's Kubernetes side: its Lease ([`lease`]), claiming MacBuilds and the finalizer
-//! ([`claim`]) and when to ([`placement`]), status delivery ([`delivery`]) and Events ([`events`]).
+//! ([`claim`]) and when to ([`placement`]), which MacBuilds it reads ([`view`]), status delivery
+//! ([`delivery`]) and Events ([`events`]).
 //!
 //! (The module is called `cluster`, not `kube`, so that `kube::…` paths keep meaning the kube
 //! crate everywhere in this crate.)
@@ -12,6 +13,7 @@ pub mod delivery;
 pub mod events;
 pub mod lease;
 pub mod placement;
+pub mod view;
 
 use crate::config::Config;
 use anyhow::Context as _;

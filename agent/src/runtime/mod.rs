@@ -23,6 +23,7 @@ use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
 use crate::cluster::placement;
+use crate::cluster::view::MacBuildView;
 use crate::config::Config;
 use crate::host::disk::DiskFloor;
 use crate::journal::{Journal, JournalOptions};
@@ -35,7 +36,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,17 +132,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let pool = warm_pool::spawn(Arc::clone(&shared), held.clone(), published_tx.clone());
     let metrics = metrics::serve(Arc::clone(&shared), lease.state()).await?;
 
-    let apis = macbuild_apis(&client, &shared.config.namespaces);
     let changed = Arc::new(Notify::new());
-    let (readers, mut watch_tasks): (Vec<_>, Vec<_>) = apis
-        .into_iter()
-        .map(|api| watch_macbuilds(api, Arc::clone(&changed)))
-        .unzip();
+    let view = MacBuildView::watch(&client, &shared.config.namespaces, &shared.config.agent_id, &changed);
     let (peers, peer_watch) = PeerLeases::watch(
         Api::namespaced(shared.client.clone(), &shared.config.lease_namespace),
         shared.config.agent_id.clone(),
     );
-    watch_tasks.push(peer_watch);
 
     let mut lease_changes = lease.state();
     let mut terminate = terminated()?;
@@ -153,12 +149,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut claimable_since = BTreeMap::new();
     loop {
-        let view: Vec<Arc<MacBuild>> = readers.iter().flat_map(|r| r.state()).collect();
+        let builds = view.builds();
         let held_now = held.borrow().clone();
         let peers_now = peers.known();
         let next_due = scan(
             &shared,
-            &view,
+            &builds,
             &lease,
             &mut claimable_since,
             held_now.as_ref(),
@@ -191,9 +187,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shared.detach_and_hold().await;
     }
     tracing::info!("agent stopping; running builds are recovered at the next start");
-    for task in &watch_tasks {
-        task.abort();
-    }
+    drop(view);
+    peer_watch.abort();
     metrics.abort();
     image_listing.abort();
     pool.abort();
@@ -208,20 +203,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// The MacBuild APIs to watch: one per configured namespace, so that a namespaced Role is enough
-/// for an agent (a cluster-wide list needs a ClusterRole); all namespaces only when none are
-/// configured.
-fn macbuild_apis(client: &kube::Client, namespaces: &[String]) -> Vec<Api<MacBuild>> {
-    if namespaces.is_empty() {
-        vec![Api::all(client.clone())]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    }
-}
-
 /// Puts the free slots on the Lease's facts (for other agents' claim waits) when they changed.
 async fn publish_free_slots(shared: &Shared, published: &tokio::sync::watch::Sender<BTreeMap<String, String>>) {
     let free = shared.builds.claimable_slots(shared.config.slots).await;
@@ -230,28 +211,6 @@ async fn publish_free_slots(shared: &Shared, published: &tokio::sync::watch::Sen
         let old = facts.insert(placement::FREE_SLOTS_ANNOTATION.to_string(), value.clone());
         old.as_deref() != Some(value.as_str())
     });
-}
-
-/// A reflector over `api`'s MacBuilds, kept up to date by a task that notifies `changed` on
-/// every change; the store and the task.
-fn watch_macbuilds(
-    api: Api<MacBuild>,
-    changed: Arc<Notify>,
-) -> (reflector::Store<MacBuild>, tokio::task::JoinHandle<()>) {
-    let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
-    let task = tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => changed.notify_one(),
-                Err(error) => tracing::warn!(%error, "MacBuild watch failed; it restarts with backoff"),
-            }
-        }
-    });
-    (reader, task)
 }
 
 /// The agents' Leases (label `tartan.dev/agent`) in the Lease namespace, as the watch last

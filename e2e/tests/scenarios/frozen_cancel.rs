@@ -3,14 +3,16 @@
 //! the VM is gone, so it ends the run `False/CustomRunCancelled` with `vmRetirement=unconfirmed`
 //! at once and leaves the cancel request on the MacBuild, whose finalizer keeps it. On SIGCONT the
 //! agent reads the request, deletes its VM, journals `Cancelled`, and removes the finalizer; the
-//! ended CustomRun is never reopened.
+//! ended CustomRun is never reopened. The thaw waits for the finished label on the MacBuild (30 s
+//! after the run ended), which takes it out of the agents' watch of unfinished builds: the holder
+//! must still see the request.
 
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tartan_api::{AttemptState, FINALIZER, Outcome};
+use tartan_api::{AttemptState, FINALIZER, FINISHED_LABEL, Outcome};
 use tartan_e2e::invariants::result;
 use tartan_e2e::stack::{condition_of, condition_text};
-use tartan_e2e::{AgentOptions, ControllerOptions, Stack};
+use tartan_e2e::{AgentOptions, ControllerOptions, Stack, wait_for_async};
 
 // scenario: frozen-cancel
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,7 +39,18 @@ async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
         c["message"]
     );
 
-    s.cancel_run("build-1").await;
+    // On the emulator its watch connections are dropped now (the API refuses connections for a
+    // moment), before the cancel, and their history is compacted below: at the thaw the agent
+    // lists again and never got the cancel as an event on a watch of unfinished builds.
+    let emulator = s.cluster.is_emulator();
+    if emulator {
+        s.cluster
+            .emulator_faults(&json!({"availability": "refuse", "forMs": 300}));
+    }
+    wait_for_async("the cancel, once the API answers", Duration::from_secs(10), || async {
+        s.try_cancel_run("build-1").await.map_err(|e| e.to_string())
+    })
+    .await;
     let run = s
         .wait_run("build-1", "False", "CustomRunCancelled", Duration::from_secs(30))
         .await;
@@ -75,6 +88,19 @@ async fn frozen_agent_cancelled_run_is_unconfirmed_then_cleaned_up_on_thaw() {
         "no outcome journaled while frozen:\n{}",
         s.journal_text("agent-a")
     );
+
+    // The run is finished: 30 s after it (the controller's default) its MacBuild is labelled
+    // finished and leaves the agents' watch of unfinished builds. The holder still reads the
+    // request, from its watch of the finished builds it holds.
+    let labelled = s
+        .wait_macbuild("build-1", "the finished label", Duration::from_secs(45), |m| {
+            m["metadata"]["labels"][FINISHED_LABEL] == "true"
+        })
+        .await;
+    eprintln!("[e2e] MacBuild labelled finished: {}", labelled["metadata"]["labels"]);
+    if emulator {
+        s.cluster.compact_watch_history();
+    }
 
     s.thaw_agent("agent-a");
     let thawed_at = Instant::now();

@@ -1,0 +1,116 @@
+//! The MacBuilds an agent reads, kept by watches: every build whose run is not finished (what
+//! may be claimed, or withdrawn from its holder), and the finished ones this agent holds.
+//!
+//! The controller labels a run's MacBuild [`FINISHED_LABEL`] some time after the run finished
+//! (`Ctx::mark_finished` in the controller). Watching all MacBuilds, every agent would keep every
+//! build of the day in memory, scan all of them on each change and list all of them at each
+//! start; watching only unfinished ones keeps that to the builds still queued or running. A run
+//! can finish with its VM's deletion unconfirmed (its holder cut off): the MacBuild keeps the
+//! cancel or deletion request for that holder, so the holder also watches its own finished ones.
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use tartan_api::{AGENT_LABEL, FINISHED_LABEL, MacBuild, UNFINISHED_SELECTOR};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// The label selectors of the watches: unfinished builds, and finished ones `agent_id` holds.
+pub fn selectors(agent_id: &str) -> [String; 2] {
+    [
+        UNFINISHED_SELECTOR.to_string(),
+        format!("{FINISHED_LABEL},{AGENT_LABEL}={agent_id}"),
+    ]
+}
+
+/// The watched MacBuilds. The watches stop when this is dropped.
+pub struct MacBuildView {
+    stores: Vec<reflector::Store<MacBuild>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MacBuildView {
+    /// Starts the watches of [`selectors`] in each of `namespaces` (all namespaces when empty:
+    /// a namespaced Role is enough otherwise), each notifying `changed` on every change.
+    pub fn watch(client: &kube::Client, namespaces: &[String], agent_id: &str, changed: &Arc<Notify>) -> Self {
+        let apis: Vec<Api<MacBuild>> = if namespaces.is_empty() {
+            vec![Api::all(client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|ns| Api::namespaced(client.clone(), ns))
+                .collect()
+        };
+        let (stores, tasks) = apis
+            .iter()
+            .flat_map(|api| selectors(agent_id).map(|selector| (api.clone(), selector)))
+            .map(|(api, selector)| watch_one(api, &selector, Arc::clone(changed)))
+            .unzip();
+        MacBuildView { stores, tasks }
+    }
+
+    /// The MacBuilds as the watches last delivered them, each once (a build moving between two
+    /// watches may be in both for a moment).
+    pub fn builds(&self) -> Vec<Arc<MacBuild>> {
+        let mut seen = BTreeSet::new();
+        self.stores
+            .iter()
+            .flat_map(|store| store.state())
+            .filter(|mb| seen.insert(mb.metadata.uid.clone()))
+            .collect()
+    }
+}
+
+impl Drop for MacBuildView {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A reflector over `api`'s MacBuilds matching `selector`, without their managedFields (never
+/// read, and much of each object), and the task that keeps it and notifies `changed`.
+fn watch_one(api: Api<MacBuild>, selector: &str, changed: Arc<Notify>) -> (reflector::Store<MacBuild>, JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    // Listed at resourceVersion 0 without pages (kube sends no resourceVersion with a limit): a
+    // real API server answers from its watch cache instead of reading every stored MacBuild,
+    // finished ones included, from etcd at each agent start. A list a moment old is safe: claims
+    // are fenced writes, and this agent's own builds are in its journal.
+    let config = watcher::Config {
+        page_size: None,
+        ..watcher::Config::default().any_semantic().labels(selector)
+    };
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|mb| mb.metadata.managed_fields = None)
+        .reflect(writer)
+        .touched_objects();
+    let selector = selector.to_string();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(error) => {
+                    tracing::warn!(%error, %selector, "MacBuild watch failed; it restarts with backoff")
+                }
+            }
+        }
+    });
+    (reader, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watches_split_on_the_finished_label_and_keep_only_own_finished_builds() {
+        let [unfinished, own_finished] = selectors("mac-mini-07");
+        assert_eq!(unfinished, "!tartan.dev/finished");
+        assert_eq!(own_finished, "tartan.dev/finished,tartan.dev/agent=mac-mini-07");
+    }
+}
