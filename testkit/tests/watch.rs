@@ -88,6 +88,8 @@ async fn watch_from_zero_and_from_version_with_selectors() {
     .await
     .unwrap();
     assert_eq!(describe(&next_event(&mut sel).await), "ADDED live");
+    // The same change, to a watch without the selector: its own line, not the one shared above.
+    assert_eq!(describe(&next_event(&mut w).await), "MODIFIED live");
     api.patch(
         "live",
         &PatchParams::default(),
@@ -96,6 +98,7 @@ async fn watch_from_zero_and_from_version_with_selectors() {
     .await
     .unwrap();
     assert_eq!(describe(&next_event(&mut sel).await), "DELETED live");
+    assert_eq!(describe(&next_event(&mut w).await), "MODIFIED live");
 
     // Field selector on a single object.
     api.create(&PostParams::default(), &macbuild("other", json!({"image": "x"})))

@@ -228,6 +228,14 @@ fn unconfirmed_with_a_live_lease_is_true_only_when_the_cluster_refused_the_confi
         deleted_at + k8s_openapi::jiff::SignedDuration::from_secs(60),
     )];
     assert!(!invariants_broken(&held_up).contains(&4), "{:#?}", check(&held_up));
+    // The deletion journaled 2 s before the run ended: its confirmation may still have been on
+    // its way to the controller (seen at 50 hosts); 10 s before, the controller had it.
+    let mut in_flight = w.clone();
+    let ended = |after: i64| json!((deleted_at + k8s_openapi::jiff::SignedDuration::from_secs(after)).to_string());
+    in_flight.custom_runs[0]["status"]["completionTime"] = ended(2);
+    assert!(!invariants_broken(&in_flight).contains(&4), "{:#?}", check(&in_flight));
+    in_flight.custom_runs[0]["status"]["completionTime"] = ended(10);
+    assert!(invariants_broken(&in_flight).contains(&4));
     // A window long over before the deletion explains nothing.
     let mut stale = w.clone();
     stale.delivery_blocked = vec![(

@@ -746,6 +746,53 @@ impl WatchFilter {
     }
 }
 
+impl WatchFilter {
+    /// [`WatchFilter::translate`] as the line a watch sends. Every agent of a fleet watches the
+    /// same kinds: a line is made once per event and served form and shared, and a watch the
+    /// change does not concern costs a selector match, not a copy of the object.
+    fn line_for(&self, ev: &Event) -> Option<Bytes> {
+        if self.rt.flavor == Flavor::EventsV1 {
+            // Stored in another shape than served: selectors apply to the served one.
+            return self.translate(ev).map(|v| line(&v));
+        }
+        if ev.key != self.rt.storage || self.namespace.as_deref().is_some_and(|n| n != ev.namespace) {
+            return None;
+        }
+        let now = self.matches(&ev.object);
+        let before = ev.old.as_ref().is_some_and(|o| self.matches(o));
+        let says = match ev.etype {
+            EventType::Added if now => "ADDED",
+            EventType::Modified if now && before => "MODIFIED",
+            EventType::Modified if now => "ADDED",
+            EventType::Modified if before => "DELETED-LAST-MATCH",
+            EventType::Deleted if now || before => "DELETED",
+            _ => return None,
+        };
+        let key = format!("{says} {} {}", self.rt.api_version(), self.rt.kind);
+        let mut lines = ev.lines.lock().expect("event lines lock");
+        if let Some((_, made)) = lines.iter().find(|(k, _)| *k == key) {
+            return Some(made.clone());
+        }
+        let made = line(&self.translate(ev)?);
+        lines.push((key, made.clone()));
+        Some(made)
+    }
+}
+
+/// The line `filter`'s watch sends for `ev`: the shared one, unless a Table is asked for.
+fn send_line(
+    filter: &WatchFilter,
+    ev: &Event,
+    as_table: bool,
+    shape: &mut impl FnMut(Value) -> Value,
+) -> Option<Bytes> {
+    if as_table {
+        filter.translate(ev).map(|v| line(&shape(v)))
+    } else {
+        filter.line_for(ev)
+    }
+}
+
 fn line(v: &Value) -> Bytes {
     let mut b = serde_json::to_vec(v).unwrap_or_default();
     b.push(b'\n');
@@ -867,8 +914,8 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str, user: Opti
         let mut last = start_rv;
         for ev in backlog {
             last = last.max(ev.rv);
-            if let Some(v) = filter.translate(&ev)
-                && tx.send(line(&shape(v))).await.is_err()
+            if let Some(l) = send_line(&filter, &ev, as_table, &mut shape)
+                && tx.send(l).await.is_err()
             {
                 return;
             }
@@ -886,7 +933,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str, user: Opti
                     Ok(_) if stalled(&inner, &tx).await => return,
                     Ok(ev) => {
                         last = last.max(ev.rv);
-                        if let Some(v) = filter.translate(&ev) && tx.send(line(&shape(v))).await.is_err() {
+                        if let Some(l) = send_line(&filter, &ev, as_table, &mut shape) && tx.send(l).await.is_err() {
                             return;
                         }
                     }
@@ -906,7 +953,7 @@ fn watch(inner: &Arc<Inner>, t: &Target, query: &Query, accept: &str, user: Opti
                         match rx.try_recv() {
                             Ok(ev) => {
                                 last = last.max(ev.rv);
-                                if let Some(v) = filter.translate(&ev) && tx.send(line(&shape(v))).await.is_err() {
+                                if let Some(l) = send_line(&filter, &ev, as_table, &mut shape) && tx.send(l).await.is_err() {
                                     return;
                                 }
                             }

@@ -47,6 +47,9 @@ pub struct Event {
     pub object: Value,
     /// The object before the change (for selector transitions).
     pub old: Option<Value>,
+    /// The watch lines sent for it so far, by what they say (`http::WatchFilter::line_for`):
+    /// serialized once however many watches send them.
+    pub lines: std::sync::Mutex<Vec<(String, axum::body::Bytes)>>,
 }
 
 /// Options common to writes.
@@ -309,6 +312,7 @@ impl State {
             etype,
             object,
             old,
+            lines: Default::default(),
         });
         self.history.push_back(ev.clone());
         while self.history.len() > self.history_limit {
