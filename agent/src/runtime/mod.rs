@@ -5,9 +5,9 @@
 //! An unreachable API never stops a VM: builds already running go on; only new claims wait for
 //! the Lease.
 //!
-//! This module owns the main loop and what only it keeps (the MacBuild and Lease watches, when
-//! each build became claimable); per-build state is [`core::Builds`]', slot reservations
-//! [`slots`]', a build's task [`build`]'s.
+//! This module owns the main loop and what only it keeps (the MacBuild view,
+//! [`crate::cluster::view`], the Lease watch, when each build became claimable); per-build state
+//! is [`core::Builds`]', slot reservations [`slots`]', a build's task [`build`]'s.
 
 pub mod build;
 pub mod core;
