@@ -237,7 +237,26 @@ pub fn latency_report(world: &World) -> Vec<String> {
         ),
         format!("claim latency (first Requested to Admitted): {}", quantiles(&mut claim)),
         format!("builds never admitted (timed out, cancelled or deleted in the queue): {never}"),
+        outcome_report(world),
     ]
+}
+
+/// The CustomRuns by how they ended (`status/reason` of `Succeeded`; `-` for none), most first.
+fn outcome_report(world: &World) -> String {
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for run in &world.custom_runs {
+        let conditions = run["status"]["conditions"].as_array();
+        let succeeded = conditions.and_then(|cs| cs.iter().find(|c| c["type"] == "Succeeded"));
+        let said = succeeded.map_or("-/-".to_string(), |c| {
+            let part = |k: &str| c[k].as_str().unwrap_or("-").to_string();
+            format!("{}/{}", part("status"), part("reason"))
+        });
+        *by.entry(said).or_default() += 1;
+    }
+    let mut counts: Vec<(String, usize)> = by.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let counts: Vec<String> = counts.iter().map(|(said, n)| format!("{said} {n}")).collect();
+    format!("CustomRuns by outcome: {}", counts.join(", "))
 }
 
 /// `n, p50, p99, max` of `values` in seconds.
@@ -512,7 +531,21 @@ mod tests {
                 "queue wait (CustomRun created to first Admitted): n 1 p50 6.0s p99 6.0s max 6.0s",
                 "claim latency (first Requested to Admitted): n 1 p50 2.0s p99 2.0s max 2.0s",
                 "builds never admitted (timed out, cancelled or deleted in the queue): 0",
+                "CustomRuns by outcome: -/- 1",
             ]
+        );
+        let ended = |status: &str, reason: &str| serde_json::json!({"status": {"conditions": [{"type": "Succeeded", "status": status, "reason": reason}]}});
+        let world = World {
+            custom_runs: vec![
+                ended("True", "Succeeded"),
+                ended("False", "CustomRunTimedOut"),
+                ended("True", "Succeeded"),
+            ],
+            ..World::default()
+        };
+        assert_eq!(
+            outcome_report(&world),
+            "CustomRuns by outcome: True/Succeeded 2, False/CustomRunTimedOut 1"
         );
         assert_eq!(quantiles(&mut []), "none");
         let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
