@@ -116,14 +116,14 @@ const CALLS: &[Call] = &[
         "Secret",
         "get_opt",
     ),
-    // The agent's MacBuild watch (a reflector: list, then watch), in each served namespace or,
-    // with `namespaces` empty, over all of them.
+    // The agent's MacBuild watches (reflectors: list, then watch; by label), in each served
+    // namespace or, with `namespaces` empty, over all of them.
     c(
         Agent,
         MACBUILD,
         List,
         Cluster,
-        "agent/src/runtime/mod.rs",
+        "agent/src/cluster/view.rs",
         "MacBuild",
         "watcher",
     ),
@@ -132,11 +132,21 @@ const CALLS: &[Call] = &[
         MACBUILD,
         Watch,
         Cluster,
-        "agent/src/runtime/mod.rs",
+        "agent/src/cluster/view.rs",
         "MacBuild",
         "watcher",
     ),
-    // Fresh reads of one MacBuild before acting on it.
+    // Fresh reads of one MacBuild before acting on it, and of one this agent still works on
+    // that its watches no longer have.
+    c(
+        Agent,
+        MACBUILD,
+        Get,
+        Namespaced,
+        "agent/src/cluster/view.rs",
+        "MacBuild",
+        "get_opt",
+    ),
     c(
         Agent,
         MACBUILD,

@@ -6,16 +6,21 @@
 //! build of the day in memory, scan all of them on each change and list all of them at each
 //! start; watching only unfinished ones keeps that to the builds still queued or running. A run
 //! can finish with its VM's deletion unconfirmed (its holder cut off): the MacBuild keeps the
-//! cancel or deletion request for that holder, so the holder also watches its own finished ones.
+//! cancel or deletion request for that holder, so the holder also watches its own finished ones,
+//! and reads directly those it still works on that were handed on meanwhile ([`StrayReads`]).
 
+use super::timed;
+use crate::record::BuildRef;
 use futures::StreamExt;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 use tartan_api::{AGENT_LABEL, FINISHED_LABEL, MacBuild, UNFINISHED_SELECTOR};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The label selectors of the watches: unfinished builds, and finished ones `agent_id` holds.
 pub fn selectors(agent_id: &str) -> [String; 2] {
@@ -60,6 +65,56 @@ impl MacBuildView {
             .flat_map(|store| store.state())
             .filter(|mb| seen.insert(mb.metadata.uid.clone()))
             .collect()
+    }
+}
+
+/// Reads of the builds this agent has a task for that neither watch has: handed on to another
+/// agent while this one was cut off (their agent label is the new holder's) and finished since.
+/// Each is read directly, at most once per `every`, so that a cancel or deletion still reaches the
+/// task running here (its next status write, fenced out, would tell it only later).
+pub struct StrayReads {
+    every: Duration,
+    last: BTreeMap<String, Instant>,
+}
+
+impl StrayReads {
+    pub fn new(every: Duration) -> Self {
+        StrayReads {
+            every,
+            last: BTreeMap::new(),
+        }
+    }
+
+    /// The MacBuilds of `tasks` missing from `view` that are due a read, as read now (each
+    /// request at most `timeout`); one that is gone, or is another object under its name, is
+    /// left out.
+    pub async fn read(
+        &mut self,
+        client: &kube::Client,
+        timeout: Duration,
+        tasks: &[BuildRef],
+        view: &[Arc<MacBuild>],
+    ) -> Vec<Arc<MacBuild>> {
+        let in_view: BTreeSet<&str> = view.iter().filter_map(|mb| mb.metadata.uid.as_deref()).collect();
+        let strays: Vec<&BuildRef> = tasks.iter().filter(|b| !in_view.contains(b.uid.as_str())).collect();
+        self.last.retain(|uid, _| strays.iter().any(|b| &b.uid == uid));
+        let now = Instant::now();
+        let mut read = Vec::new();
+        for build in strays {
+            if self.last.get(&build.uid).is_some_and(|at| now < *at + self.every) {
+                continue;
+            }
+            self.last.insert(build.uid.clone(), now);
+            let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
+            match timed(timeout, api.get_opt(&build.name)).await {
+                Ok(Some(mb)) if mb.metadata.uid.as_deref() == Some(build.uid.as_str()) => read.push(Arc::new(mb)),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%build, %error, retry_in = ?self.every, "reading a MacBuild missing from the watches failed")
+                }
+            }
+        }
+        read
     }
 }
 

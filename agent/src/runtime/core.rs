@@ -264,6 +264,16 @@ impl Builds {
         self.core.lock().await.has_task(uid)
     }
 
+    /// The builds that have a task on this agent (as their latest attempt names them).
+    pub async fn with_tasks(&self) -> Vec<BuildRef> {
+        let core = self.core.lock().await;
+        core.builds
+            .iter()
+            .filter(|(_, b)| b.task.is_some())
+            .filter_map(|(uid, _)| core.latest_attempt(uid).map(|a| a.build.clone()))
+            .collect()
+    }
+
     /// Forgets the task of `uid`: it has ended.
     pub async fn task_ended(&self, uid: &str) {
         let mut core = self.core.lock().await;

@@ -23,7 +23,7 @@ use crate::cluster::delivery::{Delivery, DeliveryConfig};
 use crate::cluster::events::Events;
 use crate::cluster::lease::{LeaseConfig, LeaseKeeper};
 use crate::cluster::placement;
-use crate::cluster::view::MacBuildView;
+use crate::cluster::view::{MacBuildView, StrayReads};
 use crate::config::Config;
 use crate::host::disk::DiskFloor;
 use crate::journal::{Journal, JournalOptions};
@@ -148,8 +148,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut compaction = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut claimable_since = BTreeMap::new();
+    let mut strays = StrayReads::new(RESCAN);
     loop {
-        let builds = view.builds();
+        let mut builds = view.builds();
+        let tasks = shared.builds.with_tasks().await;
+        let api_timeout = shared.config.timing.api_timeout;
+        builds.extend(strays.read(&shared.client, api_timeout, &tasks, &builds).await);
         let held_now = held.borrow().clone();
         let peers_now = peers.known();
         let next_due = scan(
