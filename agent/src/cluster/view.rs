@@ -95,6 +95,11 @@ impl StrayReads {
         tasks: &[BuildRef],
         view: &[Arc<MacBuild>],
     ) -> Vec<Arc<MacBuild>> {
+        // Every scan asks; with no task here (the usual idle case) there is nothing to compare.
+        if tasks.is_empty() {
+            self.last.clear();
+            return Vec::new();
+        }
         let in_view: BTreeSet<&str> = view.iter().filter_map(|mb| mb.metadata.uid.as_deref()).collect();
         let strays: Vec<&BuildRef> = tasks.iter().filter(|b| !in_view.contains(b.uid.as_str())).collect();
         self.last.retain(|uid, _| strays.iter().any(|b| &b.uid == uid));
