@@ -315,6 +315,10 @@ pub enum Event {
     /// The fenced claim write failed: another agent (`holder`) owns the MacBuild. Sent to an open
     /// attempt when a status write of it was fenced out (its claim moved on meanwhile).
     ClaimLost { holder: String },
+    /// The fenced claim write got no answer (`error`) before the build's time ran out: it may have
+    /// landed. Nothing was cloned; the attempt ends, and its status and the finalizer's removal go
+    /// out fenced on the claim, answering for it if it landed (refused if it did not).
+    ClaimUnconfirmed { error: String },
     /// The claim is won and a ready warm VM serves the build: admit it into that VM's slot,
     /// with that VM as the attempt's (no clone, no boot), and fix the deadline as [`Event::Admit`].
     Adopt {
@@ -434,6 +438,7 @@ event_kinds! {
     Admit,
     Adopt,
     ClaimLost,
+    ClaimUnconfirmed,
     Boot,
     Adopted,
     GuestReady,

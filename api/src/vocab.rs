@@ -162,6 +162,10 @@ reasons! {
     Reason Resolved => "Resolved",
     /// Another agent won the claim; nothing was cloned.
     Reason ClaimLost => "ClaimLost",
+    /// The claim's write got no answer before the build's time ran out; nothing was cloned. Its
+    /// status and the finalizer's removal still go out, fenced on the claim: they answer for the
+    /// claim if it landed after all, and are refused if it did not.
+    Reason ClaimUnconfirmed => "ClaimUnconfirmed",
     /// The watchdog deleted the VM after the host execution deadline.
     Reason WatchdogDeadline => "WatchdogDeadline",
     /// The agent found the attempt past its host execution deadline.

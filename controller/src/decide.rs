@@ -89,7 +89,7 @@ pub enum VmRetirement {
     Deleted,
     /// Nobody confirmed it; the MacBuild keeps the cancel/deletion request for the agent.
     Unconfirmed,
-    /// No agent ever claimed the build, so no VM was created.
+    /// No VM was created: no agent claimed the build, or the one that claimed it never admitted it.
     None,
 }
 
@@ -155,6 +155,9 @@ pub struct BuildView {
     pub journal_seq: Option<u64>,
     /// The `VMDeleted` condition is `True`.
     pub vm_deleted: bool,
+    /// The status lists attempts and shows none ever admitted (no admission time, no host
+    /// deadline): a holder that confirms its VM deleted then confirms that none was made.
+    pub nothing_admitted: bool,
     /// Why the build ended (the MacBuild's `Succeeded` condition reason, else its outcome).
     pub reason: Option<String>,
     pub message: Option<String>,
@@ -168,6 +171,26 @@ pub struct BuildView {
 impl BuildView {
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What the holder's `VMDeleted=True` confirms: its VM deleted, or, when no attempt was ever
+    /// admitted (a claim whose answer came too late, a cancel before admission), that no VM was
+    /// made at all.
+    fn confirmed_retirement(&self) -> VmRetirement {
+        if self.nothing_admitted {
+            VmRetirement::None
+        } else {
+            VmRetirement::Deleted
+        }
+    }
+
+    /// What the holder confirmed, for a message: see [`BuildView::confirmed_retirement`].
+    fn confirmed_text(&self) -> &'static str {
+        if self.nothing_admitted {
+            "confirmed it never admitted the build: no VM was created"
+        } else {
+            "confirmed its VM deleted"
+        }
     }
 
     /// Deletes the MacBuild (fenced on `precondition_rv`), unless its deletion is under way.
@@ -778,7 +801,7 @@ fn decide_settled_build(
                 "True",
                 &build_reason,
                 msg.trim_end().into(),
-                VmRetirement::Deleted,
+                b.confirmed_retirement(),
                 Some(b),
                 BuildAction::None,
             )
@@ -789,7 +812,7 @@ fn decide_settled_build(
                 "False",
                 reason::CANCELLED,
                 msg,
-                VmRetirement::Deleted,
+                b.confirmed_retirement(),
                 Some(b),
                 BuildAction::None,
             )
@@ -800,7 +823,7 @@ fn decide_settled_build(
                 "False",
                 reason::TIMED_OUT,
                 msg,
-                VmRetirement::Deleted,
+                b.confirmed_retirement(),
                 Some(b),
                 BuildAction::None,
             )
@@ -811,7 +834,7 @@ fn decide_settled_build(
                 "False",
                 &build_reason,
                 msg.trim_end().into(),
-                VmRetirement::Deleted,
+                b.confirmed_retirement(),
                 Some(b),
                 BuildAction::None,
             )
@@ -901,7 +924,7 @@ fn retirement_without_confirmation(build: Option<&BuildView>) -> VmRetirement {
     match build {
         Some(b) if b.holder.is_some() => {
             if b.stage.is_some_and(Stage::is_terminal) && b.vm_deleted {
-                VmRetirement::Deleted
+                b.confirmed_retirement()
             } else {
                 VmRetirement::Unconfirmed
             }

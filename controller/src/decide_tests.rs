@@ -1382,3 +1382,74 @@ fn a_timed_out_run_ends_even_if_the_macbuild_shows_a_new_attempt_every_round() {
         run.status = Some(p.status);
     }
 }
+
+/// A holder whose claim landed but which never admitted the build (its claim's answer came too
+/// late, or the cancel came first) confirms `VMDeleted` for a VM it never made: the run says
+/// `none` and why, on a timeout, a cancel and a build that ended cancelled, never `deleted`.
+#[test]
+fn a_holder_that_never_admitted_the_build_confirms_that_no_vm_was_made() {
+    let unadmitted = BuildView {
+        stage: Some(Stage::Pending),
+        cancel_requested: true,
+        vm_deleted: true,
+        nothing_admitted: true,
+        ..claimed(Stage::Pending)
+    };
+    let timed_out = decide(
+        &started(),
+        Some(&unadmitted),
+        Some(&lease(secs(120))),
+        &timing(),
+        secs(125),
+    );
+    assert_eq!(state(&timed_out), ("False".into(), "CustomRunTimedOut".into()));
+    let cancelled_run = cancelled(started());
+    let cancel = decide(
+        &cancelled_run,
+        Some(&unadmitted),
+        Some(&lease(secs(20))),
+        &timing(),
+        secs(21),
+    );
+    assert_eq!(state(&cancel), ("False".into(), "CustomRunCancelled".into()));
+    let ended = BuildView {
+        stage: Some(Stage::Cancelled),
+        reason: Some("CancelRequested".into()),
+        ..unadmitted.clone()
+    };
+    let settled = decide(
+        &cancelled_run,
+        Some(&ended),
+        Some(&lease(secs(20))),
+        &timing(),
+        secs(21),
+    );
+    assert_eq!(state(&settled), ("False".into(), "CustomRunCancelled".into()));
+    for (what, p) in [
+        ("timed out", &timed_out),
+        ("cancelled", &cancel),
+        ("ended cancelled", &settled),
+    ] {
+        assert_eq!(result(p, "vmRetirement"), "none", "{what}: {}", msg(p));
+        assert!(!msg(p).contains("VM deleted"), "{what}: {}", msg(p));
+    }
+    assert!(
+        msg(&timed_out).contains("never admitted the build: no VM was created"),
+        "{}",
+        msg(&timed_out)
+    );
+    // The same confirmation from a holder that admitted an attempt: `deleted`, as always.
+    let admitted = BuildView {
+        nothing_admitted: false,
+        ..unadmitted
+    };
+    let p = decide(
+        &started(),
+        Some(&admitted),
+        Some(&lease(secs(120))),
+        &timing(),
+        secs(125),
+    );
+    assert_eq!(result(&p, "vmRetirement"), "deleted");
+    assert!(msg(&p).contains("confirmed its VM deleted"), "{}", msg(&p));
+}

@@ -17,7 +17,10 @@ use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tartan_api::text::clean_str;
-use tartan_api::{CUSTOM_RUN_LABEL, ConditionType, FINISHED_LABEL, MacBuild, MacBuildSpec, Phase};
+use tartan_api::{
+    AttemptRecord, CUSTOM_RUN_LABEL, ConditionType, FINISHED_LABEL, MacBuild, MacBuildSpec, MacBuildStatus, Outcome,
+    Phase,
+};
 
 /// Longest MacBuild status message copied into a CustomRun: the agent's cause (a failing
 /// step's last lines, `tartan_api::text::TAIL_BYTES`) with room for what is said around it.
@@ -89,6 +92,7 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
         vm: status.vm.clone(),
         journal_seq: status.journal_seq,
         vm_deleted: status.condition(ConditionType::VMDeleted).is_some_and(|c| c.is_true()),
+        nothing_admitted: nothing_admitted(&status),
         reason,
         // Copied into the CustomRun: only clean, bounded text, whoever wrote the status.
         message: status.message.as_deref().map(|m| clean_str(m, MESSAGE_MAX)),
@@ -98,6 +102,18 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
         // Copied into the CustomRun's `logs` result: clean and bounded like the message.
         logs: status.logs.as_deref().map(|l| clean_str(l, MESSAGE_MAX)),
     }
+}
+
+/// Whether `status` says no attempt of the build was ever admitted: it lists attempts (an agent's
+/// status always does), none with an admission time or an outcome but `Cancelled` (a cancel
+/// before admission), and no host deadline was fixed.
+fn nothing_admitted(status: &MacBuildStatus) -> bool {
+    !status.attempts.is_empty() && status.deadline.is_none() && !status.attempts.iter().any(admitted_or_ended)
+}
+
+/// Whether attempt `a` was admitted: an admission time, or an outcome only a run gives.
+fn admitted_or_ended(a: &AttemptRecord) -> bool {
+    a.started_at.is_some() || a.outcome.is_some_and(|o| o != Outcome::Cancelled)
 }
 
 /// Whether `meta` carries [`FINISHED_LABEL`].
@@ -135,8 +151,8 @@ pub fn finished_label_patch(uid: &str, labels_exist: bool) -> json_patch::Patch 
 /// Trims a MacBuild for the controller's watch cache to what [`build_view`] reads (and what
 /// an Event or a fenced delete names: kind, name, uid, resourceVersion): no managedFields,
 /// annotations, label values or finalizers (the agent's), no spec but `cancelRequested`, only the
-/// `Succeeded` and `VMDeleted` conditions without their messages, and only the current attempt
-/// (none once `Succeeded` gives the reason). At 10,000 builds the spec's steps, the attempt
+/// `Succeeded` and `VMDeleted` conditions without their messages, and at most two attempts
+/// without messages (the current one, and one that says whether any was admitted). At 10,000 builds the spec's steps, the attempt
 /// history and the conditions are most of the memory.
 pub fn trim_macbuild(mb: &mut MacBuild) {
     mb.metadata.managed_fields = None;
@@ -163,10 +179,25 @@ pub fn trim_macbuild(mb: &mut MacBuild) {
         for c in &mut status.conditions {
             c.message = String::new();
         }
-        // build_view reads the current attempt's reason only when no Succeeded condition gives one.
+        // build_view reads the current attempt's reason only when no Succeeded condition gives one,
+        // and whether any attempt was admitted (`nothing_admitted`): one attempt that was stands for
+        // all earlier ones, a finished build keeps one attempt, and no attempt keeps its message.
         let succeeded = status.condition(ConditionType::Succeeded).is_some();
-        let current = status.attempts.pop().filter(|_| !succeeded);
-        status.attempts = current.into_iter().collect();
+        let current = status.attempts.pop();
+        let witness = match &current {
+            Some(c) if admitted_or_ended(c) => None,
+            _ => status.attempts.drain(..).find(admitted_or_ended),
+        };
+        let mut kept: Vec<AttemptRecord> = witness.into_iter().collect();
+        match current {
+            Some(c) if !succeeded => kept.push(c),
+            Some(c) if kept.is_empty() => kept.push(c),
+            _ => {}
+        }
+        for a in &mut kept {
+            a.message = None;
+        }
+        status.attempts = kept;
     }
 }
 
@@ -292,6 +323,55 @@ mod tests {
         assert_eq!(v.resource_version, "9");
     }
 
+    /// Whether any attempt was admitted, read from the status and kept by the cache's trim: a
+    /// hand-over's second holder that never admitted its attempt still shows the first admitted.
+    #[test]
+    fn nothing_admitted_reads_the_attempts_admission_times_and_survives_the_trim() {
+        let attempt = |n: u32, started: Option<&str>| {
+            json!({"number": n, "id": format!("b#{n}"), "vm": format!("mb-ci-b-{n}"), "host": "mac-mini-07",
+                "startedAt": started})
+        };
+        let deleted = json!([{"type": "VMDeleted", "status": "True", "reason": "ClaimUnconfirmed", "message": "",
+            "lastTransitionTime": "2026-10-05T02:55:00Z"}]);
+        let cases = [
+            ("claim only", json!([attempt(1, None)]), false, true),
+            ("no attempts listed", json!([]), false, false),
+            (
+                "admitted",
+                json!([attempt(1, Some("2026-10-05T02:50:00Z"))]),
+                false,
+                false,
+            ),
+            ("host deadline only", json!([attempt(1, None)]), true, false),
+            (
+                "handed on, second never admitted",
+                json!([
+                    attempt(1, Some("2026-10-05T02:50:00Z")),
+                    attempt(2, None),
+                    attempt(3, None)
+                ]),
+                false,
+                false,
+            ),
+        ];
+        for (what, attempts, deadline, want) in cases {
+            let mut status = json!({"phase": "Pending", "claim": {"holder": "mac-mini-07", "attempt": "b#1", "epoch": 1},
+                "conditions": deleted, "attempts": attempts});
+            if deadline {
+                status["deadline"] = json!("2026-10-05T03:50:00Z");
+            }
+            let full = mb(status);
+            assert_eq!(build_view(&full).nothing_admitted, want, "{what}");
+            let mut trimmed = full.clone();
+            trim_macbuild(&mut trimmed);
+            assert_eq!(build_view(&trimmed).nothing_admitted, want, "{what}, trimmed");
+            assert!(
+                trimmed.status.unwrap().attempts.len() <= 2,
+                "{what}: the trim keeps at most two attempts"
+            );
+        }
+    }
+
     #[test]
     fn the_status_message_is_cleaned_and_bounded_before_it_reaches_the_customrun() {
         let raw = format!(
@@ -359,9 +439,10 @@ mod tests {
     }
 
     /// Found by the controller benchmark at 10,000 runs: a finished MacBuild's other conditions,
-    /// their messages and its attempt were cached though nothing reads them.
+    /// their messages and its attempts were cached though nothing reads them (one attempt, without
+    /// its message, still says whether any was admitted).
     #[test]
-    fn a_trimmed_finished_macbuild_keeps_two_conditions_without_messages_and_no_attempt() {
+    fn a_trimmed_finished_macbuild_keeps_two_conditions_without_messages_and_one_attempt() {
         let full = mb(json!({
             "phase": "Failed", "outcome": "Failed", "message": "attempt 2 failed",
             "claim": {"holder": "mac-mini-07", "attempt": "b#2", "epoch": 2},
@@ -384,7 +465,8 @@ mod tests {
             "the condition's reason"
         );
         let status = trimmed.status.unwrap();
-        assert!(status.attempts.is_empty());
+        assert_eq!(status.attempts.len(), 1, "one attempt says whether any was admitted");
+        assert_eq!(status.attempts[0].message, None);
         let kept: Vec<(&str, &str)> = status
             .conditions
             .iter()

@@ -395,6 +395,28 @@ impl DeliveryHandle {
         }
     }
 
+    /// As [`DeliveryHandle::submit`], for a claim found to have landed after a write of its
+    /// attempt was fenced out for want of it (the claim's own answer was lost): that verdict is
+    /// withdrawn first, and the next write reads the MacBuild for its fence.
+    pub fn submit_after_late_claim(&self, build: &BuildRef, snapshot: MacBuildStatus, seq: u64) {
+        {
+            let mut slots = self.slots.lock().expect("delivery slots lock");
+            let slot = slots.entry(build.clone()).or_insert_with(BuildSlot::new);
+            let attempt = snapshot.claim.as_ref().map(|c| c.attempt.as_str());
+            let refused = slot
+                .progress
+                .borrow()
+                .fenced_out
+                .as_ref()
+                .is_some_and(|(a, _)| Some(a.as_str()) == attempt);
+            if refused {
+                slot.fence = None;
+                slot.progress.send_modify(|p| p.fenced_out = None);
+            }
+        }
+        self.submit(build, snapshot, seq);
+    }
+
     /// The delivery progress of `build`.
     pub fn progress(&self, build: &BuildRef) -> watch::Receiver<Progress> {
         let mut slots = self.slots.lock().expect("delivery slots lock");

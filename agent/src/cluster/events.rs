@@ -30,6 +30,7 @@ pub fn event_for(record: &Record) -> Option<(ObjectReference, Event)> {
         Some(
             Reason::DeleteFailed
                 | Reason::ClaimLost
+                | Reason::ClaimUnconfirmed
                 | Reason::VMStartFailed
                 | Reason::ArtifactUploadFailed
                 | Reason::SecretNotAllowed

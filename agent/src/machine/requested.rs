@@ -17,6 +17,7 @@ pub(super) fn from_requested(r: &Rule, event: Event) -> Result<Transition, Refus
             adoption,
         } => admit(r, slot, slots, timeout, Some(adoption)),
         Event::ClaimLost { holder } => Ok(claim_lost_unadmitted(r, holder)),
+        Event::ClaimUnconfirmed { error } => Ok(claim_unconfirmed(r, error)),
         ev @ (Event::CancelRequested { .. } | Event::OwnerDeleted { .. }) => Ok(withdrawn_unadmitted(r, &ev)),
         Event::DeadlinePassed { .. } => retry_window_closed(r),
         _ => Err(r.not_allowed()),
@@ -93,6 +94,19 @@ fn claim_lost_unadmitted(r: &Rule, holder: String) -> Transition {
         Some(Reason::ClaimLost),
         format!("claim lost to {holder}; nothing cloned"),
         vec![],
+    )
+}
+
+/// The claim's answer never came: nothing was cloned and no slot is held, as for a lost claim,
+/// but the claim may have landed, making this agent the build's holder. The status (a build never
+/// admitted, `VMDeleted` true) and the finalizer's removal answer for it then; fenced on the
+/// claim, both are refused if another agent holds the build or nobody does.
+fn claim_unconfirmed(r: &Rule, error: String) -> Transition {
+    r.t(
+        S::Retired,
+        Some(Reason::ClaimUnconfirmed),
+        format!("claim not confirmed ({error}); nothing cloned"),
+        finish(r.a),
     )
 }
 

@@ -193,6 +193,9 @@ fn sample(kind: EventKind) -> (Event, Timestamp) {
         EventKind::ClaimLost => Event::ClaimLost {
             holder: "mac-mini-08".into(),
         },
+        EventKind::ClaimUnconfirmed => Event::ClaimUnconfirmed {
+            error: "claiming MacBuild ci/build-42 failed: no answer within 4s".into(),
+        },
         EventKind::Boot => Event::Boot,
         EventKind::Adopted => Event::Adopted {
             after: SignedDuration::from_millis(40),
@@ -269,7 +272,10 @@ fn expected(state: AttemptState, kind: EventKind) -> Option<AttemptState> {
     let open = matches!(state, S::Admitted | S::Booting | S::Running | S::Collecting);
     match (state, kind) {
         (S::Requested, E::Admit | E::Adopt) => Some(S::Admitted),
-        (S::Requested, E::ClaimLost | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed) => Some(S::Retired),
+        (
+            S::Requested,
+            E::ClaimLost | E::ClaimUnconfirmed | E::CancelRequested | E::OwnerDeleted | E::DeadlinePassed,
+        ) => Some(S::Retired),
         (_, E::ClaimLost) if open => Some(S::Retiring),
         (S::Admitted, E::Boot) => Some(S::Booting),
         (S::Admitted | S::Booting, E::VmStartFailed | E::MountRefused) => Some(S::Retiring),
@@ -338,7 +344,7 @@ fn every_state_event_pair_is_allowed_or_refused_by_name() {
         }
     }
     // (`Adopted` is allowed only to an attempt admitted into a warm VM: see the adoption test.)
-    assert_eq!(allowed, 67, "the size of the allowed set");
+    assert_eq!(allowed, 68, "the size of the allowed set");
 }
 
 #[test]
@@ -950,6 +956,31 @@ fn claim_loser_clones_nothing_and_records_no_outcome() {
     assert_eq!(
         d.lines,
         vec!["#5 a1 Requested -> Retired (ClaimLost) claim lost to mac-mini-08; nothing cloned"]
+    );
+    assert_eq!((d.a.outcome, d.a.slot), (None, None));
+    assert_eq!(
+        decide_retry(&d.a, now, &Config::default()),
+        Err(NoRetry::NotInterrupted { outcome: None })
+    );
+}
+
+/// A claim whose answer never came may have landed: like a lost claim it clones nothing and has
+/// no outcome, but it answers for the claim (status, finalizer), fenced so a claim that did not
+/// land refuses both.
+#[test]
+fn an_unconfirmed_claim_clones_nothing_and_still_answers_for_the_claim() {
+    let mut d = Driver::new(Attempt::new(mk_build(), 1, vm(), 2), 5);
+    let now = ts("2026-10-05T02:26:06Z");
+    let acts = d.go(
+        Event::ClaimUnconfirmed {
+            error: "no answer within 4s".into(),
+        },
+        now,
+    );
+    assert_eq!(acts, vec![Action::DeliverStatus, Action::RemoveFinalizer]);
+    assert_eq!(
+        d.lines,
+        vec!["#5 a1 Requested -> Retired (ClaimUnconfirmed) claim not confirmed (no answer within 4s); nothing cloned"]
     );
     assert_eq!((d.a.outcome, d.a.slot), (None, None));
     assert_eq!(

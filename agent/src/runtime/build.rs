@@ -314,7 +314,7 @@ pub async fn admit(
             shared.delivery.observed(&macbuild);
             shared
                 .builds
-                .claim_won(&build.uid, claim.epoch, macbuild.status.clone())
+                .claim_made(&build.uid, claim.epoch, macbuild.status.clone())
                 .await;
             let slot = reservation.slot();
             let adoption = reservation.adoption().cloned();
@@ -336,10 +336,18 @@ pub async fn admit(
             drop(reservation);
             Event::ClaimLost { holder: reason }
         }
-        Err(error) => {
+        Err((error, last_read)) => {
             drop(reservation);
-            Event::ClaimLost {
-                holder: format!("nobody confirmed: {error}"),
+            // The claim may have landed: the status that answers for it is built on the build as
+            // last read, under the claim this agent wrote.
+            let wrote = claim::claim_for(&last_read, &shared.config.agent_id, attempt.number);
+            shared
+                .builds
+                .claim_made(&build.uid, wrote.epoch, last_read.status.clone())
+                .await;
+            // The last try's failure, without the error's "it will be tried again": it will not.
+            Event::ClaimUnconfirmed {
+                error: format!("{} MacBuild {} failed: {}", error.action, error.build, error.detail),
             }
         }
     };
@@ -369,13 +377,14 @@ pub async fn admit(
 }
 
 /// The fenced claim, retried with capped backoff while the API fails; bounded by the build's
-/// timeout (an answer never came: nothing was cloned).
+/// timeout (an answer never came: nothing was cloned). The error comes with the build as last
+/// read.
 async fn claim_with_retries(
     shared: &Shared,
     mb: &MacBuild,
     number: u32,
     limit: SignedDuration,
-) -> Result<ClaimOutcome, claim::ClaimError> {
+) -> Result<ClaimOutcome, (claim::ClaimError, MacBuild)> {
     let started = std::time::Instant::now();
     let limit = Duration::try_from(limit).unwrap_or(Duration::from_secs(3600));
     let mut wait = Duration::from_millis(250);
@@ -399,7 +408,7 @@ async fn claim_with_retries(
                     current = fresh;
                 }
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err((error, current)),
         }
     }
 }

@@ -53,6 +53,8 @@ struct BuildEntry {
     /// Finished, but its finalizer could not be removed: compaction keeps its records, so that
     /// the next agent start removes it.
     finalizer_owed: bool,
+    /// Its [`LateClaimAnswer`] was given.
+    late_answer_given: bool,
 }
 
 impl BuildEntry {
@@ -63,7 +65,32 @@ impl BuildEntry {
             && self.delivered_before.is_none()
             && !self.compacted
             && !self.finalizer_owed
+            && !self.late_answer_given
     }
+}
+
+/// How long after the agent gave up on a claim write the write may still be applied: an API server
+/// applies or drops a request it has read within its request timeout (60 s by default). Until
+/// then an unconfirmed claim's records stay, so a late landing is still answered.
+const CLAIM_LANDS_WITHIN: k8s_openapi::jiff::SignedDuration = k8s_openapi::jiff::SignedDuration::from_secs(120);
+
+/// What [`Builds::withdraw_or_pick_new`] found.
+#[derive(Default)]
+pub struct Picked<'a> {
+    /// The builds new to this agent.
+    pub new: Vec<&'a Arc<MacBuild>>,
+    /// Answers owed for claims that landed late.
+    pub late_answers: Vec<LateClaimAnswer>,
+}
+
+/// A claim whose write got no answer (its attempt journaled `ClaimUnconfirmed`, nothing cloned)
+/// that the MacBuild shows landed after the attempt's own status write was refused for want of
+/// it: this agent holds the build and must answer, or nobody ever would. The answer is that
+/// record's status again (never admitted, `VMDeleted` true) and the finalizer's removal.
+pub struct LateClaimAnswer {
+    pub build: BuildRef,
+    pub status: MacBuildStatus,
+    pub seq: u64,
 }
 
 /// Everything behind the one lock.
@@ -134,6 +161,26 @@ impl Core {
             || self
                 .latest_attempt(uid)
                 .is_some_and(|a| a.state == AttemptState::Retired && a.outcome.is_some())
+    }
+
+    /// The answer owed when `mb` shows `me`'s claim on the attempt this agent journaled last, as
+    /// `ClaimUnconfirmed`, and not that record's status: the claim landed after the agent gave up
+    /// on it. `None` once given.
+    fn late_claim_answer(&self, uid: &str, mb: &MacBuild, me: &str) -> Option<LateClaimAnswer> {
+        let shown = mb.status.as_ref()?;
+        let claim = shown.claim.as_ref().filter(|c| c.holder == me)?;
+        let latest = self.latest_attempt(uid)?;
+        let seq = latest.last_seq?;
+        let unanswered = latest.state == AttemptState::Retired
+            && latest.reason == Some(Reason::ClaimUnconfirmed)
+            && claim.attempt == tartan_api::attempt_id(&latest.build.name, latest.number)
+            && shown.journal_seq.is_none_or(|s| s < seq);
+        let entry = self.builds.get(uid)?;
+        (unanswered && !entry.late_answer_given).then(|| LateClaimAnswer {
+            build: latest.build.clone(),
+            status: entry.status.clone().unwrap_or_default(),
+            seq,
+        })
     }
 
     /// Whether this agent still has anything to do for `uid` (an attempt not yet retired).
@@ -287,8 +334,9 @@ impl Builds {
         self.core.lock().await.update(uid, |b| b.finalizer_owed = owed);
     }
 
-    /// Records a claim won: its epoch, and the MacBuild's status as the claim left it.
-    pub async fn claim_won(&self, uid: &str, epoch: u64, status: Option<MacBuildStatus>) {
+    /// Records a claim this agent made (won, or written without an answer): its epoch, and the
+    /// MacBuild's status as the claim left it (or as last read).
+    pub async fn claim_made(&self, uid: &str, epoch: u64, status: Option<MacBuildStatus>) {
         let mut core = self.core.lock().await;
         let entry = core.entry(uid);
         entry.epoch = Some(epoch);
@@ -320,24 +368,37 @@ impl Builds {
 
     /// One pass over `builds` under one lock: withdraws the task of each build that has one and
     /// whose MacBuild asks for it (a cancel request, a deletion), and returns the builds new to
-    /// this agent (no task, no open attempt, not finished here).
-    pub async fn withdraw_or_pick_new<'a>(&self, builds: &'a [Arc<MacBuild>]) -> Vec<&'a Arc<MacBuild>> {
-        let core = self.core.lock().await;
-        builds
-            .iter()
-            .filter(|mb| {
-                let Some(uid) = mb.metadata.uid.as_deref() else {
-                    return false;
-                };
-                if let Some(handle) = core.builds.get(uid).and_then(|b| b.task.as_ref()) {
-                    if let Some(why) = super::build::withdrawal_of(mb) {
-                        handle.cancel(why);
-                    }
-                    return false;
+    /// this agent (no task, no open attempt, not finished here), with the answers owed for claims
+    /// of `me` that landed after their attempt was journaled `ClaimUnconfirmed` (see
+    /// [`LateClaimAnswer`]), each given once.
+    pub async fn withdraw_or_pick_new<'a>(&self, builds: &'a [Arc<MacBuild>], me: &str) -> Picked<'a> {
+        let mut core = self.core.lock().await;
+        let mut picked = Picked::default();
+        for mb in builds {
+            let Some(uid) = mb.metadata.uid.as_deref() else {
+                continue;
+            };
+            if let Some(handle) = core.builds.get(uid).and_then(|b| b.task.as_ref()) {
+                if let Some(why) = super::build::withdrawal_of(mb) {
+                    handle.cancel(why);
                 }
-                !core.has_open_attempt(uid) && !core.finished_here(uid)
-            })
-            .collect()
+                continue;
+            }
+            if let Some(answer) = core.late_claim_answer(uid, mb, me) {
+                core.update(uid, |b| b.late_answer_given = true);
+                picked.late_answers.push(answer);
+            }
+            // A claim would be for the attempt the MacBuild numbers next: one the journal has
+            // already (a claim lost or unconfirmed on this build as it stands) is never made again.
+            let next = crate::cluster::claim::first_attempt_number(mb);
+            if !core.has_open_attempt(uid)
+                && !core.finished_here(uid)
+                && !core.attempts.of_build(uid).any(|a| a.number == next)
+            {
+                picked.new.push(mb);
+            }
+        }
+        picked
     }
 
     /// Withdraws (`why`) the task of `uid` if it has one and its latest attempt is `which`;
@@ -650,11 +711,24 @@ impl Shared {
                 let settled = entry.is_none_or(|b| b.task.is_none() && !b.finalizer_owed)
                     && !self.builds.slots.holds(uid)
                     && !core.has_open_attempt(uid);
+                let progress = self.delivery.progress(&latest.build);
+                let progress = progress.borrow();
+                // An unconfirmed claim's status is refused (fenced out) when the claim did not
+                // land: nothing is owed once another agent holds the build, or once a late landing
+                // of the claim can be ruled out.
+                let unconfirmed_refused = latest.reason == Some(Reason::ClaimUnconfirmed)
+                    && progress.fenced_out.as_ref().is_some_and(|(_, now)| {
+                        now.is_some()
+                            || latest
+                                .last_time
+                                .is_some_and(|t| t + CLAIM_LANDS_WITHIN < k8s_openapi::jiff::Timestamp::now())
+                    });
                 let nothing_owed = latest.build_gone
                     || latest.reason == Some(Reason::ClaimLost)
+                    || unconfirmed_refused
                     || self.delivery.delivered(&latest.build).is_some_and(|d| d >= *seq)
                     || entry.and_then(|b| b.delivered_before).is_some_and(|d| d >= *seq)
-                    || self.delivery.progress(&latest.build).borrow().gone;
+                    || progress.gone;
                 settled && nothing_owed
             })
             .map(|(uid, _)| uid.clone())
@@ -686,6 +760,7 @@ impl Shared {
             core.update(uid, |b| {
                 b.status = None;
                 b.epoch = None;
+                b.late_answer_given = false;
             });
         }
         drop(core);

@@ -377,6 +377,21 @@ async fn list_images(
     }
 }
 
+/// Gives the answer owed for a claim that landed late: its attempt's last status again (delivery
+/// retries it), and the finalizer's removal, in a task of its own.
+fn answer_late_claim(shared: &Arc<Shared>, answer: core::LateClaimAnswer) {
+    tracing::warn!(
+        build = %answer.build,
+        seq = answer.seq,
+        "a claim whose answer never came landed after all; telling the MacBuild that nothing was cloned and releasing it"
+    );
+    shared
+        .delivery
+        .submit_after_late_claim(&answer.build, answer.status, answer.seq);
+    let shared = shared.clone();
+    tokio::spawn(async move { build::release_finalizer(&shared, &answer.build).await });
+}
+
 /// One look at every MacBuild: withdraw what asks for it, claim what matches once this agent's
 /// wait for it is over ([`placement::claim_wait`] given the other agents' Leases `peers`, counted
 /// from when it was first seen claimable, in `claimable_since`). Returns when the next waiting
@@ -410,10 +425,15 @@ async fn scan(
     shared.disk.check();
     // One pass under one lock: withdraw what asks for it, drop what this agent has or had, and
     // what it may not claim.
-    let candidates: Vec<&Arc<MacBuild>> = shared
+    let picked = shared
         .builds
-        .withdraw_or_pick_new(builds)
-        .await
+        .withdraw_or_pick_new(builds, &shared.config.agent_id)
+        .await;
+    for answer in picked.late_answers {
+        answer_late_claim(shared, answer);
+    }
+    let candidates: Vec<&Arc<MacBuild>> = picked
+        .new
         .into_iter()
         .filter(|mb| claimable(mb, &shared.config.host_labels, &shared.config.namespaces).is_ok())
         .collect();

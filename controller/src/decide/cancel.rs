@@ -27,8 +27,15 @@ pub(super) fn decide_cancel(mut d: Draft, b: &BuildView, live: Option<Liveness>,
     d.extra.cancel_requested_at = Some(rfc3339(requested_at));
 
     if b.vm_deleted && b.cancel_requested {
-        let msg = format!("MacBuild {} cancelled; agent {agent} confirmed its VM deleted", b.key());
-        return d.finish("False", reason::CANCELLED, msg, VmRetirement::Deleted, Some(b), action);
+        let msg = format!("MacBuild {} cancelled; agent {agent} {}", b.key(), b.confirmed_text());
+        return d.finish(
+            "False",
+            reason::CANCELLED,
+            msg,
+            b.confirmed_retirement(),
+            Some(b),
+            action,
+        );
     }
     match live {
         Liveness::Expired { .. } | Liveness::Missing => {

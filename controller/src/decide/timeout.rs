@@ -28,13 +28,14 @@ pub(super) fn decide_timeout(
     let grace = format_secs(timing.grace);
     if b.vm_deleted && b.cancel_requested {
         let msg = format!(
-            "MacBuild did not finish within timeout {timeout_text}; agent {agent} cancelled it and confirmed its VM deleted"
+            "MacBuild did not finish within timeout {timeout_text}; agent {agent} cancelled it and {}",
+            b.confirmed_text()
         );
         return d.finish(
             "False",
             reason::TIMED_OUT,
             msg,
-            VmRetirement::Deleted,
+            b.confirmed_retirement(),
             Some(b),
             BuildAction::None,
         );

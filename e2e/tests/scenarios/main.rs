@@ -6,6 +6,7 @@ mod agent_hung;
 mod agent_restart;
 mod api_down_at_start;
 mod cancel;
+mod claim_unconfirmed;
 mod controller_restart;
 mod disk_floor;
 mod doctor;
