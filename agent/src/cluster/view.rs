@@ -38,7 +38,8 @@ pub struct MacBuildView {
 
 impl MacBuildView {
     /// Starts the watches of [`selectors`] in each of `namespaces` (all namespaces when empty:
-    /// a namespaced Role is enough otherwise), each notifying `changed` on every change.
+    /// a namespaced Role is enough otherwise), each notifying `changed` on every change that
+    /// [`concerns`] `agent_id`.
     pub fn watch(client: &kube::Client, namespaces: &[String], agent_id: &str, changed: &Arc<Notify>) -> Self {
         let apis: Vec<Api<MacBuild>> = if namespaces.is_empty() {
             vec![Api::all(client.clone())]
@@ -51,7 +52,7 @@ impl MacBuildView {
         let (stores, tasks) = apis
             .iter()
             .flat_map(|api| selectors(agent_id).map(|selector| (api.clone(), selector)))
-            .map(|(api, selector)| watch_one(api, &selector, Arc::clone(changed)))
+            .map(|(api, selector)| watch_one(api, &selector, agent_id, Arc::clone(changed)))
             .unzip();
         MacBuildView { stores, tasks }
     }
@@ -131,9 +132,27 @@ impl Drop for MacBuildView {
     }
 }
 
+/// Whether a change to `mb` asks for a scan by agent `agent_id`: a build nobody holds (to claim,
+/// or no longer claimable) or one it holds (to withdraw, or to answer for). Another agent's
+/// build is that agent's business: at 100 hosts its status writes woke every agent for a scan of
+/// its whole view, several times a second. A task still running here for a build handed on to
+/// another agent learns of a cancel from the periodic rescan, or from its next status write.
+pub fn concerns(mb: &MacBuild, agent_id: &str) -> bool {
+    mb.status
+        .as_ref()
+        .and_then(|s| s.claim.as_ref())
+        .is_none_or(|c| c.holder.is_empty() || c.holder == agent_id)
+}
+
 /// A reflector over `api`'s MacBuilds matching `selector`, without their managedFields (never
-/// read, and much of each object), and the task that keeps it and notifies `changed`.
-fn watch_one(api: Api<MacBuild>, selector: &str, changed: Arc<Notify>) -> (reflector::Store<MacBuild>, JoinHandle<()>) {
+/// read, and much of each object), and the task that keeps it and notifies `changed` of the
+/// changes that [`concerns`] `agent_id`.
+fn watch_one(
+    api: Api<MacBuild>,
+    selector: &str,
+    agent_id: &str,
+    changed: Arc<Notify>,
+) -> (reflector::Store<MacBuild>, JoinHandle<()>) {
     let (reader, writer) = reflector::store();
     // Listed at resourceVersion 0 without pages (kube sends no resourceVersion with a limit): a
     // real API server answers from its watch cache instead of reading every stored MacBuild,
@@ -149,11 +168,13 @@ fn watch_one(api: Api<MacBuild>, selector: &str, changed: Arc<Notify>) -> (refle
         .reflect(writer)
         .touched_objects();
     let selector = selector.to_string();
+    let agent_id = agent_id.to_string();
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => changed.notify_one(),
+                Ok(mb) if concerns(&mb, &agent_id) => changed.notify_one(),
+                Ok(_) => {}
                 Err(error) => {
                     tracing::warn!(%error, %selector, "MacBuild watch failed; it restarts with backoff")
                 }
@@ -172,5 +193,30 @@ mod tests {
         let [unfinished, own_finished] = selectors("mac-mini-07");
         assert_eq!(unfinished, "!tartan.dev/finished");
         assert_eq!(own_finished, "tartan.dev/finished,tartan.dev/agent=mac-mini-07");
+    }
+
+    #[test]
+    fn a_change_concerns_an_agent_when_nobody_or_it_holds_the_build() {
+        let with_holder = |holder: Option<&str>| {
+            let mut mb = MacBuild::new("b", tartan_api::MacBuildSpec::new("img", vec![]));
+            if let Some(h) = holder {
+                mb.status = Some(tartan_api::MacBuildStatus {
+                    claim: Some(tartan_api::Claim {
+                        holder: h.into(),
+                        attempt: "b#1".into(),
+                        epoch: 1,
+                    }),
+                    ..Default::default()
+                });
+            }
+            mb
+        };
+        assert!(concerns(&with_holder(None), "mac-mini-07"), "no status yet: claimable");
+        assert!(concerns(&with_holder(Some("")), "mac-mini-07"), "claim reset to hand it on");
+        assert!(concerns(&with_holder(Some("mac-mini-07")), "mac-mini-07"), "its own");
+        assert!(!concerns(&with_holder(Some("mac-mini-08")), "mac-mini-07"), "another's");
+        let mut unclaimed_status = with_holder(None);
+        unclaimed_status.status = Some(Default::default());
+        assert!(concerns(&unclaimed_status, "mac-mini-07"), "a status without a claim");
     }
 }
