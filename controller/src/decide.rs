@@ -947,3 +947,7 @@ fn invalid(d: Draft, e: &SpecError) -> Plan {
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "adversary17_tests.rs"]
+mod adversary17_tests;
