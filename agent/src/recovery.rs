@@ -718,7 +718,9 @@ fn plan_finished_builds(
             continue;
         }
         let Some(seq) = a.last_seq else { continue };
-        if b.journal_seq.is_none_or(|s| s < seq) {
+        // Equal or not: a seq the MacBuild shows under our claim may be an earlier holder's,
+        // from another agent's journal (a claim writes none).
+        if b.journal_seq != Some(seq) {
             out.push(RecoveryAction::RedeliverStatus { attempt: a.key(), seq });
         }
         // Did the last record's own actions admit a next attempt? Decide as of that record,

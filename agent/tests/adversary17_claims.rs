@@ -264,7 +264,6 @@ async fn late_answer_owed_only_for_our_own_claim_on_that_attempt_and_uid_and_onl
 /// `journalSeq` 900 (a claim patch does not touch `journalSeq`). The answer is owed: nobody else
 /// will ever answer for this claim.
 #[tokio::test]
-#[ignore = "FINDING: a late-landed claim is never answered when an earlier holder left a journalSeq above this agent's record seq (seqs of two agents compared)"]
 async fn late_answer_owed_even_when_an_earlier_holder_left_a_higher_journal_seq() {
     let b = bref("b", "uid-b");
     let (builds, _l, _d, _) = unconfirmed_a2(&b).await;

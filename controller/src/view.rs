@@ -105,15 +105,24 @@ pub fn build_view(mb: &MacBuild) -> BuildView {
 }
 
 /// Whether `status` says no attempt of the build was ever admitted: it lists attempts (an agent's
-/// status always does), none with an admission time or an outcome but `Cancelled` (a cancel
-/// before admission), and no host deadline was fixed.
+/// status always does), all of the holder's own, none with an admission time or an outcome but
+/// `Cancelled` (a cancel before admission), and no host deadline was fixed.
 fn nothing_admitted(status: &MacBuildStatus) -> bool {
-    !status.attempts.is_empty() && status.deadline.is_none() && !status.attempts.iter().any(admitted_or_ended)
+    let holder = holder_of(status);
+    !status.attempts.is_empty()
+        && status.deadline.is_none()
+        && !status.attempts.iter().any(|a| may_have_had_a_vm(a, holder))
 }
 
-/// Whether attempt `a` was admitted: an admission time, or an outcome only a run gives.
-fn admitted_or_ended(a: &AttemptRecord) -> bool {
-    a.started_at.is_some() || a.outcome.is_some_and(|o| o != Outcome::Cancelled)
+fn holder_of(status: &MacBuildStatus) -> Option<&str> {
+    status.claim.as_ref().map(|c| c.holder.as_str())
+}
+
+/// Whether attempt `a` may have had a VM, as a status of `holder`'s lists it: it was admitted (an
+/// admission time, or an outcome only a run gives), or it is another host's (a build handed on:
+/// that host may have admitted it without this status showing it).
+fn may_have_had_a_vm(a: &AttemptRecord, holder: Option<&str>) -> bool {
+    a.started_at.is_some() || a.outcome.is_some_and(|o| o != Outcome::Cancelled) || Some(a.host.as_str()) != holder
 }
 
 /// Whether `meta` carries [`FINISHED_LABEL`].
@@ -180,13 +189,15 @@ pub fn trim_macbuild(mb: &mut MacBuild) {
             c.message = String::new();
         }
         // build_view reads the current attempt's reason only when no Succeeded condition gives one,
-        // and whether any attempt was admitted (`nothing_admitted`): one attempt that was stands for
+        // and whether any attempt may have had a VM (`nothing_admitted`): one that may stands for
         // all earlier ones, a finished build keeps one attempt, and no attempt keeps its message.
         let succeeded = status.condition(ConditionType::Succeeded).is_some();
+        let holder = holder_of(status).map(str::to_string);
+        let may_have_had_a_vm = |a: &AttemptRecord| may_have_had_a_vm(a, holder.as_deref());
         let current = status.attempts.pop();
         let witness = match &current {
-            Some(c) if admitted_or_ended(c) => None,
-            _ => status.attempts.drain(..).find(admitted_or_ended),
+            Some(c) if may_have_had_a_vm(c) => None,
+            _ => status.attempts.drain(..).find(|a| may_have_had_a_vm(a)),
         };
         let mut kept: Vec<AttemptRecord> = witness.into_iter().collect();
         match current {

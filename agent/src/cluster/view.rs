@@ -212,7 +212,10 @@ mod tests {
             mb
         };
         assert!(concerns(&with_holder(None), "mac-mini-07"), "no status yet: claimable");
-        assert!(concerns(&with_holder(Some("")), "mac-mini-07"), "claim reset to hand it on");
+        assert!(
+            concerns(&with_holder(Some("")), "mac-mini-07"),
+            "claim reset to hand it on"
+        );
         assert!(concerns(&with_holder(Some("mac-mini-07")), "mac-mini-07"), "its own");
         assert!(!concerns(&with_holder(Some("mac-mini-08")), "mac-mini-07"), "another's");
         let mut unclaimed_status = with_holder(None);

@@ -45,7 +45,9 @@ struct BuildEntry {
     epoch: Option<u64>,
     /// How to withdraw its task, while it has one on this agent.
     task: Option<CancelHandle>,
-    /// `status.journalSeq` its MacBuild showed at agent start: what earlier runs delivered.
+    /// `status.journalSeq` its MacBuild showed at agent start under this agent's claim: what
+    /// earlier runs delivered if it is a seq of theirs. It may be an earlier holder's (a claim
+    /// writes no seq), so only equality with a record's seq says that record was delivered.
     delivered_before: Option<u64>,
     /// Finished here and its records dropped by compaction: the journal no longer names it, and
     /// it must still never be claimed again.
@@ -174,7 +176,9 @@ impl Core {
         let unanswered = latest.state == AttemptState::Retired
             && latest.reason == Some(Reason::ClaimUnconfirmed)
             && claim.attempt == tartan_api::attempt_id(&latest.build.name, latest.number)
-            && shown.journal_seq.is_none_or(|s| s < seq);
+            // Not this record's seq: whatever seq the MacBuild shows is an earlier holder's
+            // (a claim writes none), and two agents' seqs do not compare.
+            && shown.journal_seq != Some(seq);
         let entry = self.builds.get(uid)?;
         (unanswered && !entry.late_answer_given).then(|| LateClaimAnswer {
             build: latest.build.clone(),
@@ -717,17 +721,19 @@ impl Shared {
                 // land: nothing is owed once another agent holds the build, or once a late landing
                 // of the claim can be ruled out.
                 let unconfirmed_refused = latest.reason == Some(Reason::ClaimUnconfirmed)
-                    && progress.fenced_out.as_ref().is_some_and(|(_, now)| {
-                        now.is_some()
-                            || latest
-                                .last_time
-                                .is_some_and(|t| t + CLAIM_LANDS_WITHIN < k8s_openapi::jiff::Timestamp::now())
+                    && progress.fenced_out.as_ref().is_some_and(|(stale, now)| {
+                        // The verdict on this attempt's own write, not an earlier attempt's.
+                        let landing_ruled_out = latest
+                            .last_time
+                            .is_some_and(|t| t + CLAIM_LANDS_WITHIN < k8s_openapi::jiff::Timestamp::now());
+                        *stale == tartan_api::attempt_id(&latest.build.name, latest.number)
+                            && (now.is_some() || landing_ruled_out)
                     });
                 let nothing_owed = latest.build_gone
                     || latest.reason == Some(Reason::ClaimLost)
                     || unconfirmed_refused
                     || self.delivery.delivered(&latest.build).is_some_and(|d| d >= *seq)
-                    || entry.and_then(|b| b.delivered_before).is_some_and(|d| d >= *seq)
+                    || entry.and_then(|b| b.delivered_before) == Some(*seq)
                     || progress.gone;
                 settled && nothing_owed
             })
