@@ -413,8 +413,8 @@ async fn claim_with_retries(
     }
 }
 
-/// The reservation `held` if there is one, else waits until a slot is free for build `uid` and
-/// reserves it (a ready warm VM serving `spec` is reserved for it to adopt, and a warm VM of
+/// The reservation `held` if there is one, else waits until a slot is free for build `uid` (which
+/// this agent holds: no new build is claimed meanwhile) and reserves it (a ready warm VM serving `spec` is reserved for it to adopt, and a warm VM of
 /// another image gives its slot up for it); `None` once `until` has passed.
 pub async fn wait_for_slot(
     shared: &Shared,
@@ -426,6 +426,7 @@ pub async fn wait_for_slot(
     if held.is_some() {
         return held;
     }
+    let _waiting = shared.builds.waiting_held(uid);
     loop {
         let notified = shared.builds.slot_freed().notified();
         if let Placed::Reserved(reservation) = shared.builds.place(uid, shared.config.slots, spec).await {

@@ -273,6 +273,16 @@ impl Builds {
     }
 
     /// Signalled whenever a slot may have become free.
+    /// See [`SlotBook::waiting_held`].
+    pub fn waiting_held(&self, uid: &str) -> super::slots::HeldWait {
+        self.slots.waiting_held(uid)
+    }
+
+    /// Whether a build this agent holds waits for a slot: no new build may be claimed then.
+    pub fn held_build_waits(&self) -> bool {
+        self.slots.held_build_waits()
+    }
+
     pub fn slot_freed(&self) -> &Notify {
         self.slots.freed()
     }

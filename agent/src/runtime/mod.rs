@@ -481,7 +481,8 @@ async fn scan(
             next_due = Some(next_due.map_or(due, |n| n.min(due)));
             continue;
         }
-        if !slots_left || !writable || !lease.can_claim() {
+        // A build this agent holds that waits for a slot comes first (`wait_for_slot`).
+        if !slots_left || !writable || !lease.can_claim() || shared.builds.held_build_waits() {
             continue;
         }
         if disk_floor_holds_back(shared, mb).await {
