@@ -37,12 +37,16 @@ impl fmt::Display for BuildRef {
 }
 
 /// The newest record layout this agent reads; a record with a newer version is refused, not
-/// guessed at. Version 2 adds `warm` (the warm pool's records); every other record is still
-/// written as version 1 ([`Record::layout_version`]), so a journal of an agent without a pool
-/// stays readable by an agent that knows only version 1.
-pub const RECORD_VERSION: u32 = 2;
+/// guessed at. Version 2 adds `warm` (the warm pool's records); version 3 the reason
+/// `ClaimUnconfirmed`, which an older agent cannot decode (it would take the record for damage
+/// and drop it). Every other record is still written as version 1 ([`Record::layout_version`]),
+/// so a journal without either stays readable by an agent that knows only version 1.
+pub const RECORD_VERSION: u32 = 3;
 
-/// The layout of every record without `warm`.
+/// The layout of the warm pool's records (and of an attempt's record adopting a warm VM).
+pub const WARM_RECORD_VERSION: u32 = 2;
+
+/// The layout of every record without `warm` or a newer reason.
 pub const PLAIN_RECORD_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,10 +107,13 @@ pub struct Record {
 }
 
 impl Record {
-    /// The layout version this record needs: 2 when it has a `warm` field, else 1.
+    /// The layout version this record needs: 3 for the reason `ClaimUnconfirmed`, 2 when it has
+    /// a `warm` field, else 1.
     pub fn layout_version(&self) -> u32 {
-        if self.warm.is_some() {
+        if self.reason == Some(tartan_api::Reason::ClaimUnconfirmed) {
             RECORD_VERSION
+        } else if self.warm.is_some() {
+            WARM_RECORD_VERSION
         } else {
             PLAIN_RECORD_VERSION
         }

@@ -150,6 +150,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut claimable_since = BTreeMap::new();
     let mut strays = StrayReads::new(RESCAN);
     loop {
+        // Made before the scan: a slot freed while it runs still wakes the loop after it
+        // (`notify_waiters` reaches only the waits that exist when it is called).
+        let slot_freed = shared.builds.slot_freed().notified();
         let mut builds = view.builds();
         let tasks = shared.builds.with_tasks().await;
         let api_timeout = shared.config.timing.api_timeout;
@@ -170,7 +173,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let wake_at = next_due.map_or(rescan_at, |due| due.min(rescan_at));
         tokio::select! {
             _ = changed.notified() => {}
-            _ = shared.builds.slot_freed().notified() => {}
+            _ = slot_freed => {}
             // (A keeper that ended changes nothing more: not a reason to scan.)
             Ok(()) = lease_changes.changed() => {}
             _ = tokio::time::sleep_until(wake_at) => {}

@@ -13,7 +13,7 @@ use super::{Builds, Core};
 use crate::journal::JournalError;
 use crate::machine::{Adoption, SlotHolder, free_slot};
 use crate::pool::{self, Occupancy, Placement, PoolSpec, PoolStep, WarmPhase, WarmProfile, WarmVm, WhyDelete};
-use crate::record::{RECORD_VERSION, Record};
+use crate::record::{Record, WARM_RECORD_VERSION};
 use crate::recovery::WarmEntry;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeSet;
@@ -228,7 +228,7 @@ impl Core {
 /// A warm VM's record (no build, no attempt).
 pub fn warm_record(vm: &str, w: &WarmProfile, from: Option<AttemptState>, to: AttemptState) -> Record {
     Record {
-        version: RECORD_VERSION,
+        version: WARM_RECORD_VERSION,
         seq: 0,
         time: Timestamp::now(),
         build: None,
