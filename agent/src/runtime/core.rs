@@ -272,7 +272,6 @@ impl Builds {
         }
     }
 
-    /// Signalled whenever a slot may have become free.
     /// See [`SlotBook::waiting_held`].
     pub fn waiting_held(&self, uid: &str) -> super::slots::HeldWait {
         self.slots.waiting_held(uid)
@@ -283,6 +282,7 @@ impl Builds {
         self.slots.held_build_waits()
     }
 
+    /// Signalled whenever a slot may have become free.
     pub fn slot_freed(&self) -> &Notify {
         self.slots.freed()
     }
