@@ -545,10 +545,17 @@ impl Stack {
             .collect()
     }
 
-    /// The controllers' leader Lease, if it exists.
-    pub async fn leader_lease(&self) -> Option<Lease> {
+    /// The controllers' leader Lease, if it exists; an error when the API did not answer within
+    /// 10 s (a chaos run reads it while the API may be down, and the client retries a 503 for
+    /// minutes).
+    pub async fn leader_lease(&self) -> Result<Option<Lease>, String> {
+        const LIMIT: Duration = Duration::from_secs(10);
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
-        api.get_opt(LEADER_LEASE).await.expect("reading the leader Lease")
+        let failed = |e: String| format!("reading the leader Lease {}/{LEADER_LEASE} failed: {e}", self.ns);
+        match tokio::time::timeout(LIMIT, api.get_opt(LEADER_LEASE)).await {
+            Ok(read) => read.map_err(|e| failed(e.to_string())),
+            Err(_) => Err(failed(format!("no answer within {LIMIT:?}"))),
+        }
     }
 
     /// Waits until the leader Lease names `id`; returns the Lease.
@@ -557,7 +564,7 @@ impl Stack {
             &format!("controller replica {id} to hold the leader Lease"),
             limit,
             || async {
-                let lease = self.leader_lease().await;
+                let lease = self.leader_lease().await?;
                 let holder = lease
                     .as_ref()
                     .and_then(|l| l.spec.as_ref())

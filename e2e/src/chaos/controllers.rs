@@ -84,7 +84,7 @@ impl Controllers {
     }
 
     /// `kill -9` of the replica holding the leader Lease: the standby must take over. Returns
-    /// its identity, or why nothing was killed.
+    /// its identity, or why nothing was killed (the Lease unreadable during an API outage, too).
     pub async fn kill_leader(&mut self, stack: &mut Stack) -> Result<String, String> {
         if self.replicas.len() < 2 {
             return Err("one controller, no standby to fail over to".into());
@@ -92,9 +92,8 @@ impl Controllers {
         if self.all_down || !self.failed_over.is_empty() {
             return Err("a controller replica is already down".into());
         }
-        let holder = stack
-            .leader_lease()
-            .await
+        let lease = stack.leader_lease().await.map_err(|e| format!("{e}; nobody killed"))?;
+        let holder = lease
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity)
             .filter(|h| self.replicas.contains(h) && stack.replica_started(h))

@@ -5,7 +5,7 @@
 use k8s_openapi::api::coordination::v1::Lease;
 use std::time::{Duration, Instant};
 use tartan_e2e::invariants::result;
-use tartan_e2e::{AgentOptions, ControllerOptions, LeaderOptions, Stack, wait_for};
+use tartan_e2e::{AgentOptions, ControllerOptions, LeaderOptions, Stack, wait_for, wait_for_async};
 
 fn transitions(lease: &Lease) -> i32 {
     lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0)
@@ -258,5 +258,49 @@ async fn frozen_leader_is_fenced_and_writes_nothing_after_thaw() {
             assert!(from_a.is_empty(), "ctl-a published Events after the thaw: {from_a:#?}");
         }
     }
+    s.finish().await;
+}
+
+/// A chaos run's failover strike while the API is down (fleet seed 64007 struck one during "API
+/// refuses connections", and reading the leader Lease panicked the whole runner): the strike kills
+/// nobody and says why; once the API is back, the same strike kills the leader.
+// scenario: failover-strike-api-down
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_strike_while_the_api_is_down_kills_nobody() {
+    use tartan_e2e::chaos::controllers::Controllers;
+    let mut s = Stack::new("failover-strike-api-down").await;
+    let mut controllers = Controllers::new(ControllerOptions::default(), 2);
+    controllers.start(&mut s);
+    let leader = wait_for_async(
+        "a replica to hold the leader Lease",
+        Duration::from_secs(60),
+        || async {
+            s.leader_lease()
+                .await?
+                .and_then(|l| l.spec?.holder_identity)
+                .ok_or("no holder yet".to_string())
+        },
+    )
+    .await;
+
+    s.api_down().await;
+    let refused = controllers.kill_leader(&mut s).await;
+    s.api_up().await;
+    let why = refused.expect_err("a strike while the API is down kills nobody");
+    assert!(
+        why.contains("reading the leader Lease") && why.contains("nobody killed"),
+        "{why}"
+    );
+    assert!(
+        s.replica_started(&leader),
+        "{leader} was killed although the strike was refused"
+    );
+
+    let killed = controllers
+        .kill_leader(&mut s)
+        .await
+        .expect("the strike once the API is back");
+    assert_eq!(killed, leader);
+    assert!(!s.replica_started(&leader), "{leader} still runs after the strike");
     s.finish().await;
 }
