@@ -54,7 +54,8 @@ pub struct ElectionConfig {
     pub retry_every: Duration,
     /// How long before the Lease's end the leader stops writing (5 s).
     pub margin: Duration,
-    /// Limit of one Lease request.
+    /// Limit of one Lease request (`--api-timeout`). Safety does not rest on it: the leader steps
+    /// down when its write window ends, whatever its round is waiting for.
     pub api_timeout: Duration,
 }
 

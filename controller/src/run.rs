@@ -142,7 +142,9 @@ impl RunArgs {
             renew_every: self.leader_renew_every,
             retry_every: self.leader_retry_every,
             margin: self.leader_margin,
-            api_timeout: self.api_timeout.min(self.leader_retry_every),
+            // Not cut at the retry period: on a loaded API server a renewal answered in 3 s still
+            // keeps the leader, and a round that outlasts the write window steps it down anyway.
+            api_timeout: self.api_timeout,
         };
         cfg.validate().map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
         Ok(Some(cfg))
