@@ -166,9 +166,19 @@ async fn run_until_signal(opts: Options) -> i32 {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
     let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
-    let mut run = std::pin::pin!(tartan_e2e::chaos::run(opts));
+    // The run is a task of its own, so the signal is seen even while the run's own code keeps a
+    // thread busy (a 100-host run's healing phase did for more than the 10 s `timeout` allows, and
+    // the runner was SIGKILLed with every process of the run still up).
+    let mut run = tokio::spawn(tartan_e2e::chaos::run(opts));
     let signal_code = tokio::select! {
-        passed = &mut run => return if passed { 0 } else { 1 },
+        passed = &mut run => return match passed {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(e) => {
+                eprintln!("chaos: the run ended without a verdict ({e}); killing every process of the run");
+                101
+            }
+        },
         _ = term.recv() => 143,
         _ = int.recv() => 130,
     };
