@@ -229,6 +229,14 @@ pub async fn run(opts: Options) -> bool {
         stack.start_watchdog(h);
     }
     log.line("stack up: controller, agents and watchdogs running");
+    // For the reaper's test: the run's own code keeps its thread busy, as a 100-host run's
+    // healing phase did; SIGTERM must still be seen.
+    if let Some(secs) = std::env::var("TARTAN_CHAOS_TEST_BUSY_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_secs(secs));
+    }
 
     let mut events = Schedule::default();
     for (i, b) in plan.builds.iter().enumerate() {

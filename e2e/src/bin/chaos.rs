@@ -139,13 +139,15 @@ fn main() {
     // SAFETY: no other thread exists yet (the runtime is built below), so nothing reads the
     // environment concurrently; every process the run starts inherits the marker.
     unsafe { std::env::set_var(reaper::RUN_MARKER, &marker) };
+    // Before the run starts anything, so no signal finds the run without its handler.
+    stop_on_signal(marker.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("the chaos runner's tokio runtime starts");
     let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(run_until_signal(opts))
+        runtime.block_on(async { if tartan_e2e::chaos::run(opts).await { 0 } else { 1 } })
     }))
     .unwrap_or_else(|_| {
         eprintln!("chaos: the runner panicked; killing every process of the run");
@@ -158,35 +160,34 @@ fn main() {
     std::process::exit(code);
 }
 
-/// The run, or 128 + the signal when SIGTERM or SIGINT comes first: then every process of the
-/// run is SIGKILLed before the run (its `Stack`) is dropped, so the harness's own teardown,
-/// which gives each process a grace of its own, finds them gone and ends at once (the outer
-/// `timeout` of scripts/chaos kills 10 s after its SIGTERM).
-async fn run_until_signal(opts: Options) -> i32 {
+/// On SIGTERM or SIGINT, SIGKILLs every process of the run and exits 128 + the signal, from a
+/// thread and a runtime of its own: the run's code may keep its threads busy for longer than the
+/// outer `timeout` of scripts/chaos waits before its SIGKILL (10 s), as a 100-host run's healing
+/// phase did (seed 70019: the runner never saw the signal and left 200 processes up). Returns
+/// once the handlers are installed.
+fn stop_on_signal(marker: String) {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
-    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
-    // The run is a task of its own, so the signal is seen even while the run's own code keeps a
-    // thread busy (a 100-host run's healing phase did for more than the 10 s `timeout` allows, and
-    // the runner was SIGKILLed with every process of the run still up).
-    let mut run = tokio::spawn(tartan_e2e::chaos::run(opts));
-    let signal_code = tokio::select! {
-        passed = &mut run => return match passed {
-            Ok(true) => 0,
-            Ok(false) => 1,
-            Err(e) => {
-                eprintln!("chaos: the run ended without a verdict ({e}); killing every process of the run");
-                101
+    let (installed, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the chaos runner's signal runtime starts");
+        let code = runtime.block_on(async {
+            let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
+            let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
+            installed.send(()).expect("the runner waits for its handlers");
+            tokio::select! {
+                _ = term.recv() => 143,
+                _ = int.recv() => 130,
             }
-        },
-        _ = term.recv() => 143,
-        _ = int.recv() => 130,
-    };
-    eprintln!("chaos: stopped by a signal; killing every process of the run");
-    let marker = std::env::var(reaper::RUN_MARKER).unwrap_or_default();
-    let left = tokio::task::block_in_place(|| reaper::kill_marked(&marker, Duration::from_secs(5)));
-    if !left.is_empty() {
-        eprintln!("chaos: processes of the run still there after SIGKILL for 5 s: {left:?}");
-    }
-    signal_code
+        });
+        eprintln!("chaos: stopped by a signal; killing every process of the run");
+        let left = reaper::kill_marked(&marker, Duration::from_secs(5));
+        if !left.is_empty() {
+            eprintln!("chaos: processes of the run still there after SIGKILL for 5 s: {left:?}");
+        }
+        std::process::exit(code);
+    });
+    ready.recv().expect("the signal handlers install");
 }
