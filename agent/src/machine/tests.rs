@@ -984,14 +984,15 @@ fn an_unconfirmed_claim_clones_nothing_and_still_answers_for_the_claim() {
     );
     // An older agent cannot decode the reason: the record's layout makes it refuse the journal
     // instead of dropping the record as damage.
+    let requested = Attempt::new(mk_build(), 1, vm(), 2);
     let t = step(
-        &Attempt::new(mk_build(), 1, vm(), 2),
+        &requested,
         Event::ClaimUnconfirmed { error: "x".into() },
         now,
         &Config::default(),
     )
     .unwrap();
-    assert_eq!(Attempt::new(mk_build(), 1, vm(), 2).record(&t, 6).layout_version(), 3);
+    assert_eq!(requested.record(&t, 6).layout_version(), 3);
     assert_eq!((d.a.outcome, d.a.slot), (None, None));
     assert_eq!(
         decide_retry(&d.a, now, &Config::default()),

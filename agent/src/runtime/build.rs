@@ -415,8 +415,8 @@ async fn claim_with_retries(
 
 /// The reservation `held` if there is one, else waits until a slot is free for build `uid` (which
 /// this agent holds: no new build is claimed meanwhile) and reserves it (a ready warm VM serving
-/// `spec` is reserved for it to adopt, and a warm VM of
-/// another image gives its slot up for it); `None` once `until` has passed.
+/// `spec` is reserved for it to adopt, and a warm VM of another image gives its slot up for it);
+/// `None` once `until` has passed.
 pub async fn wait_for_slot(
     shared: &Shared,
     held: Option<SlotReservation>,
