@@ -589,7 +589,10 @@ async fn elect(
             let leading = matches!(*tx.borrow(), Role::Leader { .. });
             let deadline = gate.deadline().filter(|_| leading);
             tokio::select! {
-                outcome = &mut this_round => break outcome,
+                outcome = &mut this_round => break Some(outcome),
+                // A stop ends the round under way: its requests may each take --api-timeout, and
+                // the release below must fit in the pod's termination grace.
+                _ = &mut stopped => break None,
                 _ = tokio::time::sleep_until(deadline.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)),
                     if deadline.is_some() =>
                 {
@@ -597,6 +600,7 @@ async fn elect(
                 }
             }
         };
+        let Some(outcome) = outcome else { break };
         let leading = matches!(*tx.borrow(), Role::Leader { .. });
         let next = match outcome {
             Round::Holding(sent) => {
@@ -707,15 +711,18 @@ async fn release(api: &Api<Lease>, cfg: &ElectionConfig, where_: &str) {
         field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
         ..Default::default()
     };
+    // Each request at most one retry period: a shutdown must end within the pod's grace, and an
+    // unreleased Lease only makes the standby wait it out.
+    let limit = cfg.api_timeout.min(cfg.retry_every);
     let result = async {
-        let Some(current) = timed(cfg.api_timeout, api.get_opt(&cfg.name)).await? else {
+        let Some(current) = timed(limit, api.get_opt(&cfg.name)).await? else {
             return Ok(false);
         };
         let holder = current.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
         if holder != Some(cfg.identity.as_str()) {
             return Ok(false);
         }
-        timed(cfg.api_timeout, api.replace(&cfg.name, &pp, &released(&current))).await?;
+        timed(limit, api.replace(&cfg.name, &pp, &released(&current))).await?;
         Ok::<bool, CallError>(true)
     }
     .await;

@@ -53,6 +53,20 @@ fn run_args(cfg: &ElectionConfig, api_timeout: Duration, kubeconfig: Option<std:
     }
 }
 
+/// An elector for `cfg` on `emu`, once it leads the free Lease: the elector, its gate and its
+/// role channel.
+async fn leading(
+    emu: &tartan_testkit::EmulatorHandle,
+    cfg: &ElectionConfig,
+) -> (Elector, Arc<Gate>, tokio::sync::watch::Receiver<Role>) {
+    let metrics = Arc::new(Metrics::default());
+    let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
+    let elector = Elector::spawn(emu.client(), cfg.clone(), gate.clone(), metrics);
+    let mut role = elector.role();
+    role_becomes(&mut role, true, "taking the free Lease").await;
+    (elector, gate, role)
+}
+
 async fn role_becomes(role: &mut tokio::sync::watch::Receiver<Role>, leader: bool, what: &str) {
     let reached = tokio::time::timeout(
         Duration::from_secs(10),
@@ -97,12 +111,7 @@ async fn cut_off_past_the_window() {
     let emu = tartan_testkit::start(Options::default())
         .await
         .expect("emulator starts");
-    let metrics = Arc::new(Metrics::default());
-    let cfg = config("ctl-a");
-    let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
-    let elector = Elector::spawn(emu.client(), cfg, gate.clone(), metrics);
-    let mut role = elector.role();
-    role_becomes(&mut role, true, "taking the free Lease").await;
+    let (elector, gate, mut role) = leading(&emu, &config("ctl-a")).await;
     assert!(gate.may_write_at(Stamp::now()));
 
     // Renewals refused at once (an admission policy; a 503 would be retried by kube's client until
@@ -400,17 +409,13 @@ fn a_leader_whose_renewals_hang_steps_down_when_its_window_ends() {
         let emu = tartan_testkit::start(Options::default())
             .await
             .expect("emulator starts");
-        let metrics = Arc::new(Metrics::default());
         // A round that hangs from 0.4 s gives up only at 1.2 s, 200 ms past the window's end at
         // 1 s: a step down left to the round would be that late, far beyond scheduling noise.
         let cfg = ElectionConfig {
             api_timeout: Duration::from_millis(800),
             ..config("ctl-a")
         };
-        let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
-        let elector = Elector::spawn(emu.client(), cfg.clone(), gate.clone(), metrics);
-        let mut role = elector.role();
-        role_becomes(&mut role, true, "taking the free Lease").await;
+        let (elector, gate, mut role) = leading(&emu, &cfg).await;
         // Every request hangs past the elector's timeout from now on.
         emu.set_latency(Duration::from_secs(5));
         let last_deadline = Arc::new(Mutex::new(None));
@@ -467,11 +472,7 @@ fn a_leader_on_an_api_server_slower_than_its_retry_period_keeps_leading() {
             .election()
             .expect("valid flags")
             .expect("--leader-elect is on");
-        let metrics = Arc::new(Metrics::default());
-        let gate = Arc::new(Gate::new(cfg.write_window(), metrics.clone()));
-        let elector = Elector::spawn(emu.client(), cfg.clone(), gate.clone(), metrics);
-        let mut role = elector.role();
-        role_becomes(&mut role, true, "taking the free Lease").await;
+        let (elector, gate, mut role) = leading(&emu, &cfg).await;
         let first_deadline = gate.deadline().expect("a deadline while leading");
         emu.set_latency(Duration::from_millis(600));
         // Two write windows.
@@ -495,5 +496,41 @@ fn a_leader_on_an_api_server_slower_than_its_retry_period_keeps_leading() {
         tokio::time::timeout(Duration::from_secs(5), elector.shutdown())
             .await
             .expect("the elector shuts down within 5 s");
+    });
+}
+
+/// Adversary round 18: on an API server answering just inside `--api-timeout`, a stop used to
+/// wait for the renewal round under way (a read and a write of up to `--api-timeout` each) and
+/// then release with two more: 7.5 s here, about 4 × `--api-timeout`, which on the default flags
+/// (10 s) is past a pod's 30 s termination grace. A stop now ends the round under way, and the
+/// release's requests get one retry period each.
+#[test]
+fn a_stop_on_a_slow_api_server_does_not_wait_for_the_round_under_way() {
+    bounded(Duration::from_secs(40), async {
+        let emu = tartan_testkit::start(Options::default())
+            .await
+            .expect("emulator starts");
+        let cfg = ElectionConfig {
+            lease: Duration::from_secs(3),
+            renew_every: Duration::from_secs(1),
+            retry_every: Duration::from_millis(400),
+            margin: Duration::from_secs(1),
+            api_timeout: Duration::from_secs(2),
+            ..config("ctl-a")
+        };
+        let (elector, _gate, _role) = leading(&emu, &cfg).await;
+        emu.set_latency(Duration::from_millis(1900));
+        // A renewal round begins within the next renewal period.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let stopping = Instant::now();
+        elector.shutdown().await;
+        let took = stopping.elapsed();
+        emu.set_latency(Duration::ZERO);
+        assert!(
+            took < Duration::from_secs(2),
+            "the stop took {took:?} (Lease request limit {:?}, retry period {:?})",
+            cfg.api_timeout,
+            cfg.retry_every
+        );
     });
 }
