@@ -60,6 +60,11 @@ pub struct AgentOptions {
     pub disk_min_free_gib: u64,
     /// The body of the `[pool]` section (TOML), empty for none (the pool off).
     pub pool: &'static str,
+    /// The niceness the host's processes start with (the agent, its watchdog, and through them
+    /// tart-double and the guests' shells); 0 leaves it alone. Every host of a run shares this
+    /// machine's CPU with the API server and the controller, where real Macs have their own: a
+    /// fleet-size run lowers the hosts' priority so the cluster side gets its share.
+    pub nice: u8,
 }
 
 impl Default for AgentOptions {
@@ -83,6 +88,7 @@ impl Default for AgentOptions {
             uncached_claim_delay: "0s",
             disk_min_free_gib: 0,
             pool: "",
+            nice: 0,
         }
     }
 }
@@ -719,7 +725,7 @@ allowed = [{secrets}]
         let a = self.agent_mut(id);
         assert!(a.proc.is_none(), "agent {id} already running");
         a.starts += 1;
-        let mut cmd = Command::new(a.binary.clone().unwrap_or_else(|| bin("tartan-agent")));
+        let mut cmd = host_command(a.binary.clone().unwrap_or_else(|| bin("tartan-agent")), a.opts.nice);
         cmd.arg("run")
             .arg("--config")
             .arg(&a.config)
@@ -937,7 +943,7 @@ allowed = [{secrets}]
         let a = self.agent_mut(id);
         let grace = a.opts.watchdog_grace;
         assert!(a.watchdog.is_none(), "watchdog of {id} already running");
-        let mut cmd = Command::new(bin("tartan-agent"));
+        let mut cmd = host_command(bin("tartan-agent"), a.opts.nice);
         cmd.arg("watchdog")
             .arg("--state-dir")
             .arg(&a.state_dir)
@@ -1661,4 +1667,38 @@ fn served_get(log: &str, who: &str, path: &str) -> (u16, String) {
         .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '\u{1b}').next())
         .unwrap_or_else(|| panic!("{who} logged no \"serving /metrics, ... on <address>\" line yet"));
     crate::cluster::http_get(addr, path)
+}
+
+/// `program`, started through `nice -n <nice>` when `nice` is above 0 (`nice` execs it, so the
+/// pid, the process group and `/proc/<pid>/cmdline` stay the program's).
+fn host_command(program: PathBuf, nice: u8) -> Command {
+    if nice == 0 {
+        return Command::new(program);
+    }
+    let mut cmd = Command::new("nice");
+    cmd.arg("-n").arg(nice.to_string()).arg(program);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn niceness_seen(nice: u8) -> i32 {
+        let out = host_command(PathBuf::from("/bin/sh"), nice)
+            .args(["-c", "nice"])
+            .output()
+            .expect("sh runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("nice prints a number")
+    }
+
+    #[test]
+    fn a_host_process_starts_at_the_niceness_asked_for_and_zero_leaves_it_alone() {
+        let own = niceness_seen(0);
+        assert_eq!(niceness_seen(7), (own + 7).min(19));
+    }
 }
