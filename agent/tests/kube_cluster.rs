@@ -642,6 +642,91 @@ async fn a_stale_attempts_status_write_is_fenced_out() {
     assert_eq!((status.journal_seq, status.claim), (Some(14), Some(c2)));
 }
 
+/// Seed 81043, `chaos-2928`: attempt 1 interrupted by an agent restart, its retry journaled, the
+/// CustomRun cancelled before the retry's claim was written; the retry ended "nothing cloned", and
+/// its end was fenced out ("attempt #2 is stale") as the MacBuild still showed our claim of #1: it
+/// said "Pending" for ever.
+#[tokio::test]
+async fn a_retry_that_ends_before_its_claim_is_written_delivers_its_end_under_our_claim_it_follows() {
+    let emu = emulator().await;
+    let mb = create_build(&emu, "unclaimed-retry").await;
+    let (c1, mb1) = won(&emu, &mb, "mac-a", 1).await;
+    let build = build_ref(&mb1);
+    let pending = claimed_status(&c1, Phase::Pending, "attempt 1 interrupted; a retry follows");
+    let mut fence = None;
+    assert_eq!(
+        deliver_once(&emu.client(), API_TIMEOUT, &build, &pending, 622, &mut fence)
+            .await
+            .unwrap(),
+        Delivered::Written
+    );
+    let c2 = Claim {
+        holder: "mac-a".into(),
+        attempt: "unclaimed-retry#2".into(),
+        epoch: c1.epoch + 1,
+    };
+    let ended = claimed_status(
+        &c2,
+        Phase::Cancelled,
+        "cancel requested before admission; nothing cloned",
+    );
+    // On the fence the worker keeps (its last write's), and on a fresh read.
+    for mut fence in [fence.clone(), None] {
+        let before = get(&emu, "unclaimed-retry").await.status.unwrap();
+        assert_eq!(
+            deliver_once(&emu.client(), API_TIMEOUT, &build, &ended, 624, &mut fence)
+                .await
+                .unwrap(),
+            Delivered::Written
+        );
+        let after = get(&emu, "unclaimed-retry").await.status.unwrap();
+        assert_eq!(
+            (after.phase, after.claim.as_ref(), after.journal_seq),
+            (Some(Phase::Cancelled), Some(&c2), Some(624))
+        );
+        // Back to attempt 1's status for the second round.
+        builds(&emu)
+            .patch_status(
+                "unclaimed-retry",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": before})),
+            )
+            .await
+            .unwrap();
+    }
+    // Not when the claim shown is another agent's, or ours two attempts back.
+    let c3 = Claim {
+        attempt: "unclaimed-retry#3".into(),
+        ..c2.clone()
+    };
+    let third = claimed_status(&c3, Phase::Cancelled, "attempt 3");
+    match deliver_once(&emu.client(), API_TIMEOUT, &build, &third, 700, &mut None)
+        .await
+        .unwrap()
+    {
+        Delivered::FencedOut { now } => assert_eq!(now, Some(c1.clone())),
+        other => panic!("{other:?}"),
+    }
+    let theirs = Claim {
+        holder: "mac-b".into(),
+        ..c2.clone()
+    };
+    match deliver_once(
+        &emu.client(),
+        API_TIMEOUT,
+        &build,
+        &claimed_status(&theirs, Phase::Cancelled, "not ours"),
+        701,
+        &mut None,
+    )
+    .await
+    .unwrap()
+    {
+        Delivered::FencedOut { now } => assert_eq!(now, Some(c1)),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn deliveries_of_one_build_arrive_in_order_and_never_go_back() {
     let emu = emulator().await;

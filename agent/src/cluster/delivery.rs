@@ -22,8 +22,10 @@
 //! server, where the agent's Lease renewal would wait behind it. A worker waiting out a backoff
 //! holds no permit.
 //!
-//! A 409/422 is resolved by reading the MacBuild again ([`after_refusal`]): if the claim is no
-//! longer this holder and attempt, the attempt is stale (*fenced out*): its deliveries stop and it
+//! A write tests this holder's claim of its attempt or, for a retry whose own claim was never
+//! written, this holder's claim of the attempt before, which the write moves on ([`claim_to_test`]).
+//! A 409/422 is resolved by reading the MacBuild again ([`after_refusal`]): if the claim is neither,
+//! the attempt is stale (*fenced out*): its deliveries stop and it
 //! is reported; if the MacBuild shows exactly this write, an earlier try landed; if its fence
 //! moved (an earlier try, or a late write, landed since), the snapshot is written again on the
 //! fresh fence — it is the newest this agent has for the build, and only this agent writes under
@@ -106,14 +108,33 @@ fn written_status(snapshot: &MacBuildStatus, seq: u64) -> MacBuildStatus {
 /// The status write for `snapshot` at journal record `seq`: tests on uid, holder, attempt and
 /// `fence`, then the whole status. `None` if the snapshot names no claim (it could not be fenced).
 pub fn status_patch(uid: &str, snapshot: &MacBuildStatus, seq: u64, fence: &Fence) -> Option<JsonPatch> {
-    let claim = snapshot.claim.as_ref()?;
-    Some(JsonPatch(vec![
+    Some(status_patch_under(uid, snapshot, seq, fence, snapshot.claim.as_ref()?))
+}
+
+/// [`status_patch`] testing the claim `tested` (see [`claim_to_test`]).
+fn status_patch_under(uid: &str, snapshot: &MacBuildStatus, seq: u64, fence: &Fence, tested: &Claim) -> JsonPatch {
+    JsonPatch(vec![
         op_test(&["metadata", "uid"], json!(uid)),
-        op_test(&["status", "claim", "holder"], json!(claim.holder)),
-        op_test(&["status", "claim", "attempt"], json!(claim.attempt)),
+        op_test(&["status", "claim", "holder"], json!(tested.holder)),
+        op_test(&["status", "claim", "attempt"], json!(tested.attempt)),
         fence.op(),
         op_replace(&["status"], json!(written_status(snapshot, seq))),
-    ]))
+    ])
+}
+
+/// The claim a write of a snapshot under `claim` tests, the MacBuild showing the claim `now`:
+/// `claim` itself, or this holder's claim of the attempt just before, which the write then moves
+/// on as the retry's own claim would have (that claim tests the same: `claim::next_claim_patch`).
+/// The second is a retry that ended before its claim was written (cancelled or its owner deleted
+/// while it waited, its window closed, its claim unanswered): its first delivered record is its
+/// last, and without it the MacBuild would show the attempt before "Pending" for ever (seed 81043,
+/// `chaos-2928`). `None`: the attempt is stale (fenced out).
+pub fn claim_to_test(now: Option<&Claim>, claim: &Claim) -> Option<Claim> {
+    let now = now.filter(|n| n.holder == claim.holder)?;
+    let previous = tartan_api::parse_attempt_id(&claim.attempt)
+        .filter(|(_, n)| *n > 1)
+        .map(|(name, n)| tartan_api::attempt_id(name, n - 1));
+    (now.attempt == claim.attempt || previous.as_deref() == Some(now.attempt.as_str())).then(|| now.clone())
 }
 
 /// What a 409/422 on a status write means, from the MacBuild read after it.
@@ -138,7 +159,7 @@ pub enum AfterRefusal {
 pub fn after_refusal(
     fresh: Option<&MacBuild>,
     uid: &str,
-    claim: &Claim,
+    (claim, tested): (&Claim, &Claim),
     written: &MacBuildStatus,
     fence: &Fence,
 ) -> AfterRefusal {
@@ -146,18 +167,15 @@ pub fn after_refusal(
         return AfterRefusal::Gone;
     };
     let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
-    if !now
-        .as_ref()
-        .is_some_and(|c| c.holder == claim.holder && c.attempt == claim.attempt)
-    {
+    let Some(to_test) = claim_to_test(now.as_ref(), claim) else {
         return AfterRefusal::FencedOut { now };
-    }
+    };
     // Compared as JSON: what the API returns went through the same encoding as what was sent.
     if fresh.status.as_ref().map(serde_json::to_value).and_then(Result::ok) == serde_json::to_value(written).ok() {
         return AfterRefusal::Landed;
     }
     match Fence::of(fresh) {
-        now if now != *fence => AfterRefusal::Moved(now),
+        now if now != *fence || to_test != *tested => AfterRefusal::Moved(now),
         _ => AfterRefusal::Refused,
     }
 }
@@ -219,6 +237,8 @@ pub async fn deliver_once(
     fence: &mut Option<Fence>,
 ) -> Result<Delivered, DeliveryError> {
     let claim = snapshot.claim.as_ref().ok_or(DeliveryError::NoClaim)?;
+    // Our claim of this attempt, unless a read shows the claim it follows (see [`claim_to_test`]).
+    let mut tested = claim.clone();
     let written = written_status(snapshot, seq);
     let api: Api<MacBuild> = Api::namespaced(client.clone(), &build.namespace);
     let read = async || timed(api_timeout, api.get_opt(&build.name)).await;
@@ -230,18 +250,16 @@ pub async fn deliver_once(
                 return Ok(Delivered::Gone);
             };
             let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
-            if !now
-                .as_ref()
-                .is_some_and(|c| c.holder == claim.holder && c.attempt == claim.attempt)
-            {
-                return Ok(Delivered::FencedOut { now });
+            match claim_to_test(now.as_ref(), claim) {
+                Some(c) => tested = c,
+                None => return Ok(Delivered::FencedOut { now }),
             }
             Fence::of(&fresh)
         }
     };
     *fence = Some(current.clone());
     for _ in 0..REFENCES {
-        let patch = status_patch(&build.uid, snapshot, seq, &current).ok_or(DeliveryError::NoClaim)?;
+        let patch = status_patch_under(&build.uid, snapshot, seq, &current, &tested);
         crate::crash_point!("status.write.before");
         let result = timed(
             api_timeout,
@@ -266,7 +284,7 @@ pub async fn deliver_once(
             Ok(fresh) => fresh,
             Err(_) => return Err(DeliveryError::Failed(e)),
         };
-        match after_refusal(fresh.as_ref(), &build.uid, claim, &written, &current) {
+        match after_refusal(fresh.as_ref(), &build.uid, (claim, &tested), &written, &current) {
             AfterRefusal::Gone => return Ok(Delivered::Gone),
             AfterRefusal::FencedOut { now } => return Ok(Delivered::FencedOut { now }),
             AfterRefusal::Landed => {
@@ -280,6 +298,11 @@ pub async fn deliver_once(
                 );
                 current = moved;
                 *fence = Some(current.clone());
+                let now = fresh
+                    .as_ref()
+                    .and_then(|m| m.status.as_ref())
+                    .and_then(|s| s.claim.as_ref());
+                tested = claim_to_test(now, claim).unwrap_or_else(|| claim.clone());
             }
         }
     }
@@ -678,7 +701,7 @@ mod tests {
         let c = claim("mac-a", "b#1");
         let written = status_at(&c, Phase::Succeeded, Some(31));
         let fence = Fence::JournalSeq(29);
-        let decide = |fresh: Option<&MacBuild>| after_refusal(fresh, "u", &c, &written, &fence);
+        let decide = |fresh: Option<&MacBuild>| after_refusal(fresh, "u", (&c, &c), &written, &fence);
         assert_eq!(decide(None), AfterRefusal::Gone);
         assert_eq!(
             decide(Some(&build_showing("other-uid", "9", Some(written.clone())))),
@@ -736,12 +759,66 @@ mod tests {
         let rv = Fence::ResourceVersion("9".into());
         let pending = Some(status_at(&c, Phase::Pending, None));
         assert_eq!(
-            after_refusal(Some(&build_showing("u", "9", pending.clone())), "u", &c, &written, &rv),
+            after_refusal(
+                Some(&build_showing("u", "9", pending.clone())),
+                "u",
+                (&c, &c),
+                &written,
+                &rv
+            ),
             AfterRefusal::Refused
         );
         assert_eq!(
-            after_refusal(Some(&build_showing("u", "10", pending)), "u", &c, &written, &rv),
+            after_refusal(Some(&build_showing("u", "10", pending)), "u", (&c, &c), &written, &rv),
             AfterRefusal::Moved(Fence::ResourceVersion("10".into()))
+        );
+    }
+
+    #[test]
+    fn a_write_tests_its_own_claim_or_the_one_of_ours_it_follows() {
+        let a2 = claim("mac-a", "b#2");
+        let test = |now: Option<Claim>| claim_to_test(now.as_ref(), &a2);
+        assert_eq!(test(Some(a2.clone())), Some(a2.clone()));
+        // Our retry's claim was never written: the write moves our claim of b#1 on.
+        assert_eq!(test(Some(claim("mac-a", "b#1"))), Some(claim("mac-a", "b#1")));
+        // Anyone else's, an older or a later attempt of ours, or none: stale.
+        for now in [
+            Some(claim("mac-b", "b#1")),
+            Some(claim("mac-b", "b#2")),
+            Some(claim("mac-a", "b#3")),
+            Some(claim("mac-a", "c#1")),
+            Some(claim("", "b#1")),
+            None,
+        ] {
+            assert_eq!(test(now.clone()), None, "{now:?}");
+        }
+        assert_eq!(
+            claim_to_test(Some(&claim("mac-a", "b#1")), &claim("mac-a", "b#0")),
+            None
+        );
+        let a3 = claim("mac-a", "b#3");
+        assert_eq!(
+            claim_to_test(Some(&claim("mac-a", "b#1")), &a3),
+            None,
+            "two attempts back"
+        );
+        assert_eq!(claim_to_test(Some(&a2), &a3), Some(a2.clone()));
+        // After a refusal: the MacBuild still shows our b#1 and the fence held; a write that
+        // tested b#2 goes again testing b#1, one that tested b#1 was refused.
+        let shown = build_showing(
+            "u",
+            "9",
+            Some(status_at(&claim("mac-a", "b#1"), Phase::Pending, Some(29))),
+        );
+        let written = status_at(&a2, Phase::Cancelled, Some(31));
+        let fence = Fence::JournalSeq(29);
+        assert_eq!(
+            after_refusal(Some(&shown), "u", (&a2, &a2), &written, &fence),
+            AfterRefusal::Moved(fence.clone())
+        );
+        assert_eq!(
+            after_refusal(Some(&shown), "u", (&a2, &claim("mac-a", "b#1")), &written, &fence),
+            AfterRefusal::Refused
         );
     }
 
