@@ -536,10 +536,9 @@ pub fn plan(
         let key = a.key();
         match a.state {
             AttemptState::Requested => {
-                // A retry's claim still names the previous attempt until its claim write.
-                let claim_mine = b.and_then(|b| b.claim.as_ref()).is_some_and(|c| {
-                    is_mine(c, me, a.number) || (c.holder == me.0 && c.attempt.checked_add(1) == Some(a.number))
-                });
+                let claim_mine = b
+                    .and_then(|b| b.claim.as_ref())
+                    .is_some_and(|c| is_mine_or_followed(c, me, a.number));
                 out.push(requested(a, b, withdrawal, claim_mine, now, cfg));
             }
             AttemptState::Admitted | AttemptState::Booting | AttemptState::Running | AttemptState::Collecting => {
@@ -713,8 +712,10 @@ fn plan_finished_builds(
             continue;
         }
         // A gone MacBuild gets nothing delivered; one another agent (or attempt) holds is not ours.
+        // A retry that ended before its claim was written is ours under the claim it follows:
+        // its end is delivered under that claim (`delivery::claim_to_test`).
         let Some(b) = cluster.get(&a.build) else { continue };
-        if !b.claim.as_ref().is_some_and(|c| is_mine(c, me, a.number)) {
+        if !b.claim.as_ref().is_some_and(|c| is_mine_or_followed(c, me, a.number)) {
             continue;
         }
         let Some(seq) = a.last_seq else { continue };
@@ -784,6 +785,12 @@ fn requested(
 
 fn is_mine(c: &ClaimView, me: &AgentId, attempt: u32) -> bool {
     c.holder == me.0 && c.attempt == attempt
+}
+
+/// Ours for `attempt`, or our claim of the attempt before (a retry's claim names it until the
+/// retry's own claim write).
+fn is_mine_or_followed(c: &ClaimView, me: &AgentId, attempt: u32) -> bool {
+    is_mine(c, me, attempt) || (c.holder == me.0 && c.attempt.checked_add(1) == Some(attempt))
 }
 
 /// Whether the cluster withdrew the build while the agent was down (a gone build counts as

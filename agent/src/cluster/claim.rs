@@ -437,6 +437,11 @@ async fn write_claim(call: &ClaimCall, mb: &MacBuild, holder: &str, attempt: u32
                 None => return lost("the MacBuild was deleted".into()),
             }
         }
+        // An end shown is final, whoever wrote it (a retry's own end moves the claim on:
+        // `delivery::claim_to_test`); a first claim is refused it by `open_for_first_claim` too.
+        if let Some(phase) = read.status.as_ref().and_then(|s| s.phase).filter(|p| p.is_terminal()) {
+            return lost(format!("the build has ended ({phase}); nothing is left to claim"));
+        }
         if is_ours(&read, &wanted) {
             break read;
         }

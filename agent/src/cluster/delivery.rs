@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tartan_api::{Claim, MacBuild, MacBuildStatus};
+use tartan_api::{Claim, MacBuild, MacBuildStatus, Phase};
 use tokio::sync::{Notify, Semaphore, watch};
 
 /// What delivery needs.
@@ -128,13 +128,20 @@ fn status_patch_under(uid: &str, snapshot: &MacBuildStatus, seq: u64, fence: &Fe
 /// The second is a retry that ended before its claim was written (cancelled or its owner deleted
 /// while it waited, its window closed, its claim unanswered): its first delivered record is its
 /// last, and without it the MacBuild would show the attempt before "Pending" for ever (seed 81043,
-/// `chaos-2928`). `None`: the attempt is stale (fenced out).
-pub fn claim_to_test(now: Option<&Claim>, claim: &Claim) -> Option<Claim> {
-    let now = now.filter(|n| n.holder == claim.holder)?;
+/// `chaos-2928`). Never over an end the attempt before reached (a terminal phase): no retry
+/// follows one. `None`: the attempt is stale (fenced out). `shown`: the MacBuild's status.
+pub fn claim_to_test(shown: Option<&MacBuildStatus>, claim: &Claim) -> Option<Claim> {
+    let now = shown
+        .and_then(|s| s.claim.as_ref())
+        .filter(|n| n.holder == claim.holder)?;
+    if now.attempt == claim.attempt {
+        return Some(now.clone());
+    }
     let previous = tartan_api::parse_attempt_id(&claim.attempt)
         .filter(|(_, n)| *n > 1)
         .map(|(name, n)| tartan_api::attempt_id(name, n - 1));
-    (now.attempt == claim.attempt || previous.as_deref() == Some(now.attempt.as_str())).then(|| now.clone())
+    let ended = shown.and_then(|s| s.phase).is_some_and(Phase::is_terminal);
+    (previous.as_deref() == Some(now.attempt.as_str()) && !ended).then(|| now.clone())
 }
 
 /// What a 409/422 on a status write means, from the MacBuild read after it.
@@ -167,7 +174,7 @@ pub fn after_refusal(
         return AfterRefusal::Gone;
     };
     let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
-    let Some(to_test) = claim_to_test(now.as_ref(), claim) else {
+    let Some(to_test) = claim_to_test(fresh.status.as_ref(), claim) else {
         return AfterRefusal::FencedOut { now };
     };
     // Compared as JSON: what the API returns went through the same encoding as what was sent.
@@ -250,7 +257,7 @@ pub async fn deliver_once(
                 return Ok(Delivered::Gone);
             };
             let now = fresh.status.as_ref().and_then(|s| s.claim.clone());
-            match claim_to_test(now.as_ref(), claim) {
+            match claim_to_test(fresh.status.as_ref(), claim) {
                 Some(c) => tested = c,
                 None => return Ok(Delivered::FencedOut { now }),
             }
@@ -298,11 +305,8 @@ pub async fn deliver_once(
                 );
                 current = moved;
                 *fence = Some(current.clone());
-                let now = fresh
-                    .as_ref()
-                    .and_then(|m| m.status.as_ref())
-                    .and_then(|s| s.claim.as_ref());
-                tested = claim_to_test(now, claim).unwrap_or_else(|| claim.clone());
+                let shown = fresh.as_ref().and_then(|m| m.status.as_ref());
+                tested = claim_to_test(shown, claim).unwrap_or_else(|| claim.clone());
             }
         }
     }
@@ -777,7 +781,8 @@ mod tests {
     #[test]
     fn a_write_tests_its_own_claim_or_the_one_of_ours_it_follows() {
         let a2 = claim("mac-a", "b#2");
-        let test = |now: Option<Claim>| claim_to_test(now.as_ref(), &a2);
+        let pending = |c: &Claim| status_at(c, Phase::Pending, Some(29));
+        let test = |now: Option<Claim>| claim_to_test(now.as_ref().map(pending).as_ref(), &a2);
         assert_eq!(test(Some(a2.clone())), Some(a2.clone()));
         // Our retry's claim was never written: the write moves our claim of b#1 on.
         assert_eq!(test(Some(claim("mac-a", "b#1"))), Some(claim("mac-a", "b#1")));
@@ -792,17 +797,16 @@ mod tests {
         ] {
             assert_eq!(test(now.clone()), None, "{now:?}");
         }
-        assert_eq!(
-            claim_to_test(Some(&claim("mac-a", "b#1")), &claim("mac-a", "b#0")),
-            None
-        );
+        let b1 = pending(&claim("mac-a", "b#1"));
+        assert_eq!(claim_to_test(Some(&b1), &claim("mac-a", "b#0")), None);
         let a3 = claim("mac-a", "b#3");
-        assert_eq!(
-            claim_to_test(Some(&claim("mac-a", "b#1")), &a3),
-            None,
-            "two attempts back"
-        );
-        assert_eq!(claim_to_test(Some(&a2), &a3), Some(a2.clone()));
+        assert_eq!(claim_to_test(Some(&b1), &a3), None, "two attempts back");
+        assert_eq!(claim_to_test(Some(&pending(&a2)), &a3), Some(a2.clone()));
+        // No retry follows an end: the attempt before's terminal status is never written over.
+        for phase in [Phase::Succeeded, Phase::Failed, Phase::Cancelled] {
+            let ended = status_at(&claim("mac-a", "b#1"), phase, Some(29));
+            assert_eq!(claim_to_test(Some(&ended), &a2), None, "{phase:?}");
+        }
         // After a refusal: the MacBuild still shows our b#1 and the fence held; a write that
         // tested b#2 goes again testing b#1, one that tested b#1 was refused.
         let shown = build_showing(
