@@ -25,8 +25,8 @@
 //! A write tests this holder's claim of its attempt or, for a retry whose own claim was never
 //! written, this holder's claim of the attempt before, which the write moves on ([`claim_to_test`]).
 //! A 409/422 is resolved by reading the MacBuild again ([`after_refusal`]): if the claim is neither,
-//! the attempt is stale (*fenced out*): its deliveries stop and it
-//! is reported; if the MacBuild shows exactly this write, an earlier try landed; if its fence
+//! the attempt is stale (*fenced out*): its deliveries stop and it is reported; if the MacBuild
+//! shows exactly this write, an earlier try landed; if its fence
 //! moved (an earlier try, or a late write, landed since), the snapshot is written again on the
 //! fresh fence — it is the newest this agent has for the build, and only this agent writes under
 //! its claim; if nothing moved, the write was refused (an admission policy's `Invalid`), like a 403. A
@@ -122,14 +122,14 @@ fn status_patch_under(uid: &str, snapshot: &MacBuildStatus, seq: u64, fence: &Fe
     ])
 }
 
-/// The claim a write of a snapshot under `claim` tests, the MacBuild showing the claim `now`:
+/// The claim a write of a snapshot under `claim` tests, the MacBuild's status being `shown`:
 /// `claim` itself, or this holder's claim of the attempt just before, which the write then moves
 /// on as the retry's own claim would have (that claim tests the same: `claim::next_claim_patch`).
 /// The second is a retry that ended before its claim was written (cancelled or its owner deleted
 /// while it waited, its window closed, its claim unanswered): its first delivered record is its
 /// last, and without it the MacBuild would show the attempt before "Pending" for ever (seed 81043,
 /// `chaos-2928`). Never over an end the attempt before reached (a terminal phase): no retry
-/// follows one. `None`: the attempt is stale (fenced out). `shown`: the MacBuild's status.
+/// follows one. `None`: the attempt is stale (fenced out).
 pub fn claim_to_test(shown: Option<&MacBuildStatus>, claim: &Claim) -> Option<Claim> {
     let now = shown
         .and_then(|s| s.claim.as_ref())
