@@ -3,104 +3,24 @@
 //!
 //! Emulator-backed (real HTTP, real JSON-patch tests) unless the name says `pure`.
 
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::CustomResourceExt;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::time::Duration;
 use tartan_agent::cluster::claim::{self, ClaimOutcome, next_claim_patch};
 use tartan_agent::cluster::delivery::{Delivered, Fence, claim_to_test, deliver_once, status_patch};
 
 use tartan_agent::machine::{Attempt, AttemptKey, Config, Deleted, Event, NextAttempt, Transition, request, step};
 use tartan_agent::record::{BuildRef, Record};
 use tartan_agent::recovery::{AgentId, BuildView, ClaimView, ClusterView, RecoveryAction, plan};
-use tartan_api::{AttemptState, Claim, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Step};
-use tartan_testkit::{EmulatorHandle, Options};
+use tartan_api::{AttemptState, Claim, MacBuildStatus, Phase};
+use tartan_testkit::EmulatorHandle;
 
-const API_TIMEOUT: Duration = Duration::from_secs(2);
+mod cluster_common;
+use cluster_common::*;
 
 // ---------------------------------------------------------------------------------------------
-// Helpers (copied from kube_cluster.rs)
-
-async fn emulator() -> EmulatorHandle {
-    let emu = tartan_testkit::start(Options::default())
-        .await
-        .expect("emulator starts");
-    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
-        .expect("MacBuild CRD installs");
-    let namespaces: Api<Namespace> = Api::all(emu.client());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("ci".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace ci");
-    emu
-}
-
-async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    let mut mb = MacBuild::new(
-        name,
-        MacBuildSpec {
-            timeout_seconds: 600,
-            ..MacBuildSpec::new(
-                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
-                vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                    timeout_seconds: None,
-                }],
-            )
-        },
-    );
-    mb.metadata.namespace = Some("ci".into());
-    builds(emu)
-        .create(&PostParams::default(), &mb)
-        .await
-        .expect("MacBuild created")
-}
-
-fn builds(emu: &EmulatorHandle) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), "ci")
-}
-
-async fn get(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    builds(emu).get(name).await.expect("MacBuild readable")
-}
-
-fn build_ref(mb: &MacBuild) -> BuildRef {
-    BuildRef {
-        namespace: mb.metadata.namespace.clone().unwrap(),
-        name: mb.metadata.name.clone().unwrap(),
-        uid: mb.metadata.uid.clone().unwrap(),
-    }
-}
-
-fn claimed_status(claim: &Claim, phase: Phase, message: &str) -> MacBuildStatus {
-    MacBuildStatus {
-        phase: Some(phase),
-        claim: Some(claim.clone()),
-        message: Some(message.into()),
-        ..Default::default()
-    }
-}
-
-async fn won(emu: &EmulatorHandle, mb: &MacBuild, agent: &str, attempt: u32) -> (Claim, MacBuild) {
-    match claim::claim(&emu.client(), API_TIMEOUT, mb, agent, attempt)
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Won { claim, macbuild } => (claim, *macbuild),
-        ClaimOutcome::Lost { reason } => panic!("claim lost: {reason}"),
-    }
-}
+// Helpers of these attacks
 
 fn next(c: &Claim, n: u32) -> Claim {
     let (name, _) = tartan_api::parse_attempt_id(&c.attempt).unwrap();

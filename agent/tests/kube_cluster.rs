@@ -3,10 +3,8 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
-use kube::CustomResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,76 +16,14 @@ use tartan_agent::cluster::events::Events;
 use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState};
 use tartan_agent::cluster::view::MacBuildView;
 use tartan_agent::config::Config;
-use tartan_agent::record::{BuildRef, RECORD_VERSION, Record};
-use tartan_api::{
-    AGENT_LABEL, AttemptState, Claim, FINALIZER, FINISHED_LABEL, MacBuild, MacBuildSpec, MacBuildStatus, Phase, Reason,
-    Step,
-};
-use tartan_testkit::{Availability, DenyRule, EmulatorHandle, Options, PredicateOp, Target};
+use tartan_agent::record::{RECORD_VERSION, Record};
+use tartan_api::{AGENT_LABEL, AttemptState, Claim, FINALIZER, FINISHED_LABEL, Phase, Reason};
+use tartan_testkit::{Availability, DenyRule, EmulatorHandle, PredicateOp, Target};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-const API_TIMEOUT: Duration = Duration::from_secs(2);
-
-async fn emulator() -> EmulatorHandle {
-    let emu = tartan_testkit::start(Options::default())
-        .await
-        .expect("emulator starts");
-    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
-        .expect("MacBuild CRD installs");
-    let namespaces: Api<Namespace> = Api::all(emu.client());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("ci".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace ci");
-    emu
-}
-
-async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    let mut mb = MacBuild::new(
-        name,
-        MacBuildSpec {
-            timeout_seconds: 600,
-            host_selector: BTreeMap::from([("xcode".to_string(), "16".to_string())]),
-            ..MacBuildSpec::new(
-                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
-                vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                    timeout_seconds: None,
-                }],
-            )
-        },
-    );
-    mb.metadata.namespace = Some("ci".into());
-    builds(emu)
-        .create(&PostParams::default(), &mb)
-        .await
-        .expect("MacBuild created")
-}
-
-fn builds(emu: &EmulatorHandle) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), "ci")
-}
-
-async fn get(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    builds(emu).get(name).await.expect("MacBuild readable")
-}
-
-fn build_ref(mb: &MacBuild) -> BuildRef {
-    BuildRef {
-        namespace: mb.metadata.namespace.clone().unwrap(),
-        name: mb.metadata.name.clone().unwrap(),
-        uid: mb.metadata.uid.clone().unwrap(),
-    }
-}
+mod cluster_common;
+use cluster_common::*;
 
 /// Waits (at most `limit`) until `fact` holds, checking it every 20 ms.
 async fn eventually<F, Fut>(what: &str, limit: Duration, mut fact: F)
@@ -128,31 +64,12 @@ fn short_lease(agent: &str) -> LeaseConfig {
     }
 }
 
-fn claimed_status(claim: &Claim, phase: Phase, message: &str) -> MacBuildStatus {
-    MacBuildStatus {
-        phase: Some(phase),
-        claim: Some(claim.clone()),
-        message: Some(message.into()),
-        ..Default::default()
-    }
-}
-
 fn quick_delivery() -> DeliveryConfig {
     DeliveryConfig {
         api_timeout: API_TIMEOUT,
         retry_initial: Duration::from_millis(30),
         retry_max: Duration::from_millis(200),
         concurrency: 8,
-    }
-}
-
-async fn won(emu: &EmulatorHandle, mb: &MacBuild, agent: &str, attempt: u32) -> (Claim, MacBuild) {
-    match claim::claim(&emu.client(), API_TIMEOUT, mb, agent, attempt)
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Won { claim, macbuild } => (claim, *macbuild),
-        ClaimOutcome::Lost { reason } => panic!("claim lost: {reason}"),
     }
 }
 
