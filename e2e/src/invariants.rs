@@ -531,6 +531,8 @@ fn custom_runs(ix: &Index, v: &mut Vec<Violation>) {
         };
         match (want, journal) {
             (Some(Outcome::Failed), Some((_, r))) if r.outcome == Some(Outcome::Interrupted) => {}
+            (Some(Outcome::Cancelled), Some((_, r)))
+                if r.outcome == Some(Outcome::Interrupted) && ended_before_a_withdrawn_retry(ix, name, run) => {}
             (Some(w), Some((agent, r))) if r.outcome != Some(w) => {
                 bad(format!("the journal of {agent} ends the build with {r}"))
             }
@@ -742,6 +744,7 @@ fn delivery(ix: &Index, v: &mut Vec<Violation>) {
             && let Some(got) = result(run, "attempt")
             && Some(got) != r.attempt_id().as_deref()
             && !(never_admitted && says_nothing_ran)
+            && !names_the_interrupted_attempt_before(records, (agent, r), run, got)
         {
             v.push(Violation {
                 invariant: 6,
@@ -752,6 +755,58 @@ fn delivery(ix: &Index, v: &mut Vec<Violation>) {
             });
         }
     }
+}
+
+/// Whether the build's last record is a retry its host withdrew before admission and the run
+/// names the interrupted attempt before it ([`names_the_interrupted_attempt_before`]).
+fn ended_before_a_withdrawn_retry(ix: &Index, name: &str, run: &Value) -> bool {
+    let records: Vec<(&str, &Record)> = ix.named(name).collect();
+    let last = records
+        .iter()
+        .filter(|(_, r)| r.to == AttemptState::Retired)
+        .max_by_key(|(_, r)| (r.time, r.seq));
+    let Some(&(agent, last)) = last else { return false };
+    let admitted = records
+        .iter()
+        .any(|(_, r)| r.to == AttemptState::Admitted && r.attempt == last.attempt);
+    !admitted
+        && result(run, "attempt")
+            .is_some_and(|got| names_the_interrupted_attempt_before(&records, (agent, last), run, got))
+}
+
+/// Whether a cancelled run names the attempt before a retry that was withdrawn before its
+/// admission: the host journaled attempt N-1 admitted and interrupted (an agent restart) and its
+/// retry N `Cancelled` before admission, nothing cloned (seed 81043, chaos-2928: the controller
+/// ended the run on N-1, the claim the MacBuild showed, while N was not yet claimed). N-1 is then
+/// the last attempt that had a VM; a run saying `deleted` needs N-1's deletion journaled.
+fn names_the_interrupted_attempt_before(
+    records: &[(&str, &Record)],
+    (agent, last): (&str, &Record),
+    run: &Value,
+    got: &str,
+) -> bool {
+    let withdrawn = last.outcome == Some(Outcome::Cancelled)
+        && matches!(last.reason, Some(Reason::CancelRequested | Reason::OwnerDeleted));
+    let cancelled =
+        condition(run).is_some_and(|(_, reason, _)| matches!(reason, "CustomRunCancelled" | "CustomRunTimedOut"));
+    let Some(before) = last.attempt.and_then(|n| n.checked_sub(1)) else {
+        return false;
+    };
+    let before_id = last.build.as_ref().map(|b| format!("{}#{before}", b.name));
+    let of_before: Vec<&Record> = records
+        .iter()
+        .filter(|(a, r)| *a == agent && r.attempt == Some(before) && r.seq < last.seq)
+        .map(|(_, r)| *r)
+        .collect();
+    let admitted = of_before.iter().any(|r| r.to == AttemptState::Admitted);
+    let interrupted = of_before.iter().any(|r| r.outcome == Some(Outcome::Interrupted));
+    let deleted = of_before.iter().any(|r| confirms_deletion(r));
+    withdrawn
+        && cancelled
+        && before_id.as_deref() == Some(got)
+        && admitted
+        && interrupted
+        && (deleted || result(run, "vmRetirement") != Some("deleted"))
 }
 
 /// The results an attempt's journal records give it: those of the snapshot journaled with its

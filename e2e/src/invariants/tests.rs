@@ -354,6 +354,62 @@ fn a_claim_that_never_got_to_admission_is_not_a_result_the_run_owes() {
     assert_breaks(&w, 6);
 }
 
+/// chaos-fleet seed 81043 (chaos-2928): attempt 1 was interrupted by an agent restart and its VM
+/// deleted; the retry was journaled, and the run cancelled before its claim was written, so it
+/// ended nothing cloned. The controller ended the run on attempt 1's deleted VM: naming the last
+/// attempt that ran is the truth. Had the retry been admitted, the same run would lie.
+#[test]
+fn a_run_ended_before_its_retry_was_admitted_names_the_attempt_that_ran() {
+    use AttemptState::*;
+    let mut w = good();
+    let mut j = attempt(1, "u1", 1, V1, Outcome::Interrupted, Reason::AgentRestarted);
+    j.push(rec(8, "u1", 2, V2, None, Requested));
+    let mut gave_up = rec(9, "u1", 2, V2, Some(Requested), Retired);
+    gave_up.reason = Some(Reason::CancelRequested);
+    gave_up.outcome = Some(Outcome::Cancelled);
+    gave_up.detail = "cancel requested before admission; nothing cloned".into();
+    gave_up.status = Some(json!({"phase": "Cancelled", "claim": {"holder": "agent-a", "attempt": "b1#2", "epoch": 1}}));
+    j.push(gave_up);
+    w.agents[0].journal = j;
+    w.macbuilds[0]["status"] = json!({"phase": "Cancelled", "journalSeq": 9, "vm": V1, "attempts": [{"number": 1}]});
+    w.custom_runs[0]["status"]["conditions"][0] = json!({"type": "Succeeded", "status": "False",
+        "reason": "CustomRunCancelled", "message": "MacBuild ns/b1 cancelled; agent agent-a deleted its VM"});
+    w.custom_runs[0]["status"]["results"][0]["value"] = json!("b1#1");
+    assert_eq!(check(&w), vec![]);
+    // The retry admitted: the run names an attempt that did not end the build.
+    let mut admitted = w.clone();
+    let mut j = attempt(1, "u1", 1, V1, Outcome::Interrupted, Reason::AgentRestarted);
+    j.extend(attempt(8, "u1", 2, V2, Outcome::Cancelled, Reason::CancelRequested));
+    admitted.agents[0].journal = j;
+    admitted.macbuilds[0]["status"]["journalSeq"] = json!(14);
+    assert_breaks(&admitted, 6);
+    // Attempt 1 failed rather than interrupted: no retry follows it, and the run is not cancelled.
+    let mut failed = w.clone();
+    for r in &mut failed.agents[0].journal {
+        if r.outcome == Some(Outcome::Interrupted) {
+            r.outcome = Some(Outcome::Failed);
+        }
+    }
+    assert_breaks(&failed, 6);
+    // A run that says the build failed, or names an attempt two back, is not this case.
+    let mut not_cancelled = w.clone();
+    not_cancelled.custom_runs[0]["status"]["conditions"][0]["reason"] = json!("AgentRestarted");
+    assert_breaks(&not_cancelled, 6);
+    let mut two_back = w.clone();
+    for r in &mut two_back.agents[0].journal {
+        if r.attempt == Some(2) {
+            r.attempt = Some(3);
+        }
+    }
+    assert_breaks(&two_back, 6);
+    // `deleted` with no deletion of attempt 1 journaled is not the truth.
+    let mut undeleted = w;
+    undeleted.agents[0]
+        .journal
+        .retain(|r| r.to != AttemptState::Retired || r.attempt == Some(2));
+    assert_breaks(&undeleted, 6);
+}
+
 #[test]
 fn too_many_attempts_or_a_retry_after_failure_break_5() {
     let mut w = good();
