@@ -743,8 +743,8 @@ fn delivery(ix: &Index, v: &mut Vec<Violation>) {
             && condition(run).is_some_and(|(s, _, _)| s != "Unknown")
             && let Some(got) = result(run, "attempt")
             && Some(got) != r.attempt_id().as_deref()
-            && !(never_admitted && says_nothing_ran)
-            && !names_the_interrupted_attempt_before(records, (agent, r), run, got)
+            && !(never_admitted
+                && (says_nothing_ran || names_the_interrupted_attempt_before(records, (agent, r), run, got)))
         {
             v.push(Violation {
                 invariant: 6,

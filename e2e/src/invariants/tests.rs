@@ -383,6 +383,13 @@ fn a_run_ended_before_its_retry_was_admitted_names_the_attempt_that_ran() {
     admitted.agents[0].journal = j;
     admitted.macbuilds[0]["status"]["journalSeq"] = json!(14);
     assert_breaks(&admitted, 6);
+    // Even were its end journaled as a withdrawn claim's, with the admission on record.
+    for r in &mut admitted.agents[0].journal {
+        if r.attempt == Some(2) && r.to == AttemptState::Retired {
+            (r.reason, r.outcome) = (Some(Reason::CancelRequested), Some(Outcome::Cancelled));
+        }
+    }
+    assert_breaks(&admitted, 6);
     // Attempt 1 failed rather than interrupted: no retry follows it, and the run is not cancelled.
     let mut failed = w.clone();
     for r in &mut failed.agents[0].journal {
