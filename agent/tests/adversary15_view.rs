@@ -6,9 +6,10 @@
 //! `Shared::compact_journal` needs a whole `Shared` (kube client, delivery, events, tart): it is
 //! not attacked here (see the round's report).
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::CustomResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+mod cluster_common;
+
+use cluster_common::{builds_in, create_build_in, emulator, merge};
+use kube::api::DeleteParams;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,68 +21,11 @@ use tartan_agent::machine::{Attempt, AttemptKey};
 use tartan_agent::record::BuildRef;
 use tartan_agent::recovery::Replay;
 use tartan_agent::runtime::core::Builds;
-use tartan_api::{AGENT_LABEL, AttemptState, FINALIZER, FINISHED_LABEL, MacBuild, MacBuildSpec, Outcome, Step};
-use tartan_testkit::{EmulatorHandle, Options};
+use tartan_api::{AGENT_LABEL, AttemptState, FINALIZER, FINISHED_LABEL, MacBuild, MacBuildSpec, Outcome};
 use tokio::sync::Notify;
 
 // ---------------------------------------------------------------------------------------------
 // Part 1: the view.
-
-async fn emulator() -> EmulatorHandle {
-    let emu = tartan_testkit::start(Options::default())
-        .await
-        .expect("emulator starts");
-    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
-        .expect("MacBuild CRD installs");
-    let namespaces: Api<Namespace> = Api::all(emu.client());
-    for name in ["ci", "other"] {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
-    }
-    emu
-}
-
-fn builds_in(emu: &EmulatorHandle, ns: &str) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), ns)
-}
-
-async fn create_build(emu: &EmulatorHandle, ns: &str, name: &str, labels: &[(&str, &str)]) -> MacBuild {
-    let mut mb = MacBuild::new(
-        name,
-        MacBuildSpec {
-            timeout_seconds: 600,
-            ..MacBuildSpec::new(
-                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
-                vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                    timeout_seconds: None,
-                }],
-            )
-        },
-    );
-    mb.metadata.namespace = Some(ns.into());
-    if !labels.is_empty() {
-        mb.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-    }
-    builds_in(emu, ns)
-        .create(&PostParams::default(), &mb)
-        .await
-        .expect("MacBuild created")
-}
-
-async fn merge(emu: &EmulatorHandle, ns: &str, name: &str, patch: serde_json::Value) {
-    builds_in(emu, ns)
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("MacBuild patched");
-}
 
 fn names_in(view: &MacBuildView) -> Vec<String> {
     let mut names: Vec<String> = view
@@ -122,8 +66,8 @@ async fn settle(view: &MacBuildView, want: &[&str]) {
 #[tokio::test]
 async fn view_held_lookalike_agent_labels_do_not_widen_the_own_finished_watch() {
     let emu = emulator().await;
-    create_build(&emu, "ci", "queued", &[]).await;
-    create_build(&emu, "ci", "running-elsewhere", &[(AGENT_LABEL, "mac-10")]).await;
+    create_build_in(&emu, "ci", "queued", &[]).await;
+    create_build_in(&emu, "ci", "running-elsewhere", &[(AGENT_LABEL, "mac-10")]).await;
     for (name, agent) in [
         ("mine", Some("mac-1")),
         ("prefix-longer", Some("mac-10")),
@@ -137,10 +81,10 @@ async fn view_held_lookalike_agent_labels_do_not_widen_the_own_finished_watch() 
         if let Some(agent) = agent {
             labels.push((AGENT_LABEL, agent));
         }
-        create_build(&emu, "ci", name, &labels).await;
+        create_build_in(&emu, "ci", name, &labels).await;
     }
     // Finished with an odd value of the finished label: still finished (the selector is existence).
-    create_build(
+    create_build_in(
         &emu,
         "ci",
         "finished-false",
@@ -149,7 +93,7 @@ async fn view_held_lookalike_agent_labels_do_not_widen_the_own_finished_watch() 
     .await;
     // A long (63-character) agent label value of another agent.
     let long = format!("mac-1{}", "0".repeat(58));
-    create_build(
+    create_build_in(
         &emu,
         "ci",
         "long",
@@ -160,14 +104,14 @@ async fn view_held_lookalike_agent_labels_do_not_widen_the_own_finished_watch() 
     let view = MacBuildView::watch(&emu.client(), &["ci".to_string()], "mac-1", &changed);
     settle(&view, &["ci/mine", "ci/queued", "ci/running-elsewhere"]).await;
     // The same in an all-namespaces view; another namespace's own finished build joins.
-    create_build(
+    create_build_in(
         &emu,
         "other",
         "mine-too",
         &[(FINISHED_LABEL, "true"), (AGENT_LABEL, "mac-1")],
     )
     .await;
-    create_build(
+    create_build_in(
         &emu,
         "other",
         "not-mine",
@@ -228,7 +172,7 @@ fn view_held_an_agent_id_cannot_inject_selector_requirements() {
 #[tokio::test]
 async fn view_held_a_held_build_moving_between_the_watches_is_never_doubled_and_its_deletion_is_seen() {
     let emu = emulator().await;
-    create_build(&emu, "ci", "held", &[(AGENT_LABEL, "mac-1")]).await;
+    create_build_in(&emu, "ci", "held", &[(AGENT_LABEL, "mac-1")]).await;
     merge(&emu, "ci", "held", json!({"metadata": {"finalizers": [FINALIZER]}})).await;
     let changed = Arc::new(Notify::new());
     let mine = MacBuildView::watch(&emu.client(), &["ci".to_string()], "mac-1", &changed);
@@ -315,7 +259,7 @@ async fn view_held_a_held_build_moving_between_the_watches_is_never_doubled_and_
 #[tokio::test]
 async fn view_held_a_former_holder_reads_the_cancel_of_a_build_taken_over_and_finished() {
     let emu = emulator().await;
-    let created = create_build(&emu, "ci", "taken", &[(AGENT_LABEL, "mac-a")]).await;
+    let created = create_build_in(&emu, "ci", "taken", &[(AGENT_LABEL, "mac-a")]).await;
     merge(&emu, "ci", "taken", json!({"metadata": {"finalizers": [FINALIZER]}})).await;
     // While mac-a is away: takeover by mac-b (label follows the claim), cancel, finished label.
     merge(

@@ -1,69 +1,17 @@
 //! Adversary round 16: `StrayReads::read`, the scan's direct reads of the MacBuilds it has a
 //! task for that its watches do not hold. Run against the API emulator.
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::CustomResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+mod cluster_common;
+
+use cluster_common::{builds_in, create_build_in, emulator, merge};
+use kube::api::DeleteParams;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tartan_agent::cluster::view::StrayReads;
 use tartan_agent::record::BuildRef;
-use tartan_api::{FINALIZER, MacBuild, MacBuildSpec, Step};
-use tartan_testkit::{Availability, EmulatorHandle, Options};
-
-async fn emulator() -> EmulatorHandle {
-    let emu = tartan_testkit::start(Options::default())
-        .await
-        .expect("emulator starts");
-    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
-        .expect("MacBuild CRD installs");
-    let namespaces: Api<Namespace> = Api::all(emu.client());
-    for name in ["ci", "other"] {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
-    }
-    emu
-}
-
-fn builds_in(emu: &EmulatorHandle, ns: &str) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), ns)
-}
-
-async fn create_build(emu: &EmulatorHandle, ns: &str, name: &str) -> MacBuild {
-    let mut mb = MacBuild::new(
-        name,
-        MacBuildSpec {
-            timeout_seconds: 600,
-            ..MacBuildSpec::new(
-                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
-                vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                    timeout_seconds: None,
-                }],
-            )
-        },
-    );
-    mb.metadata.namespace = Some(ns.into());
-    builds_in(emu, ns)
-        .create(&PostParams::default(), &mb)
-        .await
-        .expect("MacBuild created")
-}
-
-async fn merge(emu: &EmulatorHandle, ns: &str, name: &str, patch: serde_json::Value) {
-    builds_in(emu, ns)
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("MacBuild patched");
-}
+use tartan_api::{FINALIZER, MacBuild};
+use tartan_testkit::Availability;
 
 fn bref(ns: &str, name: &str, uid: &str) -> BuildRef {
     BuildRef {
@@ -83,8 +31,8 @@ fn uid(mb: &MacBuild) -> String {
 #[tokio::test]
 async fn strays_held_hostile_namespaces_and_names_return_nothing_unrelated() {
     let emu = emulator().await;
-    let real = create_build(&emu, "ci", "real").await;
-    let secret = create_build(&emu, "other", "secret").await;
+    let real = create_build_in(&emu, "ci", "real", &[]).await;
+    let secret = create_build_in(&emu, "other", "secret", &[]).await;
     let long = "a".repeat(5000);
     let tasks = vec![
         bref("nope", "x", "u1"),
@@ -115,7 +63,7 @@ async fn strays_held_hostile_namespaces_and_names_return_nothing_unrelated() {
 #[tokio::test]
 async fn strays_held_duplicate_tasks_for_one_uid_read_once() {
     let emu = emulator().await;
-    let real = create_build(&emu, "ci", "real").await;
+    let real = create_build_in(&emu, "ci", "real", &[]).await;
     let t = bref("ci", "real", &uid(&real));
     let mut strays = StrayReads::new(Duration::from_secs(60));
     let read = strays
@@ -131,7 +79,7 @@ async fn strays_held_a_slow_api_bounds_each_read_by_the_timeout() {
     let emu = emulator().await;
     let mut tasks = Vec::new();
     for i in 0..6 {
-        let mb = create_build(&emu, "ci", &format!("b{i}")).await;
+        let mb = create_build_in(&emu, "ci", &format!("b{i}"), &[]).await;
         tasks.push(bref("ci", &format!("b{i}"), &uid(&mb)));
     }
     emu.set_latency(Duration::from_secs(30));
@@ -152,7 +100,7 @@ async fn strays_held_a_slow_api_bounds_each_read_by_the_timeout() {
 #[tokio::test]
 async fn strays_held_an_unavailable_or_refusing_api_returns_nothing_in_time() {
     let emu = emulator().await;
-    let mb = create_build(&emu, "ci", "b").await;
+    let mb = create_build_in(&emu, "ci", "b", &[]).await;
     let t = bref("ci", "b", &uid(&mb));
     let timeout = Duration::from_secs(1);
     for a in [Availability::Unavailable, Availability::Refuse] {
@@ -175,7 +123,7 @@ async fn strays_held_an_unavailable_or_refusing_api_returns_nothing_in_time() {
 #[tokio::test]
 async fn strays_held_a_failed_read_is_retried_after_the_interval_and_brings_the_cancel() {
     let emu = emulator().await;
-    let mb = create_build(&emu, "ci", "b").await;
+    let mb = create_build_in(&emu, "ci", "b", &[]).await;
     merge(&emu, "ci", "b", json!({"spec": {"cancelRequested": true}})).await;
     let t = bref("ci", "b", &uid(&mb));
     let timeout = Duration::from_millis(500);
@@ -204,7 +152,7 @@ async fn strays_held_a_failed_read_is_retried_after_the_interval_and_brings_the_
 #[tokio::test]
 async fn strays_held_a_requested_deletion_reaches_the_task() {
     let emu = emulator().await;
-    let mb = create_build(&emu, "ci", "b").await;
+    let mb = create_build_in(&emu, "ci", "b", &[]).await;
     merge(&emu, "ci", "b", json!({"metadata": {"finalizers": [FINALIZER]}})).await;
     builds_in(&emu, "ci")
         .delete("b", &DeleteParams::default())
@@ -224,12 +172,12 @@ async fn strays_held_a_requested_deletion_reaches_the_task() {
 #[tokio::test]
 async fn strays_held_a_build_deleted_and_recreated_under_its_name_is_not_confused() {
     let emu = emulator().await;
-    let old = create_build(&emu, "ci", "b").await;
+    let old = create_build_in(&emu, "ci", "b", &[]).await;
     builds_in(&emu, "ci")
         .delete("b", &DeleteParams::default())
         .await
         .unwrap();
-    let new = create_build(&emu, "ci", "b").await;
+    let new = create_build_in(&emu, "ci", "b", &[]).await;
     assert_ne!(uid(&old), uid(&new));
     let mut strays = StrayReads::new(Duration::from_secs(60));
     let read = strays

@@ -9,10 +9,11 @@
 //! `Shared::compact_journal` needs a whole `Shared` and is not attacked here (see the round's
 //! report).
 
-use k8s_openapi::api::core::v1::Namespace;
+mod cluster_common;
+
+use cluster_common::{builds, create_build, emulator, get};
 use k8s_openapi::jiff::Timestamp;
-use kube::CustomResourceExt;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,10 +26,9 @@ use tartan_agent::record::BuildRef;
 use tartan_agent::recovery::Replay;
 use tartan_agent::runtime::core::Builds;
 use tartan_api::{
-    AttemptRecord, AttemptState, Claim, MacBuild, MacBuildSpec, MacBuildStatus, Outcome, Phase, Reason, Step,
-    attempt_id,
+    AttemptRecord, AttemptState, Claim, MacBuild, MacBuildSpec, MacBuildStatus, Outcome, Phase, Reason, attempt_id,
 };
-use tartan_testkit::{EmulatorHandle, Options};
+use tartan_testkit::EmulatorHandle;
 
 const ME: &str = "agent-a";
 
@@ -342,57 +342,9 @@ async fn the_scan_never_picks_a_build_to_claim_a_journaled_attempt_again_whateve
 // ---------------------------------------------------------------------------------------------
 // Part 2: delivery of the unconfirmed claim's status, against the API emulator.
 
-async fn emulator() -> EmulatorHandle {
-    let emu = tartan_testkit::start(Options::default())
-        .await
-        .expect("emulator starts");
-    emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
-        .expect("MacBuild CRD installs");
-    let namespaces: Api<Namespace> = Api::all(emu.client());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("ci".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
-    emu
-}
-
-fn api(emu: &EmulatorHandle) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), "ci")
-}
-
-async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    let mut mb = MacBuild::new(
-        name,
-        MacBuildSpec {
-            timeout_seconds: 600,
-            ..MacBuildSpec::new(
-                "ghcr.io/cirruslabs/macos-sequoia-xcode:16",
-                vec![Step {
-                    name: "build".into(),
-                    run: vec!["true".into()],
-                    timeout_seconds: None,
-                }],
-            )
-        },
-    );
-    mb.metadata.namespace = Some("ci".into());
-    api(emu)
-        .create(&PostParams::default(), &mb)
-        .await
-        .expect("MacBuild created")
-}
-
-async fn get(emu: &EmulatorHandle, name: &str) -> MacBuild {
-    api(emu).get(name).await.expect("MacBuild read")
-}
-
 async fn patch_status(emu: &EmulatorHandle, name: &str, patch: serde_json::Value) {
     let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
-    api(emu)
+    builds(emu)
         .patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .expect("status patched");

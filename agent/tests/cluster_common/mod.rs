@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::CustomResourceExt;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tartan_agent::cluster::claim::{self, ClaimOutcome};
@@ -15,6 +15,8 @@ use tartan_testkit::{EmulatorHandle, Options};
 
 pub const API_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// An emulator with the MacBuild CRD and the namespaces `ci` and `other` (for tests of what one
+/// namespace must not see of another).
 pub async fn emulator() -> EmulatorHandle {
     let emu = tartan_testkit::start(Options::default())
         .await
@@ -22,21 +24,29 @@ pub async fn emulator() -> EmulatorHandle {
     emu.install_crd(serde_json::to_value(MacBuild::crd()).unwrap())
         .expect("MacBuild CRD installs");
     let namespaces: Api<Namespace> = Api::all(emu.client());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("ci".into()),
+    for name in ["ci", "other"] {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
             ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace ci");
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("namespace {name}: {e}"));
+    }
     emu
 }
 
 pub async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
+    create_build_in(emu, "ci", name, &[]).await
+}
+
+/// A MacBuild `name` in namespace `ns` with these labels: one step, 600 s, for hosts labelled
+/// `xcode=16`.
+pub async fn create_build_in(emu: &EmulatorHandle, ns: &str, name: &str, labels: &[(&str, &str)]) -> MacBuild {
     let mut mb = MacBuild::new(
         name,
         MacBuildSpec {
@@ -52,15 +62,30 @@ pub async fn create_build(emu: &EmulatorHandle, name: &str) -> MacBuild {
             )
         },
     );
-    mb.metadata.namespace = Some("ci".into());
-    builds(emu)
+    mb.metadata.namespace = Some(ns.into());
+    if !labels.is_empty() {
+        mb.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    }
+    builds_in(emu, ns)
         .create(&PostParams::default(), &mb)
         .await
         .expect("MacBuild created")
 }
 
 pub fn builds(emu: &EmulatorHandle) -> Api<MacBuild> {
-    Api::namespaced(emu.client(), "ci")
+    builds_in(emu, "ci")
+}
+
+pub fn builds_in(emu: &EmulatorHandle, ns: &str) -> Api<MacBuild> {
+    Api::namespaced(emu.client(), ns)
+}
+
+/// Merge-patches MacBuild `ns/name` (metadata or spec).
+pub async fn merge(emu: &EmulatorHandle, ns: &str, name: &str, patch: serde_json::Value) {
+    builds_in(emu, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("MacBuild patched");
 }
 
 pub async fn get(emu: &EmulatorHandle, name: &str) -> MacBuild {
