@@ -409,6 +409,16 @@ fn a_run_ended_before_its_retry_was_admitted_names_the_attempt_that_ran() {
         }
     }
     assert_breaks(&two_back, 6);
+    // The withdrawn retry on another host (a hand-over): attempt 1's host never spoke for it.
+    let mut handed_over = w.clone();
+    let retry: Vec<Record> = handed_over.agents[0].journal.split_off(7);
+    handed_over.agents.push(AgentFacts {
+        id: "agent-b".into(),
+        journal: retry,
+        watchdog: vec![],
+        vms_left: vec![],
+    });
+    assert_breaks(&handed_over, 6);
     // `deleted` with no deletion of attempt 1 journaled is not the truth.
     let mut undeleted = w;
     undeleted.agents[0]
