@@ -419,49 +419,60 @@ fn r1_pure_a_restart_before_the_unclaimed_retrys_end_landed_delivers_it_and_rele
     assert_eq!(j.views[&2].state, AttemptState::Retired);
     let a2_end = j.seq - 1;
     // The agent restarts before the retry's end was delivered: the MacBuild still shows our
-    // claim of attempt 1 (the retry's claim was never written), at a1's last record, with our
-    // finalizer, and the cancel.
-    let cluster = ClusterView {
-        builds: vec![BuildView {
-            namespace: "ci".into(),
-            name: "chaos-2928".into(),
-            uid: "u-2928".into(),
-            owner_deleted: false,
-            deletion_requested: false,
-            cancel_requested: true,
-            claim: Some(ClaimView {
-                holder: ME.into(),
-                attempt: 1,
+    // claim of attempt 1 (the retry's claim was never written), with our finalizer and the
+    // cancel, at a1's last record, or (adversary 20) at an earlier one: a1's own end was not
+    // delivered either. Either way only the retry's end is redelivered, once.
+    for shown_seq in [a1_last, a1_last - 2] {
+        let cluster = ClusterView {
+            builds: vec![BuildView {
+                namespace: "ci".into(),
+                name: "chaos-2928".into(),
+                uid: "u-2928".into(),
+                owner_deleted: false,
+                deletion_requested: false,
+                cancel_requested: true,
+                claim: Some(ClaimView {
+                    holder: ME.into(),
+                    attempt: 1,
+                }),
+                journal_seq: Some(shown_seq),
+                max_attempts: Some(2),
+                timeout_seconds: 1800,
+                has_finalizer: true,
+                generation: Some(1),
+            }],
+            assumed: false,
+        };
+        let p = plan(
+            &j.recs,
+            &[],
+            &cluster,
+            &AgentId(ME.into()),
+            t0 + secs(120),
+            &Config::default(),
+        );
+        let key2 = AttemptKey {
+            build: rbuild(),
+            attempt: 2,
+        };
+        assert!(
+            p.contains(&RecoveryAction::RedeliverStatus {
+                attempt: key2,
+                seq: a2_end
             }),
-            journal_seq: Some(a1_last),
-            max_attempts: Some(2),
-            timeout_seconds: 1800,
-            has_finalizer: true,
-            generation: Some(1),
-        }],
-        assumed: false,
-    };
-    let p = plan(
-        &j.recs,
-        &[],
-        &cluster,
-        &AgentId(ME.into()),
-        t0 + secs(120),
-        &Config::default(),
-    );
-    let key2 = AttemptKey {
-        build: rbuild(),
-        attempt: 2,
-    };
-    assert!(
-        p.contains(&RecoveryAction::RedeliverStatus {
-            attempt: key2,
-            seq: a2_end
-        }),
-        "the retry's journaled end (record {a2_end}) is not redelivered after a restart; plan: {p:?}"
-    );
-    assert!(
-        p.contains(&RecoveryAction::RemoveFinalizer { build: rbuild() }),
-        "our finalizer is left on the ended build; plan: {p:?}"
-    );
+            "the retry's journaled end (record {a2_end}) is not redelivered after a restart (MacBuild at {shown_seq}); plan: {p:?}"
+        );
+        assert!(
+            p.contains(&RecoveryAction::RemoveFinalizer { build: rbuild() }),
+            "our finalizer is left on the ended build (MacBuild at {shown_seq}); plan: {p:?}"
+        );
+        let redeliveries = p
+            .iter()
+            .filter(|a| matches!(a, RecoveryAction::RedeliverStatus { .. }))
+            .count();
+        assert_eq!(
+            redeliveries, 1,
+            "more than one redelivery for one build (MacBuild at {shown_seq}); plan: {p:?}"
+        );
+    }
 }
