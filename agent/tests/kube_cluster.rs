@@ -13,7 +13,7 @@ use std::time::Duration;
 use tartan_agent::cluster::claim::{self, ClaimOutcome, first_claim_patch};
 use tartan_agent::cluster::delivery::{Delivered, Delivery, DeliveryConfig, Fence, deliver_once};
 use tartan_agent::cluster::events::Events;
-use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState};
+use tartan_agent::cluster::lease::{LeaseConfig, LeaseKeeper, LeaseState, lease_name};
 use tartan_agent::cluster::view::MacBuildView;
 use tartan_agent::config::Config;
 use tartan_agent::record::{RECORD_VERSION, Record};
@@ -928,9 +928,18 @@ async fn a_write_after_a_timed_out_one_that_landed_is_written_again_on_the_fresh
 }
 
 /// What the Lease went through while a burst of 200 status writes met a server that serves one
-/// request at a time, 25 ms each (5 s of work): the longest gap between renewals, the renewal
-/// rounds that failed, and how long the burst took.
-async fn lease_during_a_burst(concurrency: usize) -> (Duration, u64, Duration) {
+/// request at a time, 25 ms each (5 s of work).
+struct LeaseInABurst {
+    /// The most requests any Lease request found ahead of it at the server.
+    most_ahead: usize,
+    /// The longest gap between renewals, the renewal rounds that failed, how long the burst took:
+    /// figures to print, as they depend on the machine's load.
+    gap: Duration,
+    failures: u64,
+    took: Duration,
+}
+
+async fn lease_during_a_burst(concurrency: usize) -> LeaseInABurst {
     let emu = emulator().await;
     let mut burst = Vec::new();
     for i in 0..200 {
@@ -991,28 +1000,46 @@ async fn lease_during_a_burst(concurrency: usize) -> (Duration, u64, Duration) {
     gap = gap.max(Instant::now() - last);
     emu.set_busy(Duration::ZERO);
     lease.stop();
-    (gap, failures, took.expect("set when done"))
+    let lease_requests: Vec<_> = emu
+        .busy_queue()
+        .into_iter()
+        .filter(|q| q.request.ends_with(&format!("/leases/{}", lease_name("mac-burst"))))
+        .collect();
+    assert!(!lease_requests.is_empty(), "no Lease request met the busy server");
+    LeaseInABurst {
+        most_ahead: lease_requests.iter().map(|q| q.ahead).max().unwrap_or(0),
+        gap,
+        failures,
+        took: took.expect("set when done"),
+    }
 }
 
 /// A redelivery burst at restart must not starve the agent's own Lease: with status writes capped
-/// at 8 in flight, a renewal waits behind at most 8 of them and never fails; uncapped (the old
-/// behaviour: one write per MacBuild, all at once), it waits behind the whole burst and fails.
+/// at 8 in flight, a renewal waits behind at most 8 of them; uncapped (the old behaviour: one
+/// write per MacBuild, all at once), it waits behind the whole burst. Checked by counting who was
+/// ahead of each Lease request at the server, not by timing renewals, which a loaded machine
+/// delays whatever the cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_burst_on_a_slow_api_never_starves_the_lease() {
-    let (gap, failures, took) = lease_during_a_burst(8).await;
+    let capped = lease_during_a_burst(8).await;
     println!(
-        "capped at 8: burst delivered in {took:?}, longest gap between renewals {gap:?}, {failures} failed rounds"
+        "capped at 8: burst delivered in {:?}, at most {} requests ahead of a Lease request, longest gap between renewals {:?}, {} failed rounds",
+        capped.took, capped.most_ahead, capped.gap, capped.failures
     );
-    assert_eq!(failures, 0, "a renewal failed during the burst (longest gap {gap:?})");
     assert!(
-        gap < Duration::from_millis(1500 + 1000),
-        "renewals {gap:?} apart during the burst (every 1.5 s expected)"
+        capped.most_ahead <= 8,
+        "a Lease request waited behind {} requests with status writes capped at 8",
+        capped.most_ahead
     );
-    let (gap, failures, took) = lease_during_a_burst(256).await;
-    println!("uncapped: burst delivered in {took:?}, longest gap between renewals {gap:?}, {failures} failed rounds");
+    let uncapped = lease_during_a_burst(256).await;
+    println!(
+        "uncapped: burst delivered in {:?}, at most {} requests ahead of a Lease request, longest gap between renewals {:?}, {} failed rounds",
+        uncapped.took, uncapped.most_ahead, uncapped.gap, uncapped.failures
+    );
     assert!(
-        failures > 0,
-        "the slow server did not starve an uncapped burst's Lease (gap {gap:?}): the test no longer shows the fault"
+        uncapped.most_ahead > 40,
+        "an uncapped burst put only {} requests ahead of a Lease request: the test no longer shows the fault",
+        uncapped.most_ahead
     );
 }
 

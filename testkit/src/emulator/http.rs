@@ -150,8 +150,8 @@ pub async fn handle(
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
     if busy > 0 {
-        let _serving = inner.busy.lock().await;
-        tokio::time::sleep(Duration::from_millis(busy)).await;
+        let request = format!("{method} {path}");
+        inner.busy.pass(request, Duration::from_millis(busy)).await;
     }
     if availability != Availability::Up {
         return Ok(error_response(&ApiError::unavailable()));

@@ -90,14 +90,61 @@ pub(crate) struct Inner {
     pub state: Mutex<State>,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
-    /// Held by the request being served while `Faults::busy_ms` is set (tokio's mutex is fair:
-    /// requests wait their turn in arrival order).
-    pub busy: tokio::sync::Mutex<()>,
+    /// The one-at-a-time server of `Faults::busy_ms`.
+    pub busy: BusyGate,
     availability: watch::Sender<Availability>,
     restore_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Every answered API request with its status code (`GET /emulator/answers`), for benchmarks
     /// that count losing writes; kept apart from the store's lock so recording never waits on it.
     pub answers: Mutex<Answers>,
+}
+
+/// While `Faults::busy_ms` is set, requests pass one at a time (tokio's mutex is fair: they wait
+/// their turn in arrival order). The gate remembers how many requests each one found ahead of it,
+/// waiting or being served, so a test can check who a request waited behind without timing it.
+#[derive(Default)]
+pub struct BusyGate {
+    serving: tokio::sync::Mutex<()>,
+    inside: std::sync::atomic::AtomicUsize,
+    seen: Mutex<std::collections::VecDeque<Queued>>,
+}
+
+/// A request that passed the [`BusyGate`], and how many requests were ahead of it when it came.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    /// `METHOD /path`.
+    pub request: String,
+    pub ahead: usize,
+}
+
+/// How many [`Queued`] the gate keeps.
+const QUEUED_KEPT: usize = 10_000;
+
+/// Counts a request as inside the gate (waiting or served) until dropped, also when its client
+/// gives up and hyper drops the request's future.
+pub(crate) struct InsideGate<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InsideGate<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl BusyGate {
+    /// Waits for the request's turn, serves it for `busy`, and records who was ahead of it.
+    pub(crate) async fn pass(&self, request: String, busy: Duration) {
+        let ahead = self.inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _inside = InsideGate(&self.inside);
+        {
+            let mut seen = self.seen.lock().expect("busy gate lock");
+            if seen.len() >= QUEUED_KEPT {
+                seen.pop_front();
+            }
+            seen.push_back(Queued { request, ahead });
+        }
+        let _serving = self.serving.lock().await;
+        tokio::time::sleep(busy).await;
+    }
 }
 
 /// One answered API request.
@@ -321,6 +368,19 @@ impl EmulatorHandle {
         self.inner.state.lock().expect("state lock").requests.clone()
     }
 
+    /// Requests that met a busy server ([`Self::set_busy`]) with how many were ahead of each, the
+    /// most recent 10,000.
+    pub fn busy_queue(&self) -> Vec<Queued> {
+        self.inner
+            .busy
+            .seen
+            .lock()
+            .expect("busy gate lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// Answered API requests so far with their status codes (the most recent [`ANSWERS_KEPT`]).
     pub fn answers(&self) -> Vec<Answer> {
         let answers = self.inner.answers.lock().expect("answers lock");
@@ -419,7 +479,7 @@ pub async fn start(options: Options) -> anyhow::Result<EmulatorHandle> {
         state: Mutex::new(State::new(options.history_limit)),
         addr,
         bookmark_interval: options.bookmark_interval,
-        busy: tokio::sync::Mutex::new(()),
+        busy: BusyGate::default(),
         availability,
         restore_task: Mutex::new(None),
         answers: Mutex::new(Answers::default()),
