@@ -661,19 +661,9 @@ fn lease_really_expired(run: &Value, message: &str, world: &World, bad: &mut imp
 fn delivery(ix: &Index, v: &mut Vec<Violation>) {
     let world = ix.world;
     for (uid, records) in &ix.by_uid {
-        let holder = ix.macbuild(uid).and_then(|mb| mb["status"]["claim"]["holder"].as_str());
-        let fenced_out = |r: &Record| {
-            let of = r.status.as_ref().and_then(|s| s["claim"]["holder"].as_str());
-            matches!((holder, of), (Some(h), Some(o)) if h != o)
+        let Some((agent, r)) = last_owed_result(ix, uid, records) else {
+            continue;
         };
-        let terminal = records.iter().rev().filter(|(_, r)| !fenced_out(r)).find(|(_, r)| {
-            r.to == AttemptState::Retired
-                && r.status
-                    .as_ref()
-                    .and_then(|s| s["phase"].as_str())
-                    .is_some_and(|p| matches!(p, "Succeeded" | "Failed" | "Cancelled"))
-        });
-        let Some((agent, r)) = terminal else { continue };
         let name = r.build.as_ref().map(|b| b.name.as_str()).unwrap_or("?");
         let run = ix.run(name);
         if world.refused_terminal_status
@@ -755,6 +745,42 @@ fn delivery(ix: &Index, v: &mut Vec<Violation>) {
             });
         }
     }
+}
+
+/// The terminal record (`Retired` with a result) the cluster owes the build `uid`: the latest, by
+/// claim epoch and then by time, of those its claim's holder journaled. The holder is the
+/// MacBuild's, or once the MacBuild is gone, the one of the highest epoch among the snapshots:
+/// a stale holder (the build handed on) may end its copy after the new holder, and its writes
+/// are fenced out.
+fn last_owed_result<'a>(ix: &Index, uid: &str, records: &[(&'a str, &'a Record)]) -> Option<(&'a str, &'a Record)> {
+    let claim_of = |r: &Record| r.status.as_ref().map(|s| s["claim"].clone()).unwrap_or_default();
+    let epoch = |r: &Record| claim_of(r)["epoch"].as_u64().unwrap_or(0);
+    let terminal: Vec<(&str, &Record)> = records
+        .iter()
+        .copied()
+        .filter(|(_, r)| {
+            r.to == AttemptState::Retired
+                && r.status
+                    .as_ref()
+                    .and_then(|s| s["phase"].as_str())
+                    .is_some_and(|p| matches!(p, "Succeeded" | "Failed" | "Cancelled"))
+        })
+        .collect();
+    let holder: Option<String> = match ix.macbuild(uid) {
+        Some(mb) => mb["status"]["claim"]["holder"].as_str().map(str::to_string),
+        None => terminal
+            .iter()
+            .max_by_key(|(_, r)| epoch(r))
+            .and_then(|(_, r)| claim_of(r)["holder"].as_str().map(str::to_string)),
+    };
+    let fenced_out = |r: &Record| {
+        let of = claim_of(r);
+        matches!((holder.as_deref(), of["holder"].as_str()), (Some(h), Some(o)) if h != o)
+    };
+    terminal
+        .into_iter()
+        .filter(|(_, r)| !fenced_out(r))
+        .max_by_key(|(_, r)| (epoch(r), r.time, r.seq))
 }
 
 /// Whether the build's last record is a retry its host withdrew before admission and the run

@@ -594,3 +594,36 @@ fn a_resume_or_detach_in_admitted_is_not_a_second_admission() {
     }
     assert!(!invariants_broken(&w).contains(&9), "{:#?}", check(&w));
 }
+
+#[test]
+fn once_the_macbuild_is_gone_the_result_owed_is_the_latest_claims_not_a_stale_holders() {
+    // agent-z ran attempt 1 (epoch 1) and lost the build to agent-a, which ran attempt 2 (epoch 2)
+    // to the end; agent-z, cut off, ended its copy later. The run was deleted afterwards and took
+    // the MacBuild with it: what the run said is agent-a's result, whichever agent is listed last.
+    let claimed = |records: &mut Vec<Record>, holder: &str, n: u32| {
+        for r in records.iter_mut().filter(|r| r.status.is_some()) {
+            r.status.as_mut().unwrap()["claim"] = json!({"holder": holder, "attempt": format!("b1#{n}"), "epoch": n});
+        }
+    };
+    let mut current = attempt(1, "u1", 2, V2, Outcome::Succeeded, Reason::TestsPassed);
+    claimed(&mut current, "agent-a", 2);
+    let mut stale = attempt(20, "u1", 1, V1, Outcome::Failed, Reason::StepFailed);
+    claimed(&mut stale, "agent-z", 1);
+    let mut w = good();
+    w.agents[0].journal = current;
+    w.agents.push(AgentFacts {
+        id: "agent-z".into(),
+        journal: stale,
+        watchdog: vec![],
+        vms_left: vec![],
+    });
+    w.macbuilds.clear();
+    w.custom_runs[0]["status"]["results"][0]["value"] = json!("b1#2");
+    assert!(!invariants_broken(&w).contains(&6), "{:#?}", check(&w));
+    // Listed the other way round, the same.
+    w.agents.reverse();
+    assert!(!invariants_broken(&w).contains(&6), "{:#?}", check(&w));
+    // A run naming the stale holder's attempt tells what the cluster never took.
+    w.custom_runs[0]["status"]["results"][0]["value"] = json!("b1#1");
+    assert_breaks(&w, 6);
+}
